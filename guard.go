@@ -1,0 +1,380 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Defaults of GuardConfig.
+const (
+	DefaultLease        = 30 * time.Second
+	DefaultMaxExecution = 5 * time.Minute
+	DefaultRetention    = 24 * time.Hour
+)
+
+// GuardConfig configures a Guard. The zero value of each field means its
+// default.
+type GuardConfig struct {
+	// Lease is how long an execution holds its key without renewal; the
+	// watchdog renews it every third of it. Default 30 s; at least 3 ms.
+	Lease time.Duration
+	// MaxExecution caps how long the watchdog renews the lease; then the
+	// execution's context is cancelled with cause ErrMaxExecution and the
+	// lease is left to run out. Default 5 min.
+	MaxExecution time.Duration
+	// Retention is how long a completed record is replayed, and how long an
+	// abandoned processing record is kept after its lease ends. Default 24 h.
+	Retention time.Duration
+	// Logger receives the watchdog's warnings. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Guard runs executions against a Store: acquire, renew the lease while the
+// work runs, then complete with the fence or release. A Guard is safe for
+// concurrent use.
+type Guard struct {
+	store Store
+	cfg   GuardConfig
+}
+
+// NewGuard returns a Guard over s. A nil cfg means defaults; cfg is copied.
+func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
+	if s == nil {
+		return nil, errors.New("idem: NewGuard needs a store")
+	}
+	var c GuardConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.Lease < 0, c.MaxExecution < 0, c.Retention < 0:
+		return nil, fmt.Errorf("idem: negative duration in GuardConfig (lease %v, max execution %v, retention %v)", c.Lease, c.MaxExecution, c.Retention)
+	case c.Lease > 0 && c.Lease < 3*time.Millisecond:
+		return nil, fmt.Errorf("idem: lease %v is shorter than 3ms", c.Lease)
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.MaxExecution == 0 {
+		c.MaxExecution = DefaultMaxExecution
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Guard{store: s, cfg: c}, nil
+}
+
+// Store returns the guard's store.
+func (g *Guard) Store() Store { return g.store }
+
+// Config returns the guard's configuration with defaults filled in.
+func (g *Guard) Config() GuardConfig { return g.cfg }
+
+// Begin acquires (scope, key). When the outcome is Acquired it returns a
+// running Execution whose watchdog renews the lease; the caller must end it
+// with Complete, CompleteTx, Release or Abandon. For the other outcomes the
+// Execution is nil and the result holds the record found.
+func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*Execution, AcquireResult, error) {
+	req := AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: g.cfg.Lease, Retention: g.cfg.Retention}
+	if err := req.Validate(); err != nil {
+		return nil, AcquireResult{}, err
+	}
+	res, err := g.store.Acquire(ctx, req)
+	if err != nil || res.Outcome != Acquired {
+		return nil, res, err
+	}
+	return g.start(ctx, res.Lease), res, nil
+}
+
+// Do runs work once for (scope, key). The first call runs work and stores
+// its response; later calls with the same fingerprint get the stored
+// response and replayed = true without running work. A call while another
+// runs gets ErrInFlight; one with another fingerprint gets ErrMismatch.
+//
+// If work returns an error or panics, the record is released so that a
+// retry runs work again. If work succeeds but the completion cannot be
+// stored, Do returns work's response together with the error: the effect
+// happened, and the record is left to its lease.
+//
+// Work may complete inside its own SQL transaction with
+// FromContext(ctx).CompleteTx; Do then returns what was committed.
+func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work func(ctx context.Context) (Response, error)) (resp Response, replayed bool, err error) {
+	exec, res, err := g.Begin(ctx, scope, key, fp)
+	if err != nil {
+		return Response{}, false, err
+	}
+	switch res.Outcome {
+	case Acquired:
+	case Completed:
+		if res.Record.Response != nil {
+			return *res.Record.Response, true, nil
+		}
+		return Response{}, true, nil
+	case InFlight:
+		return Response{}, false, ErrInFlight
+	case Mismatch:
+		return Response{}, false, ErrMismatch
+	default:
+		return Response{}, false, fmt.Errorf("idem: store returned unknown outcome %v", res.Outcome)
+	}
+
+	bg := context.WithoutCancel(ctx)
+	finished := false
+	defer func() {
+		if !finished {
+			_ = exec.Release(bg) // work panicked; let a retry run
+		}
+	}()
+	resp, err = work(exec.Context())
+	if err != nil {
+		finished = true
+		if stored, ok, cerr := exec.Committed(bg); cerr == nil && ok {
+			// The completion committed although work reported an error.
+			return stored, false, err
+		}
+		if rerr := exec.Release(bg); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			return Response{}, false, errors.Join(err, rerr)
+		}
+		return Response{}, false, err
+	}
+	finished = true
+	if stored, ok, cerr := exec.Committed(bg); cerr != nil {
+		exec.Abandon()
+		return resp, false, cerr
+	} else if ok {
+		return stored, false, nil
+	}
+	if cerr := exec.Complete(bg, resp); cerr != nil {
+		exec.Abandon()
+		return resp, false, fmt.Errorf("idem: work done but completion not stored: %w", cerr)
+	}
+	return resp, false, nil
+}
+
+// NewOwner returns a random owner token (128 bits, hex). Stores use it for
+// the owner of a new lease.
+func NewOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+type ctxKey struct{}
+
+// FromContext returns the execution whose context ctx is (or derives
+// from), or nil.
+func FromContext(ctx context.Context) *Execution {
+	e, _ := ctx.Value(ctxKey{}).(*Execution)
+	return e
+}
+
+// Execution is one run of work under a lease. Its methods are safe for
+// concurrent use.
+type Execution struct {
+	g      *Guard
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+
+	mu       sync.Mutex
+	lease    Lease
+	finished bool
+	pending  *Response // set by CompleteTx, confirmed by Committed
+}
+
+func (g *Guard) start(parent context.Context, l Lease) *Execution {
+	e := &Execution{g: g, lease: l, stop: make(chan struct{}), done: make(chan struct{})}
+	cctx, cancel := context.WithCancelCause(parent)
+	e.ctx = context.WithValue(cctx, ctxKey{}, e)
+	e.cancel = cancel
+	go e.watch()
+	return e
+}
+
+// Context is the work's context. It is cancelled with cause ErrLeaseLost
+// when the watchdog loses the lease, with ErrMaxExecution after the maximum
+// execution time, and when the execution ends.
+func (e *Execution) Context() context.Context { return e.ctx }
+
+// Lease returns the current lease (Until moves as the watchdog renews it).
+func (e *Execution) Lease() Lease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lease
+}
+
+// Retention is the retention the execution completes with.
+func (e *Execution) Retention() time.Duration { return e.g.cfg.Retention }
+
+func (e *Execution) watch() {
+	defer close(e.done)
+	ttl := e.g.cfg.Lease
+	interval := ttl / 3
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	maxExec := time.NewTimer(e.g.cfg.MaxExecution)
+	defer maxExec.Stop()
+	validUntil := time.Now().Add(ttl) // local, conservative estimate of the lease's end
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-e.ctx.Done():
+			return
+		case <-maxExec.C:
+			e.cancel(ErrMaxExecution)
+			return
+		case <-tick.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), interval)
+		l, err := e.g.store.Extend(ctx, e.Lease(), ttl)
+		cancel()
+		switch {
+		case err == nil:
+			e.mu.Lock()
+			e.lease.Until = l.Until
+			e.mu.Unlock()
+			validUntil = sent.Add(ttl)
+		case errors.Is(err, ErrLeaseLost):
+			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", e.lease.Scope, "key", e.lease.Key, "fence", e.lease.Fence)
+			e.cancel(ErrLeaseLost)
+			return
+		default:
+			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", e.lease.Scope, "key", e.lease.Key, "error", err)
+			if !time.Now().Before(validUntil) {
+				e.cancel(ErrLeaseLost)
+				return
+			}
+		}
+	}
+}
+
+// stopWatch stops the watchdog and waits for it, so that no renewal runs
+// concurrently with the completion.
+func (e *Execution) stopWatch() {
+	e.stopOnce.Do(func() { close(e.stop) })
+	<-e.done
+}
+
+func (e *Execution) begin() (Lease, error) {
+	e.stopWatch()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished {
+		return Lease{}, ErrFinished
+	}
+	return e.lease, nil
+}
+
+func (e *Execution) end(finished bool) {
+	e.mu.Lock()
+	if finished {
+		e.finished = true
+	}
+	e.mu.Unlock()
+	if finished {
+		e.cancel(context.Canceled)
+	}
+}
+
+// Complete stores resp and ends the execution. ErrLeaseLost means another
+// execution took the key over: resp was not stored. Any other error (the
+// store is unreachable) leaves the execution open, so Complete may be
+// called again, or Abandon.
+func (e *Execution) Complete(ctx context.Context, resp Response) error {
+	l, err := e.begin()
+	if err != nil {
+		return err
+	}
+	err = e.g.store.Complete(ctx, l, resp, e.g.cfg.Retention)
+	e.end(err == nil || errors.Is(err, ErrLeaseLost))
+	return err
+}
+
+// CompleteTx completes the record inside tx, so that the work's effect and
+// the stored response commit together or not at all. It stops the
+// watchdog: the record's row stays locked by tx until it commits or rolls
+// back. After the transaction ends, Committed reports its outcome. The
+// store must implement TxCompleter (sqlstore does), else ErrTxUnsupported.
+func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) error {
+	txc, ok := e.g.store.(TxCompleter)
+	if !ok {
+		return ErrTxUnsupported
+	}
+	l, err := e.begin()
+	if err != nil {
+		return err
+	}
+	if err := txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention); err != nil {
+		return err
+	}
+	stored := resp
+	e.mu.Lock()
+	e.pending = &stored
+	e.mu.Unlock()
+	return nil
+}
+
+// Committed reports whether a completion made by CompleteTx committed; if
+// so it ends the execution and returns the stored response, which is what
+// every replay will serve. It asks the store (one Get) only when CompleteTx
+// was called; otherwise it returns false at no cost. When the transaction
+// rolled back, the execution stays open: Complete or Release it.
+func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
+	e.mu.Lock()
+	pending, l, finished := e.pending, e.lease, e.finished
+	e.mu.Unlock()
+	if pending == nil {
+		return Response{}, false, nil
+	}
+	if finished {
+		return *pending, true, nil
+	}
+	rec, err := e.g.store.Get(ctx, l.Scope, l.Key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return Response{}, false, err
+	}
+	if err == nil && rec.Status == StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence && rec.Response != nil {
+		e.end(true)
+		return *rec.Response, true, nil
+	}
+	e.mu.Lock()
+	e.pending = nil
+	e.mu.Unlock()
+	return Response{}, false, nil
+}
+
+// Release deletes the record so that a retry runs the work again, and ends
+// the execution. ErrLeaseLost means the record is no longer this
+// execution's (nothing was deleted).
+func (e *Execution) Release(ctx context.Context) error {
+	l, err := e.begin()
+	if err != nil {
+		return err
+	}
+	err = e.g.store.Release(ctx, l)
+	e.end(err == nil || errors.Is(err, ErrLeaseLost))
+	return err
+}
+
+// Abandon ends the execution without touching the store: the record is
+// left to its lease, after which a retry may take it over. Use it when the
+// store cannot be reached to complete or release.
+func (e *Execution) Abandon() {
+	e.stopWatch()
+	e.end(true)
+}

@@ -1,0 +1,66 @@
+package idem
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// Store keeps records. Every operation is atomic in the store and costs one
+// round trip. The storetest package pins the contract; a store is done when
+// storetest.Run passes against a real server.
+type Store interface {
+	// Acquire claims the lease on (scope, key):
+	//   - no record, or a completed record past its ExpiresAt: a new record
+	//     (processing, new owner, fence = 1 for a new record, old fence + 1 for
+	//     a replaced one) → Acquired;
+	//   - a record with another fingerprint (processing or completed, live or
+	//     not) → Mismatch;
+	//   - a processing record whose lease has ended → taken over: new owner,
+	//     fence + 1, TookOver → Acquired;
+	//   - a processing record with a live lease → InFlight;
+	//   - a completed record → Completed.
+	// Stores validate the request (AcquireRequest.Validate).
+	Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error)
+
+	// Complete stores resp and marks the record completed, kept for
+	// retention (> 0) from the store's now. It succeeds only while the
+	// record is processing with l's owner and fence — even after the lease
+	// ended, as long as nobody took over; otherwise ErrLeaseLost.
+	Complete(ctx context.Context, l Lease, resp Response, retention time.Duration) error
+
+	// Release deletes the processing record held by l so that a retry runs
+	// again; ErrLeaseLost if l no longer holds it.
+	Release(ctx context.Context, l Lease) error
+
+	// Extend moves the lease's end to the store's now + ttl (> 0) and
+	// returns the lease with its new Until; ErrLeaseLost if l no longer holds
+	// the record.
+	Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease, error)
+
+	// Get returns the record, expired or not; ErrNotFound if none.
+	Get(ctx context.Context, scope, key string) (Record, error)
+
+	// Delete removes the record whatever its state (operator eviction);
+	// ErrNotFound if none.
+	Delete(ctx context.Context, scope, key string) error
+
+	// Sweep removes up to limit records whose ExpiresAt has passed (a limit
+	// <= 0 means 1000) and returns how many it removed. It never removes a
+	// processing record whose lease is live.
+	Sweep(ctx context.Context, limit int) (int, error)
+}
+
+// TxCompleter is implemented by stores that can complete a record inside
+// the caller's SQL transaction, so that the business effect and the stored
+// response commit together or not at all.
+type TxCompleter interface {
+	// CompleteTx is Complete, run in tx. It takes the record's row lock
+	// until tx ends; a takeover attempt waits for it and then sees the
+	// outcome of tx.
+	CompleteTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration) error
+}
+
+// DefaultSweepLimit is the number of records Sweep removes when given a
+// limit <= 0.
+const DefaultSweepLimit = 1000
