@@ -56,7 +56,7 @@ type Record struct {
 	// its lease ends if it never completes.
 	Retention time.Duration
 	// Response is set when Status is StatusCompleted.
-	Response *Response
+	Response    *Response
 	CreatedAt   time.Time
 	CompletedAt time.Time // zero while processing
 	// ExpiresAt is when the record may be replaced or swept: CompletedAt +
