@@ -89,11 +89,12 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 	if err := req.Validate(); err != nil {
 		return nil, AcquireResult{}, err
 	}
+	sent := time.Now() // the lease is counted from no later than this
 	res, err := g.store.Acquire(ctx, req)
 	if err != nil || res.Outcome != Acquired {
 		return nil, res, err
 	}
-	return g.start(ctx, res.Lease), res, nil
+	return g.start(ctx, res.Lease, sent), res, nil
 }
 
 // Do runs work once for (scope, key). The first call runs work and stores
@@ -193,14 +194,16 @@ type Execution struct {
 	lease    Lease
 	finished bool
 	pending  *Response // set by CompleteTx, confirmed by Committed
+	// committed reports that Committed confirmed pending in the store.
+	committed bool
 }
 
-func (g *Guard) start(parent context.Context, l Lease) *Execution {
+func (g *Guard) start(parent context.Context, l Lease, acquireSent time.Time) *Execution {
 	e := &Execution{g: g, lease: l, stop: make(chan struct{}), done: make(chan struct{})}
 	cctx, cancel := context.WithCancelCause(parent)
 	e.ctx = context.WithValue(cctx, ctxKey{}, e)
 	e.cancel = cancel
-	go e.watch()
+	go e.watch(acquireSent)
 	return e
 }
 
@@ -219,15 +222,17 @@ func (e *Execution) Lease() Lease {
 // Retention is the retention the execution completes with.
 func (e *Execution) Retention() time.Duration { return e.g.cfg.Retention }
 
-func (e *Execution) watch() {
+func (e *Execution) watch(acquireSent time.Time) {
 	defer close(e.done)
 	ttl := e.g.cfg.Lease
 	interval := ttl / 3
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	maxExec := time.NewTimer(e.g.cfg.MaxExecution)
+	maxExec := time.NewTimer(e.g.cfg.MaxExecution - time.Since(acquireSent))
 	defer maxExec.Stop()
-	validUntil := time.Now().Add(ttl) // local, conservative estimate of the lease's end
+	// A local, conservative estimate of the lease's end: the store counted
+	// the lease from no earlier than when the request was sent.
+	validUntil := acquireSent.Add(ttl)
 	for {
 		select {
 		case <-e.stop:
@@ -250,11 +255,13 @@ func (e *Execution) watch() {
 			e.mu.Unlock()
 			validUntil = sent.Add(ttl)
 		case errors.Is(err, ErrLeaseLost):
-			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", e.lease.Scope, "key", e.lease.Key, "fence", e.lease.Fence)
+			l := e.Lease()
+			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
 			e.cancel(ErrLeaseLost)
 			return
 		default:
-			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", e.lease.Scope, "key", e.lease.Key, "error", err)
+			l := e.Lease()
+			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "error", err)
 			if !time.Now().Before(validUntil) {
 				e.cancel(ErrLeaseLost)
 				return
@@ -280,15 +287,22 @@ func (e *Execution) begin() (Lease, error) {
 	return e.lease, nil
 }
 
-func (e *Execution) end(finished bool) {
+// end marks the execution finished when err says the store's record is no
+// longer open to it (nil: done; ErrLeaseLost: taken over), and cancels its
+// context with the matching cause.
+func (e *Execution) end(err error) {
+	cause := context.Canceled
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLeaseLost):
+		cause = ErrLeaseLost
+	default:
+		return // the store did not answer: the execution stays open
+	}
 	e.mu.Lock()
-	if finished {
-		e.finished = true
-	}
+	e.finished = true
 	e.mu.Unlock()
-	if finished {
-		e.cancel(context.Canceled)
-	}
+	e.cancel(cause)
 }
 
 // Complete stores resp and ends the execution. ErrLeaseLost means another
@@ -301,7 +315,7 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 		return err
 	}
 	err = e.g.store.Complete(ctx, l, resp, e.g.cfg.Retention)
-	e.end(err == nil || errors.Is(err, ErrLeaseLost))
+	e.end(err)
 	return err
 }
 
@@ -320,6 +334,9 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 		return err
 	}
 	if err := txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			e.end(err)
+		}
 		return err
 	}
 	stored := resp
@@ -336,20 +353,23 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 // rolled back, the execution stays open: Complete or Release it.
 func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 	e.mu.Lock()
-	pending, l, finished := e.pending, e.lease, e.finished
+	pending, l, committed, finished := e.pending, e.lease, e.committed, e.finished
 	e.mu.Unlock()
-	if pending == nil {
-		return Response{}, false, nil
-	}
-	if finished {
+	if committed {
 		return *pending, true, nil
+	}
+	if pending == nil || finished {
+		return Response{}, false, nil
 	}
 	rec, err := e.g.store.Get(ctx, l.Scope, l.Key)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return Response{}, false, err
 	}
 	if err == nil && rec.Status == StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence && rec.Response != nil {
-		e.end(true)
+		e.mu.Lock()
+		e.pending, e.committed = rec.Response, true
+		e.mu.Unlock()
+		e.end(nil)
 		return *rec.Response, true, nil
 	}
 	e.mu.Lock()
@@ -367,7 +387,7 @@ func (e *Execution) Release(ctx context.Context) error {
 		return err
 	}
 	err = e.g.store.Release(ctx, l)
-	e.end(err == nil || errors.Is(err, ErrLeaseLost))
+	e.end(err)
 	return err
 }
 
@@ -376,5 +396,8 @@ func (e *Execution) Release(ctx context.Context) error {
 // store cannot be reached to complete or release.
 func (e *Execution) Abandon() {
 	e.stopWatch()
-	e.end(true)
+	e.mu.Lock()
+	e.finished = true
+	e.mu.Unlock()
+	e.cancel(context.Canceled)
 }

@@ -1,0 +1,597 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+)
+
+// hookStore is a store whose Extend and Complete may be replaced.
+type hookStore struct {
+	idem.Store
+	extend   func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error)
+	complete func(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error
+	extends  atomic.Int64
+}
+
+func (s *hookStore) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	s.extends.Add(1)
+	if s.extend != nil {
+		return s.extend(ctx, l, ttl)
+	}
+	return s.Store.Extend(ctx, l, ttl)
+}
+
+func (s *hookStore) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	if s.complete != nil {
+		return s.complete(ctx, l, resp, retention)
+	}
+	return s.Store.Complete(ctx, l, resp, retention)
+}
+
+func newGuard(t *testing.T, s idem.Store, cfg *idem.GuardConfig) *idem.Guard {
+	t.Helper()
+	g, err := idem.NewGuard(s, cfg)
+	if err != nil {
+		t.Fatalf("NewGuard: %v", err)
+	}
+	return g
+}
+
+func begin(t *testing.T, g *idem.Guard, key string) *idem.Execution {
+	t.Helper()
+	exec, res, err := g.Begin(t.Context(), "scope", key, "fp")
+	if err != nil || res.Outcome != idem.Acquired || exec == nil {
+		t.Fatalf("Begin(%q) = %v, %v, %v; want an execution", key, exec, res.Outcome, err)
+	}
+	return exec
+}
+
+// waitDone waits for ctx to end and returns its cause.
+func waitDone(t *testing.T, ctx context.Context, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(within):
+		t.Fatalf("context not done after %v", within)
+		return nil
+	}
+}
+
+func TestNewGuard(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(nil)
+	for _, tc := range []struct {
+		name string
+		s    idem.Store
+		cfg  *idem.GuardConfig
+		err  string // "" means valid
+	}{
+		{"nil store", nil, nil, "needs a store"},
+		{"negative lease", s, &idem.GuardConfig{Lease: -time.Second}, "negative"},
+		{"negative max execution", s, &idem.GuardConfig{MaxExecution: -time.Second}, "negative"},
+		{"negative retention", s, &idem.GuardConfig{Retention: -time.Second}, "negative"},
+		{"lease under 3ms", s, &idem.GuardConfig{Lease: 2 * time.Millisecond}, "shorter than 3ms"},
+		{"lease 1ns", s, &idem.GuardConfig{Lease: 1}, "shorter than 3ms"},
+		{"lease 3ms", s, &idem.GuardConfig{Lease: 3 * time.Millisecond}, ""},
+		{"nil config", s, nil, ""},
+		{"zero config", s, &idem.GuardConfig{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := idem.NewGuard(tc.s, tc.cfg)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || g != nil {
+					t.Fatalf("NewGuard = %v, %v; want nil and an error containing %q", g, err, tc.err)
+				}
+				return
+			}
+			if err != nil || g == nil {
+				t.Fatalf("NewGuard: %v", err)
+			}
+		})
+	}
+}
+
+func TestNewGuardDefaults(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(nil)
+	for _, cfg := range []*idem.GuardConfig{nil, {}} {
+		g := newGuard(t, s, cfg)
+		c := g.Config()
+		if c.Lease != idem.DefaultLease || c.MaxExecution != idem.DefaultMaxExecution || c.Retention != idem.DefaultRetention || c.Logger == nil {
+			t.Errorf("NewGuard(%v).Config() = %+v, want the defaults and a logger", cfg, c)
+		}
+		if g.Store() != s {
+			t.Errorf("Store() = %v, want the store given", g.Store())
+		}
+	}
+
+	// The config is copied and only zero fields are filled.
+	logger := slog.New(slog.DiscardHandler)
+	cfg := &idem.GuardConfig{Lease: time.Second, MaxExecution: time.Minute, Retention: time.Hour, Logger: logger}
+	g := newGuard(t, s, cfg)
+	cfg.Lease = time.Hour
+	if c := g.Config(); c.Lease != time.Second || c.MaxExecution != time.Minute || c.Retention != time.Hour || c.Logger != logger {
+		t.Errorf("Config() = %+v, want the config given, unaffected by later changes", c)
+	}
+}
+
+func TestGuardBegin(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	g := newGuard(t, s, &idem.GuardConfig{Retention: time.Hour})
+
+	exec := begin(t, g, "k")
+	l := exec.Lease()
+	if l.Scope != "scope" || l.Key != "k" || l.Fence != 1 || l.Owner == "" {
+		t.Fatalf("Lease() = %+v", l)
+	}
+	if exec.Retention() != time.Hour {
+		t.Errorf("Retention() = %v, want 1h", exec.Retention())
+	}
+	if idem.FromContext(exec.Context()) != exec {
+		t.Error("FromContext(exec.Context()) is not the execution")
+	}
+	if idem.FromContext(ctx) != nil {
+		t.Error("FromContext of a context without execution is not nil")
+	}
+	if _, ok, err := exec.Committed(ctx); ok || err != nil {
+		t.Errorf("Committed without CompleteTx = %v, %v; want false, nil", ok, err)
+	}
+
+	other, res, err := g.Begin(ctx, "scope", "k", "fp")
+	if err != nil || other != nil || res.Outcome != idem.InFlight || res.Record.Fence != 1 {
+		t.Fatalf("second Begin = %v, %v, %v; want no execution, in flight", other, res.Outcome, err)
+	}
+	if _, res, _ := g.Begin(ctx, "scope", "k", "other"); res.Outcome != idem.Mismatch {
+		t.Fatalf("Begin with another fingerprint = %v, want mismatch", res.Outcome)
+	}
+
+	resp := idem.Response{StatusCode: 201, Body: []byte("done")}
+	if err := exec.Complete(ctx, resp); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if cause := waitDone(t, exec.Context(), time.Second); !errors.Is(cause, context.Canceled) {
+		t.Errorf("context cause after Complete = %v, want context.Canceled", cause)
+	}
+	if err := exec.Complete(ctx, resp); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("second Complete = %v, want ErrFinished", err)
+	}
+	if err := exec.Release(ctx); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("Release after Complete = %v, want ErrFinished", err)
+	}
+	exec.Abandon() // a no-op on a finished execution
+
+	replay, res, err := g.Begin(ctx, "scope", "k", "fp")
+	if err != nil || replay != nil || res.Outcome != idem.Completed || string(res.Record.Response.Body) != "done" {
+		t.Fatalf("Begin after Complete = %v, %v, %v; want the completed record", replay, res.Outcome, err)
+	}
+}
+
+func TestGuardBeginInvalid(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memstore.New(nil), nil)
+	if _, _, err := g.Begin(t.Context(), "scope", "", "fp"); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Begin with an empty key = %v, want ErrInvalidKey", err)
+	}
+	if _, _, err := g.Begin(t.Context(), "scope\n", "k", "fp"); !errors.Is(err, idem.ErrInvalidScope) {
+		t.Errorf("Begin with a bad scope = %v, want ErrInvalidScope", err)
+	}
+	if _, _, err := g.Do(t.Context(), "scope", strings.Repeat("k", 256), "fp", func(context.Context) (idem.Response, error) {
+		t.Error("work ran")
+		return idem.Response{}, nil
+	}); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Do with a long key = %v, want ErrInvalidKey", err)
+	}
+}
+
+func TestGuardRelease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	g := newGuard(t, s, nil)
+	exec := begin(t, g, "k")
+	if err := exec.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if _, err := s.Get(ctx, "scope", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after Release = %v, want ErrNotFound", err)
+	}
+	if err := exec.Complete(ctx, idem.Response{}); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("Complete after Release = %v, want ErrFinished", err)
+	}
+	if again := begin(t, g, "k"); again.Lease().Fence != 1 {
+		t.Errorf("fence after Release = %d, want 1", again.Lease().Fence)
+	} else {
+		again.Abandon()
+	}
+}
+
+func TestGuardDoOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	g := newGuard(t, memstore.New(nil), nil)
+	var effects atomic.Int64
+	want := idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"text/plain"}}, Body: []byte("charged")}
+	work := func(ctx context.Context) (idem.Response, error) {
+		effects.Add(1)
+		time.Sleep(20 * time.Millisecond)
+		return want, nil
+	}
+
+	const n = 100
+	var (
+		wg                     sync.WaitGroup
+		ran, replays, inFlight atomic.Int64
+		start                  = make(chan struct{})
+	)
+	for range n {
+		wg.Go(func() {
+			<-start
+			resp, replayed, err := g.Do(ctx, "scope", "charge-1", "fp", work)
+			switch {
+			case errors.Is(err, idem.ErrInFlight):
+				inFlight.Add(1)
+			case err != nil:
+				t.Errorf("Do: %v", err)
+			case replayed:
+				replays.Add(1)
+				if string(resp.Body) != "charged" || resp.StatusCode != 201 {
+					t.Errorf("replayed %+v, want %+v", resp, want)
+				}
+			default:
+				ran.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if effects.Load() != 1 || ran.Load() != 1 || ran.Load()+replays.Load()+inFlight.Load() != n {
+		t.Fatalf("effects %d, ran %d, replays %d, in flight %d; want 1 effect and %d answers", effects.Load(), ran.Load(), replays.Load(), inFlight.Load(), n)
+	}
+
+	resp, replayed, err := g.Do(ctx, "scope", "charge-1", "fp", work)
+	if err != nil || !replayed || string(resp.Body) != "charged" || effects.Load() != 1 {
+		t.Fatalf("Do after completion = %+v, %v, %v (effects %d); want a replay", resp, replayed, err, effects.Load())
+	}
+	if _, _, err := g.Do(ctx, "scope", "charge-1", "other", work); !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("Do with another fingerprint = %v, want ErrMismatch", err)
+	}
+}
+
+func TestGuardDoInFlight(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, memstore.New(nil), nil)
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	_, _, err := g.Do(t.Context(), "scope", "k", "fp", func(context.Context) (idem.Response, error) {
+		t.Error("work ran while another execution holds the key")
+		return idem.Response{}, nil
+	})
+	if !errors.Is(err, idem.ErrInFlight) {
+		t.Fatalf("Do = %v, want ErrInFlight", err)
+	}
+}
+
+func TestGuardDoWorkError(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	g := newGuard(t, s, nil)
+	var runs atomic.Int64
+	errBoom := errors.New("boom")
+	work := func(ctx context.Context) (idem.Response, error) {
+		if runs.Add(1) == 1 {
+			return idem.Response{StatusCode: 500}, errBoom
+		}
+		return idem.Response{StatusCode: 200, Body: []byte("second try")}, nil
+	}
+	resp, replayed, err := g.Do(ctx, "scope", "k", "fp", work)
+	if !errors.Is(err, errBoom) || replayed || resp.StatusCode != 0 {
+		t.Fatalf("Do = %+v, %v, %v; want the work's error", resp, replayed, err)
+	}
+	if _, err := s.Get(ctx, "scope", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after a failed work = %v, want ErrNotFound (released)", err)
+	}
+	resp, replayed, err = g.Do(ctx, "scope", "k", "fp", work)
+	if err != nil || replayed || string(resp.Body) != "second try" || runs.Load() != 2 {
+		t.Fatalf("retry = %+v, %v, %v (runs %d); want work to run again", resp, replayed, err, runs.Load())
+	}
+}
+
+func TestGuardDoPanic(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	g := newGuard(t, s, nil)
+	func() {
+		defer func() {
+			if r := recover(); r != "work exploded" {
+				t.Errorf("recovered %v, want the work's panic", r)
+			}
+		}()
+		_, _, _ = g.Do(ctx, "scope", "k", "fp", func(context.Context) (idem.Response, error) {
+			panic("work exploded")
+		})
+		t.Error("Do returned although work panicked")
+	}()
+	if _, err := s.Get(ctx, "scope", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after a panic = %v, want ErrNotFound (released)", err)
+	}
+	var ran bool
+	if _, _, err := g.Do(ctx, "scope", "k", "fp", func(context.Context) (idem.Response, error) {
+		ran = true
+		return idem.Response{StatusCode: 200}, nil
+	}); err != nil || !ran {
+		t.Fatalf("retry after a panic: ran %v, %v", ran, err)
+	}
+}
+
+func TestGuardDoCompletionFails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	errDown := errors.New("store down")
+	s := &hookStore{Store: memstore.New(nil), complete: func(context.Context, idem.Lease, idem.Response, time.Duration) error { return errDown }}
+	g := newGuard(t, s, nil)
+	resp, replayed, err := g.Do(ctx, "scope", "k", "fp", func(context.Context) (idem.Response, error) {
+		return idem.Response{StatusCode: 200, Body: []byte("effect happened")}, nil
+	})
+	if !errors.Is(err, errDown) || replayed || string(resp.Body) != "effect happened" {
+		t.Fatalf("Do = %+v, %v, %v; want the work's response and the store's error", resp, replayed, err)
+	}
+	// The record is left to its lease: a retry does not run the effect now.
+	rec, err := s.Get(ctx, "scope", "k")
+	if err != nil || rec.Status != idem.StatusProcessing {
+		t.Fatalf("record = %+v, %v; want processing", rec, err)
+	}
+}
+
+func TestGuardWatchdogRenews(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := &hookStore{Store: memstore.New(nil)}
+	const lease = 60 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+
+	stop := make(chan struct{})
+	var (
+		wg       sync.WaitGroup
+		probes   atomic.Int64
+		workDone atomic.Bool
+	)
+	wg.Go(func() {
+		// A duplicate keeps knocking while the work runs; the lease must
+		// never lapse.
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			exec, res, err := g.Begin(ctx, "scope", "slow", "fp")
+			probes.Add(1)
+			if err == nil && res.Outcome == idem.Completed && workDone.Load() {
+				return
+			}
+			if err != nil || res.Outcome != idem.InFlight {
+				t.Errorf("duplicate Begin while the work runs = %v, %v; want in flight", res.Outcome, err)
+				if exec != nil {
+					exec.Abandon()
+				}
+				return
+			}
+		}
+	})
+	resp, _, err := g.Do(ctx, "scope", "slow", "fp", func(ctx context.Context) (idem.Response, error) {
+		select {
+		case <-time.After(5 * lease):
+		case <-ctx.Done():
+			return idem.Response{}, context.Cause(ctx)
+		}
+		workDone.Store(true)
+		return idem.Response{StatusCode: 200}, nil
+	})
+	close(stop)
+	wg.Wait()
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("Do = %+v, %v", resp, err)
+	}
+	rec, err := s.Get(ctx, "scope", "slow")
+	if err != nil || rec.Status != idem.StatusCompleted || rec.Fence != 1 {
+		t.Fatalf("record = %+v, %v; want completed with fence 1", rec, err)
+	}
+	if n := s.extends.Load(); n < 5 {
+		t.Errorf("the watchdog renewed %d times in 5 leases, want at least 5", n)
+	}
+	if probes.Load() < 10 {
+		t.Errorf("only %d duplicate probes ran", probes.Load())
+	}
+}
+
+func TestGuardLeaseLost(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := &hookStore{Store: memstore.New(nil), extend: func(context.Context, idem.Lease, time.Duration) (idem.Lease, error) {
+		return idem.Lease{}, idem.ErrLeaseLost
+	}}
+	g := newGuard(t, s, &idem.GuardConfig{Lease: 30 * time.Millisecond})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if cause := waitDone(t, exec.Context(), 2*time.Second); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	if !errors.Is(exec.Context().Err(), context.Canceled) {
+		t.Errorf("context error = %v, want context.Canceled", exec.Context().Err())
+	}
+
+	// Do hands the cancelled context to work and reports its error.
+	_, _, err := g.Do(ctx, "scope", "k2", "fp", func(ctx context.Context) (idem.Response, error) {
+		<-ctx.Done()
+		return idem.Response{}, context.Cause(ctx)
+	})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Do = %v, want ErrLeaseLost", err)
+	}
+}
+
+func TestGuardRenewalFails(t *testing.T) {
+	// A store that cannot be reached: the watchdog gives the lease up once
+	// it may have ended.
+	t.Parallel()
+	s := &hookStore{Store: memstore.New(nil), extend: func(context.Context, idem.Lease, time.Duration) (idem.Lease, error) {
+		return idem.Lease{}, errors.New("connection refused")
+	}}
+	const lease = 30 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if cause := waitDone(t, exec.Context(), 2*time.Second); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	if n := s.extends.Load(); n < 2 {
+		t.Errorf("the watchdog tried %d renewals before giving up, want at least 2", n)
+	}
+}
+
+func TestGuardMaxExecution(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	const lease, maxExec = 30 * time.Millisecond, 100 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease, MaxExecution: maxExec})
+	started := time.Now()
+	exec := begin(t, g, "k")
+	cause := waitDone(t, exec.Context(), 2*time.Second)
+	if !errors.Is(cause, idem.ErrMaxExecution) {
+		t.Fatalf("context cause = %v, want ErrMaxExecution", cause)
+	}
+	if d := time.Since(started); d < maxExec {
+		t.Errorf("cancelled after %v, before the maximum execution time %v", d, maxExec)
+	}
+	// The watchdog no longer renews: the lease runs out and a retry takes
+	// the key over; the execution's completion is then refused.
+	time.Sleep(2 * lease)
+	taker, res, err := g.Begin(ctx, "scope", "k", "fp")
+	if err != nil || res.Outcome != idem.Acquired || !res.TookOver || res.Lease.Fence != 2 {
+		t.Fatalf("Begin after the maximum execution = %v, took over %v, %v", res.Outcome, res.TookOver, err)
+	}
+	defer taker.Abandon()
+	if err := exec.Complete(ctx, idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete after a takeover = %v, want ErrLeaseLost", err)
+	}
+	if err := exec.Complete(ctx, idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrFinished) {
+		t.Fatalf("Complete after ErrLeaseLost = %v, want ErrFinished", err)
+	}
+}
+
+func TestGuardCompleteTxUnsupported(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	if _, ok := any(s).(idem.TxCompleter); ok {
+		t.Fatal("memstore implements TxCompleter")
+	}
+	g := newGuard(t, s, nil)
+	exec := begin(t, g, "k")
+	if err := exec.CompleteTx(ctx, nil, idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrTxUnsupported) {
+		t.Fatalf("CompleteTx = %v, want ErrTxUnsupported", err)
+	}
+	// The execution is untouched and still completes.
+	if err := exec.Complete(ctx, idem.Response{StatusCode: 200}); err != nil {
+		t.Fatalf("Complete after ErrTxUnsupported: %v", err)
+	}
+}
+
+func TestGuardAbandon(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	const lease = 30 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	l := exec.Lease()
+	exec.Abandon()
+	if cause := waitDone(t, exec.Context(), time.Second); !errors.Is(cause, context.Canceled) {
+		t.Errorf("context cause after Abandon = %v, want context.Canceled", cause)
+	}
+	rec, err := s.Get(ctx, "scope", "k")
+	if err != nil || rec.Status != idem.StatusProcessing || rec.Owner != l.Owner || rec.Fence != l.Fence {
+		t.Fatalf("record after Abandon = %+v, %v; want processing, held by the abandoned lease", rec, err)
+	}
+	if err := exec.Complete(ctx, idem.Response{}); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("Complete after Abandon = %v, want ErrFinished", err)
+	}
+	// Nobody renews the lease: it runs out and a retry takes over.
+	time.Sleep(2 * lease)
+	taker, res, err := g.Begin(ctx, "scope", "k", "fp")
+	if err != nil || !res.TookOver || res.Lease.Fence != 2 {
+		t.Fatalf("Begin after the abandoned lease = %v, took over %v, %v", res.Outcome, res.TookOver, err)
+	}
+	taker.Abandon()
+}
+
+func TestGuardParentContext(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancelCause(t.Context())
+	g := newGuard(t, memstore.New(nil), nil)
+	exec, _, err := g.Begin(ctx, "scope", "k", "fp")
+	if err != nil || exec == nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	errGone := errors.New("client gone")
+	cancel(errGone)
+	if cause := waitDone(t, exec.Context(), time.Second); !errors.Is(cause, errGone) {
+		t.Errorf("context cause = %v, want the parent's", cause)
+	}
+	// The execution can still release with a live context.
+	if err := exec.Release(context.WithoutCancel(ctx)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+func TestGuardCompleteLeaseLostCause(t *testing.T) {
+	// A completion refused by the fence ends the execution with cause
+	// ErrLeaseLost, so work still running learns why.
+	t.Parallel()
+	s := &hookStore{Store: memstore.New(nil), complete: func(context.Context, idem.Lease, idem.Response, time.Duration) error {
+		return idem.ErrLeaseLost
+	}}
+	g := newGuard(t, s, nil)
+	exec := begin(t, g, "k")
+	if err := exec.Complete(t.Context(), idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete = %v, want ErrLeaseLost", err)
+	}
+	if cause := context.Cause(exec.Context()); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want ErrLeaseLost", cause)
+	}
+	if err := exec.Complete(t.Context(), idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrFinished) {
+		t.Fatalf("second Complete = %v, want ErrFinished", err)
+	}
+}
+
+func TestGuardCommittedWithoutCompleteTx(t *testing.T) {
+	// Committed reports false at no cost when CompleteTx was not used, and
+	// after a Release or Abandon.
+	t.Parallel()
+	g := newGuard(t, memstore.New(nil), nil)
+	for _, end := range []func(*idem.Execution){
+		func(e *idem.Execution) { e.Release(t.Context()) },
+		func(e *idem.Execution) { e.Abandon() },
+	} {
+		exec := begin(t, g, "k-"+idem.NewOwner())
+		end(exec)
+		if _, ok, err := exec.Committed(t.Context()); ok || err != nil {
+			t.Fatalf("Committed after the execution ended = %v, %v; want false, nil", ok, err)
+		}
+	}
+}

@@ -1,0 +1,31 @@
+// Package memstore is an in-process [idem.Store]: one mutex over a map.
+//
+// It keeps the whole [idem.Store] contract and passes the storetest suite,
+// so it serves tests, examples and services that run as a single instance.
+//
+// # What it guarantees
+//
+//   - Every operation is atomic: one mutex guards every record, so of any
+//     number of concurrent Acquire calls on one (scope, key) exactly one is
+//     told [idem.Acquired].
+//   - Leases, fences, retention and Sweep behave as documented on
+//     [idem.Store]; times come from the store's clock ([Config].Now).
+//   - Stored responses are deep copies: neither the response given to
+//     Complete nor a record returned by Get or Acquire shares memory with
+//     what the store keeps.
+//
+// # What it does not guarantee
+//
+//   - It is one process's memory. Two instances of a service each have
+//     their own store, so a request retried against the other instance runs
+//     its effect again. Use sqlstore or redisstore for more than one
+//     instance.
+//   - Nothing survives a restart: every record, completed or processing, is
+//     gone when the process ends.
+//   - It cannot complete inside an SQL transaction: it does not implement
+//     [idem.TxCompleter], so [idem.Execution.CompleteTx] answers
+//     [idem.ErrTxUnsupported].
+//   - It runs no background goroutine. Expired completed records are
+//     replaced by the next Acquire on their key; call Sweep now and then to
+//     free the memory of keys that are never used again.
+package memstore
