@@ -186,30 +186,46 @@ type Execution struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
-
 	mu       sync.Mutex
 	lease    Lease
 	finished bool
 	pending  *Response // set by CompleteTx, confirmed by Committed
 	// committed reports that Committed confirmed pending in the store.
 	committed bool
+
+	// The watchdog: a timer, and a renewal running in the timer's goroutine.
+	// No goroutine lives between renewals.
+	timer       *time.Timer
+	stopped     bool
+	renewing    chan struct{}      // closed when the running renewal ends; nil if none runs
+	renewCancel context.CancelFunc // cancels the running renewal
+	validUntil  time.Time          // local, conservative estimate of the lease's end
+	maxUntil    time.Time          // end of the maximum execution time
 }
 
 func (g *Guard) start(parent context.Context, l Lease, acquireSent time.Time) *Execution {
-	e := &Execution{g: g, lease: l, stop: make(chan struct{}), done: make(chan struct{})}
+	e := &Execution{
+		g:     g,
+		lease: l,
+		// The store counted the lease from no earlier than when the
+		// request was sent.
+		validUntil: acquireSent.Add(g.cfg.Lease),
+		maxUntil:   acquireSent.Add(g.cfg.MaxExecution),
+	}
 	cctx, cancel := context.WithCancelCause(parent)
 	e.ctx = context.WithValue(cctx, ctxKey{}, e)
 	e.cancel = cancel
-	go e.watch(acquireSent)
+	e.mu.Lock()
+	e.timer = time.AfterFunc(e.nextWake(time.Now()), e.renew)
+	e.mu.Unlock()
 	return e
 }
 
 // Context is the work's context. It is cancelled with cause ErrLeaseLost
 // when the watchdog loses the lease, with ErrMaxExecution after the maximum
-// execution time, and when the execution ends.
+// execution time, and when the execution ends. The watchdog keeps renewing
+// the lease when only the parent context is cancelled (a client that went
+// away): the lease lasts until the execution ends.
 func (e *Execution) Context() context.Context { return e.ctx }
 
 // Lease returns the current lease (Until moves as the watchdog renews it).
@@ -222,59 +238,89 @@ func (e *Execution) Lease() Lease {
 // Retention is the retention the execution completes with.
 func (e *Execution) Retention() time.Duration { return e.g.cfg.Retention }
 
-func (e *Execution) watch(acquireSent time.Time) {
-	defer close(e.done)
+// nextWake is how long the watchdog sleeps: a third of the lease, or less
+// to meet the end of the maximum execution time or of the lease. e.mu held.
+func (e *Execution) nextWake(now time.Time) time.Duration {
+	d := e.g.cfg.Lease / 3
+	d = min(d, e.maxUntil.Sub(now), e.validUntil.Sub(now))
+	return max(d, 0)
+}
+
+// renew runs in the timer's goroutine: it extends the lease and schedules
+// the next renewal, or cancels the work's context when the lease is lost
+// or the maximum execution time is over.
+func (e *Execution) renew() {
 	ttl := e.g.cfg.Lease
-	interval := ttl / 3
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	maxExec := time.NewTimer(e.g.cfg.MaxExecution - time.Since(acquireSent))
-	defer maxExec.Stop()
-	// A local, conservative estimate of the lease's end: the store counted
-	// the lease from no earlier than when the request was sent.
-	validUntil := acquireSent.Add(ttl)
-	for {
-		select {
-		case <-e.stop:
-			return
-		case <-e.ctx.Done():
-			return
-		case <-maxExec.C:
-			e.cancel(ErrMaxExecution)
-			return
-		case <-tick.C:
-		}
-		sent := time.Now()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), interval)
-		l, err := e.g.store.Extend(ctx, e.Lease(), ttl)
-		cancel()
-		switch {
-		case err == nil:
-			e.mu.Lock()
-			e.lease.Until = l.Until
-			e.mu.Unlock()
-			validUntil = sent.Add(ttl)
-		case errors.Is(err, ErrLeaseLost):
-			l := e.Lease()
-			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
-			e.cancel(ErrLeaseLost)
-			return
-		default:
-			l := e.Lease()
-			e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "error", err)
-			if !time.Now().Before(validUntil) {
-				e.cancel(ErrLeaseLost)
-				return
-			}
-		}
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return
+	}
+	if !time.Now().Before(e.maxUntil) {
+		e.stopped = true
+		e.mu.Unlock()
+		e.cancel(ErrMaxExecution)
+		return
+	}
+	done := make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), ttl/3)
+	e.renewing, e.renewCancel = done, cancel
+	l := e.lease
+	e.mu.Unlock()
+
+	sent := time.Now()
+	nl, err := e.g.store.Extend(ctx, l, ttl)
+	cancel()
+
+	e.mu.Lock()
+	e.renewing, e.renewCancel = nil, nil
+	close(done)
+	if e.stopped { // the execution ended while the renewal ran
+		e.mu.Unlock()
+		return
+	}
+	lost := false
+	switch {
+	case err == nil:
+		e.lease.Until = nl.Until
+		e.validUntil = sent.Add(ttl)
+	case errors.Is(err, ErrLeaseLost):
+		lost = true
+	default:
+		lost = !time.Now().Before(e.validUntil)
+	}
+	if lost {
+		e.stopped = true
+	} else {
+		e.timer.Reset(e.nextWake(time.Now()))
+	}
+	e.mu.Unlock()
+
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
+	case err != nil:
+		e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "fence", l.Fence, "error", err)
+	}
+	if lost {
+		e.cancel(ErrLeaseLost)
 	}
 }
 
-// stopWatch stops the watchdog and waits for it, so that no renewal runs
-// concurrently with the completion.
+// stopWatch stops the watchdog; a renewal that is running is cancelled and
+// waited for, so that none runs concurrently with the completion.
 func (e *Execution) stopWatch() {
-	e.stopOnce.Do(func() { close(e.stop) })
-	<-e.done
+	e.mu.Lock()
+	e.stopped = true
+	e.timer.Stop()
+	done, cancel := e.renewing, e.renewCancel
+	e.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if done != nil {
+		<-done
+	}
 }
 
 func (e *Execution) begin() (Lease, error) {
@@ -308,7 +354,8 @@ func (e *Execution) end(err error) {
 // Complete stores resp and ends the execution. ErrLeaseLost means another
 // execution took the key over: resp was not stored. Any other error (the
 // store is unreachable) leaves the execution open, so Complete may be
-// called again, or Abandon.
+// called again, or Abandon; the watchdog has stopped then, so a later
+// Complete succeeds only if nobody took the key over once the lease ended.
 func (e *Execution) Complete(ctx context.Context, resp Response) error {
 	l, err := e.begin()
 	if err != nil {

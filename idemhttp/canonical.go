@@ -1,0 +1,495 @@
+package idemhttp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"slices"
+	"strconv"
+	"unicode/utf8"
+)
+
+// maxJSONDepth is the deepest nesting CanonicalJSON accepts, the same as
+// encoding/json's.
+const maxJSONDepth = 10000
+
+// CanonicalJSON appends the canonical form of the JSON text src to dst and
+// returns the extended slice. The canonical form, which FingerprintV1
+// hashes, is:
+//
+//   - no insignificant whitespace;
+//   - object members sorted by key, comparing the keys' Unicode code points
+//     (the byte order of their UTF-8 form; RFC 8785 compares UTF-16 code
+//     units instead, which differs only between keys holding characters
+//     above U+FFFF and keys holding U+E000–U+FFFF). Members with equal keys
+//     are all kept, in their original order;
+//   - numbers exactly as written (1, 1.0 and 1e0 stay different);
+//   - strings re-escaped: '"' and '\' as \" and \\, U+0008, U+000C,
+//     U+000A, U+000D and U+0009 as \b \f \n \r \t, other characters below
+//     U+0020 as \u00XX (lower-case hex), an unpaired surrogate escape as
+//     \uXXXX (lower-case hex), every other character as its UTF-8 bytes
+//     (so "\u00e9" and "é" are the same, and "/" is never escaped).
+//
+// src must be one JSON value (RFC 8259) in UTF-8, nested at most 10000
+// deep, with optional whitespace around it. Otherwise CanonicalJSON returns
+// dst (its length unchanged; bytes past it may have been written) and an
+// error that says where src went wrong. Canonicalising a canonical text
+// returns it unchanged.
+func CanonicalJSON(dst, src []byte) ([]byte, error) {
+	st := fpPool.Get().(*fpState)
+	c := &st.canon
+	c.src, c.pos, c.depth, c.out = src, 0, 0, dst
+	c.keys, c.mem = c.keys[:0], c.mem[:0]
+	out, err := c.canonical()
+	c.src, c.out = nil, nil
+	st.put()
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+// canonicalizer holds the state of one canonicalisation. Its scratch
+// slices (keys, members, tmp) may be reused across runs.
+type canonicalizer struct {
+	src   []byte
+	pos   int
+	depth int
+	out   []byte
+	keys  []byte   // decoded keys of the objects being parsed, a stack
+	mem   []member // members of the objects being parsed, a stack
+	tmp   []byte   // scratch for reordering members
+}
+
+// member is one object member: its decoded key in keys and its canonical
+// text ("key":value) in out.
+type member struct {
+	keyStart, keyEnd int
+	start, end       int
+}
+
+// jsonError reports where and why a text is not JSON.
+type jsonError struct {
+	offset int
+	msg    string
+}
+
+func (e *jsonError) Error() string {
+	return "idemhttp: invalid JSON at byte " + strconv.Itoa(e.offset) + ": " + e.msg
+}
+
+func (c *canonicalizer) fail(msg string) error {
+	return &jsonError{offset: c.pos, msg: msg}
+}
+
+func (c *canonicalizer) canonical() ([]byte, error) {
+	c.skipSpace()
+	if c.pos == len(c.src) {
+		return nil, c.fail("no value")
+	}
+	if err := c.value(); err != nil {
+		return nil, err
+	}
+	c.skipSpace()
+	if c.pos != len(c.src) {
+		return nil, c.fail("data after the value")
+	}
+	return c.out, nil
+}
+
+func (c *canonicalizer) skipSpace() {
+	for c.pos < len(c.src) {
+		switch c.src[c.pos] {
+		case ' ', '\t', '\n', '\r':
+			c.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value parses one value at c.pos (whitespace already skipped).
+func (c *canonicalizer) value() error {
+	if c.pos >= len(c.src) {
+		return c.fail("unexpected end")
+	}
+	switch ch := c.src[c.pos]; {
+	case ch == '{':
+		return c.object()
+	case ch == '[':
+		return c.array()
+	case ch == '"':
+		return c.str(false)
+	case ch == '-' || '0' <= ch && ch <= '9':
+		return c.number()
+	case ch == 't':
+		return c.literal("true")
+	case ch == 'f':
+		return c.literal("false")
+	case ch == 'n':
+		return c.literal("null")
+	}
+	return c.fail("unexpected character " + strconv.QuoteRuneToASCII(rune(c.src[c.pos])))
+}
+
+func (c *canonicalizer) literal(lit string) error {
+	if len(c.src)-c.pos < len(lit) || string(c.src[c.pos:c.pos+len(lit)]) != lit {
+		return c.fail("invalid literal")
+	}
+	c.pos += len(lit)
+	c.out = append(c.out, lit...)
+	return nil
+}
+
+func (c *canonicalizer) number() error {
+	start := c.pos
+	src := c.src
+	i := c.pos
+	if src[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(src) && src[i] == '0':
+		i++
+	case i < len(src) && '1' <= src[i] && src[i] <= '9':
+		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+			i++
+		}
+	default:
+		c.pos = i
+		return c.fail("invalid number")
+	}
+	if i < len(src) && src[i] == '.' {
+		i++
+		d := i
+		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+			i++
+		}
+		if i == d {
+			c.pos = i
+			return c.fail("invalid number: no digit after '.'")
+		}
+	}
+	if i < len(src) && (src[i] == 'e' || src[i] == 'E') {
+		i++
+		if i < len(src) && (src[i] == '+' || src[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+			i++
+		}
+		if i == d {
+			c.pos = i
+			return c.fail("invalid number: no digit in the exponent")
+		}
+	}
+	c.pos = i
+	c.out = append(c.out, src[start:i]...)
+	return nil
+}
+
+func (c *canonicalizer) enter() error {
+	c.depth++
+	if c.depth > maxJSONDepth {
+		return c.fail("nested too deep")
+	}
+	return nil
+}
+
+func (c *canonicalizer) array() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	c.pos++ // '['
+	c.out = append(c.out, '[')
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == ']' {
+		c.pos++
+		c.out = append(c.out, ']')
+		c.depth--
+		return nil
+	}
+	for {
+		c.skipSpace()
+		if err := c.value(); err != nil {
+			return err
+		}
+		c.skipSpace()
+		if c.pos >= len(c.src) {
+			return c.fail("unexpected end in an array")
+		}
+		switch c.src[c.pos] {
+		case ',':
+			c.pos++
+			c.out = append(c.out, ',')
+		case ']':
+			c.pos++
+			c.out = append(c.out, ']')
+			c.depth--
+			return nil
+		default:
+			return c.fail("expected ',' or ']' in an array")
+		}
+	}
+}
+
+func (c *canonicalizer) object() error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	c.pos++ // '{'
+	open := len(c.out)
+	c.out = append(c.out, '{')
+	memBase, keyBase := len(c.mem), len(c.keys)
+	c.skipSpace()
+	if c.pos < len(c.src) && c.src[c.pos] == '}' {
+		c.pos++
+		c.out = append(c.out, '}')
+		c.depth--
+		return nil
+	}
+	sorted := true
+	for {
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
+			return c.fail("expected a string key in an object")
+		}
+		m := member{keyStart: len(c.keys), start: len(c.out)}
+		if err := c.str(true); err != nil {
+			return err
+		}
+		m.keyEnd = len(c.keys)
+		c.skipSpace()
+		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
+			return c.fail("expected ':' after an object key")
+		}
+		c.pos++
+		c.out = append(c.out, ':')
+		c.skipSpace()
+		if err := c.value(); err != nil {
+			return err
+		}
+		m.end = len(c.out)
+		if n := len(c.mem); n > memBase {
+			prev := c.mem[n-1]
+			if bytes.Compare(c.keys[prev.keyStart:prev.keyEnd], c.keys[m.keyStart:m.keyEnd]) > 0 {
+				sorted = false
+			}
+		}
+		c.mem = append(c.mem, m)
+		c.skipSpace()
+		if c.pos >= len(c.src) {
+			return c.fail("unexpected end in an object")
+		}
+		if c.src[c.pos] == ',' {
+			c.pos++
+			c.out = append(c.out, ',')
+			continue
+		}
+		if c.src[c.pos] == '}' {
+			c.pos++
+			c.out = append(c.out, '}')
+			break
+		}
+		return c.fail("expected ',' or '}' in an object")
+	}
+	if !sorted {
+		c.reorder(open, c.mem[memBase:])
+	}
+	c.mem = c.mem[:memBase]
+	c.keys = c.keys[:keyBase]
+	c.depth--
+	return nil
+}
+
+// reorder rewrites the object that starts at out[open] with its members
+// sorted by key (stably, so equal keys keep their order). The object's
+// length does not change.
+func (c *canonicalizer) reorder(open int, members []member) {
+	keys := c.keys
+	slices.SortStableFunc(members, func(a, b member) int {
+		return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
+	})
+	c.tmp = append(c.tmp[:0], c.out[open:]...)
+	w := open + 1
+	for i, m := range members {
+		if i > 0 {
+			c.out[w] = ','
+			w++
+		}
+		w += copy(c.out[w:], c.tmp[m.start-open:m.end-open])
+	}
+}
+
+// str parses a string at c.pos and appends its canonical form to out; with
+// key it also appends the decoded string to keys (an unpaired surrogate as
+// its three-byte generalised UTF-8 form, so that keys order by code point).
+func (c *canonicalizer) str(key bool) error {
+	src := c.src
+	i := c.pos + 1
+	c.out = append(c.out, '"')
+	for {
+		// Copy a run of characters that need no escaping, eight bytes at
+		// a time while no byte is below 0x20, '"', '\\' or above 0x7F.
+		start := i
+		for i+8 <= len(src) {
+			v := binary.LittleEndian.Uint64(src[i:])
+			const ones, highs = 0x0101010101010101, 0x8080808080808080
+			q, bs := v^(ones*'"'), v^(ones*'\\')
+			if ((v-ones*0x20)&^v|(q-ones)&^q|(bs-ones)&^bs|v)&highs != 0 {
+				break
+			}
+			i += 8
+		}
+		for i < len(src) {
+			ch := src[i]
+			if ch < 0x20 || ch == '"' || ch == '\\' || ch >= utf8.RuneSelf {
+				break
+			}
+			i++
+		}
+		if i > start {
+			c.out = append(c.out, src[start:i]...)
+			if key {
+				c.keys = append(c.keys, src[start:i]...)
+			}
+		}
+		if i >= len(src) {
+			c.pos = i
+			return c.fail("unterminated string")
+		}
+		switch ch := src[i]; {
+		case ch == '"':
+			c.out = append(c.out, '"')
+			c.pos = i + 1
+			return nil
+		case ch < 0x20:
+			c.pos = i
+			return c.fail("control character in a string")
+		case ch >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(src[i:])
+			if r == utf8.RuneError && size <= 1 {
+				c.pos = i
+				return c.fail("invalid UTF-8 in a string")
+			}
+			c.out = append(c.out, src[i:i+size]...)
+			if key {
+				c.keys = append(c.keys, src[i:i+size]...)
+			}
+			i += size
+		default: // '\\'
+			if i+1 >= len(src) {
+				c.pos = i
+				return c.fail("unterminated escape")
+			}
+			var r rune
+			switch e := src[i+1]; e {
+			case '"', '\\', '/':
+				r = rune(e)
+				i += 2
+			case 'b':
+				r, i = '\b', i+2
+			case 'f':
+				r, i = '\f', i+2
+			case 'n':
+				r, i = '\n', i+2
+			case 'r':
+				r, i = '\r', i+2
+			case 't':
+				r, i = '\t', i+2
+			case 'u':
+				u, ok := hex4(src, i+2)
+				if !ok {
+					c.pos = i
+					return c.fail(`invalid \u escape`)
+				}
+				i += 6
+				r = rune(u)
+				if utf16IsHigh(r) {
+					if lo, ok := hex4(src, i+2); ok && i+1 < len(src) && src[i] == '\\' && src[i+1] == 'u' && utf16IsLow(rune(lo)) {
+						r = 0x10000 + (r-0xD800)<<10 + (rune(lo) - 0xDC00)
+						i += 6
+					}
+				}
+			default:
+				c.pos = i
+				return c.fail("invalid escape")
+			}
+			c.out = appendCanonicalRune(c.out, r)
+			if key {
+				c.keys = appendGeneralisedUTF8(c.keys, r)
+			}
+		}
+	}
+}
+
+func utf16IsHigh(r rune) bool { return 0xD800 <= r && r <= 0xDBFF }
+func utf16IsLow(r rune) bool  { return 0xDC00 <= r && r <= 0xDFFF }
+
+// hex4 reads four hex digits at src[i:].
+func hex4(src []byte, i int) (uint16, bool) {
+	if i < 0 || i+4 > len(src) {
+		return 0, false
+	}
+	var v uint16
+	for _, ch := range src[i : i+4] {
+		var d byte
+		switch {
+		case '0' <= ch && ch <= '9':
+			d = ch - '0'
+		case 'a' <= ch && ch <= 'f':
+			d = ch - 'a' + 10
+		case 'A' <= ch && ch <= 'F':
+			d = ch - 'A' + 10
+		default:
+			return 0, false
+		}
+		v = v<<4 | uint16(d)
+	}
+	return v, true
+}
+
+const lowerHex = "0123456789abcdef"
+
+// appendCanonicalRune appends r as it appears inside a canonical string.
+func appendCanonicalRune(b []byte, r rune) []byte {
+	switch {
+	case r == '"':
+		return append(b, '\\', '"')
+	case r == '\\':
+		return append(b, '\\', '\\')
+	case r == '\b':
+		return append(b, '\\', 'b')
+	case r == '\f':
+		return append(b, '\\', 'f')
+	case r == '\n':
+		return append(b, '\\', 'n')
+	case r == '\r':
+		return append(b, '\\', 'r')
+	case r == '\t':
+		return append(b, '\\', 't')
+	case r < 0x20 || utf16IsHigh(r) || utf16IsLow(r):
+		return append(b, '\\', 'u', lowerHex[r>>12&0xF], lowerHex[r>>8&0xF], lowerHex[r>>4&0xF], lowerHex[r&0xF])
+	}
+	return utf8.AppendRune(b, r)
+}
+
+// appendGeneralisedUTF8 appends r in UTF-8, encoding a surrogate code
+// point as three bytes like any other in its range (which UTF-8 proper
+// forbids), so that byte order stays code point order.
+func appendGeneralisedUTF8(b []byte, r rune) []byte {
+	if utf16IsHigh(r) || utf16IsLow(r) {
+		return append(b, byte(0xE0|r>>12), byte(0x80|(r>>6)&0x3F), byte(0x80|r&0x3F))
+	}
+	return utf8.AppendRune(b, r)
+}
+
+// appendJSONString appends s as a canonical JSON string. Invalid UTF-8
+// bytes become U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for _, r := range s {
+		b = appendCanonicalRune(b, r)
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,357 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxRequestBody is the largest request body the middleware
+	// reads (and fingerprints) when Config.MaxRequestBody is 0.
+	DefaultMaxRequestBody = 1 << 20
+	// DefaultMaxResponseBody is the largest response body a record keeps
+	// when Config.MaxResponseBody is 0.
+	DefaultMaxResponseBody = 1 << 20
+)
+
+// Config configures a Middleware. The zero value of each field means its
+// default; only Store is required.
+type Config struct {
+	// Store keeps the idempotency records. Required.
+	Store idem.Store
+
+	// Methods are the request methods the middleware guards; requests with
+	// other methods pass through untouched. Methods are case-sensitive, as
+	// in HTTP: "post" is rejected by New, "POST" is meant. Nil or empty
+	// means POST and PATCH.
+	Methods []string
+
+	// KeyOptional lets a guarded request without an Idempotency-Key header
+	// through to the handler, unguarded. False (the default) answers it
+	// 400 MISSING_KEY. A malformed key is answered 400 INVALID_KEY either
+	// way.
+	KeyOptional bool
+
+	// Scope returns the caller's identity (tenant, account, user): equal
+	// keys in different scopes never meet. It must derive the scope from
+	// authenticated identity, never from input the caller chooses freely.
+	// Nil means "" for every request: one key space shared by every caller,
+	// so one caller's key can replay another caller's response. Use nil
+	// only when there is a single caller, or the keys are unguessable and
+	// responses hold nothing private.
+	//
+	// An error answers the request 401 UNAUTHENTICATED without running the
+	// handler, or with the status, code and detail of a *ScopeError it
+	// wraps. A scope that idem.ValidateScope refuses is answered 400
+	// INVALID_SCOPE.
+	Scope func(r *http.Request) (string, error)
+
+	// Fingerprint computes the request's fingerprint from the request and
+	// its body (read in full, at most MaxRequestBody bytes). It must not
+	// keep body after it returns, nor read r.Body. An error answers 400
+	// INVALID_REQUEST. Nil means FingerprintV1.
+	Fingerprint func(r *http.Request, body []byte) (idem.Fingerprint, error)
+
+	// Lease, MaxExecution and Retention configure the idem.Guard: how long
+	// an execution holds its key without renewal (renewed every third of
+	// it), how long the watchdog renews it at most, and how long a completed
+	// response is replayed. Zero means idem.DefaultLease (30 s),
+	// idem.DefaultMaxExecution (5 min) and idem.DefaultRetention (24 h).
+	Lease, MaxExecution, Retention time.Duration
+
+	// MaxRequestBody is the largest request body accepted on a guarded
+	// request; a larger one is answered 413 BODY_TOO_LARGE before any
+	// record is created. Zero means DefaultMaxRequestBody (1 MiB).
+	MaxRequestBody int64
+
+	// MaxResponseBody is the largest response body a record keeps. A larger
+	// response still reaches the client in full; the record keeps its
+	// status and headers and marks the body omitted. Zero means
+	// DefaultMaxResponseBody (1 MiB).
+	MaxResponseBody int64
+
+	// Release reports whether a handler's final status releases the record
+	// (so that a retry runs the handler again) instead of storing the
+	// response. Nil means DefaultRelease: 5xx, 408, 425 and 429. To keep
+	// 5xx as Stripe does: func(s int) bool { return s == 408 || s == 425 || s == 429 }.
+	Release func(status int) bool
+
+	// Wait is how long a retry that arrives while the first request is
+	// running waits for it to finish, polling the store, before it is
+	// answered. Zero answers it at once 409 PROCESSING with Retry-After;
+	// positive waits up to Wait (and no longer than the request's context)
+	// and replays the first request's response, or answers 409 if it is
+	// still running.
+	Wait time.Duration
+
+	// FailOpen chooses what happens when the store cannot be reached to
+	// acquire the key: false (the default) answers 503 STORE_UNAVAILABLE
+	// with Retry-After; true runs the handler unguarded (logged at warn
+	// level), at the risk of running the effect twice.
+	FailOpen bool
+
+	// ReplayHeaders are response headers stored and replayed in addition to
+	// the allow-list (Content-Type, Content-Encoding, Content-Language,
+	// Content-Disposition, Location, ETag, Last-Modified). Set-Cookie,
+	// Authorization, Proxy-Authorization and hop-by-hop headers (Connection,
+	// Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade) are
+	// refused by New, as are the headers the middleware sets itself.
+	ReplayHeaders []string
+
+	// Logger receives store failures, fail-open runs and lost leases. Nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// DefaultRelease is the release policy when Config.Release is nil: a
+// handler status of 5xx, 408 Request Timeout, 425 Too Early or 429 Too Many
+// Requests releases the record, so a retry runs the handler again.
+func DefaultRelease(status int) bool {
+	return status >= 500 || status == http.StatusRequestTimeout ||
+		status == http.StatusTooEarly || status == http.StatusTooManyRequests
+}
+
+// ScopeError lets a Config.Scope function choose the answer to a request
+// whose caller cannot be identified. Return it (or an error wrapping it)
+// from Scope; any other error is answered 401 UNAUTHENTICATED.
+type ScopeError struct {
+	// Status is the HTTP status of the answer, 400 to 599. Other values
+	// mean 401.
+	Status int
+	// Code is the problem's code; "" means "UNAUTHENTICATED".
+	Code string
+	// Detail is the problem's detail, shown to the client.
+	Detail string
+	// Err is the underlying error, logged but not shown to the client.
+	Err error
+}
+
+// Error returns the code, detail and underlying error.
+func (e *ScopeError) Error() string {
+	msg := "idemhttp: scope: " + e.code()
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Unwrap returns e.Err.
+func (e *ScopeError) Unwrap() error { return e.Err }
+
+func (e *ScopeError) status() int {
+	if e.Status < 400 || e.Status > 599 {
+		return http.StatusUnauthorized
+	}
+	return e.Status
+}
+
+func (e *ScopeError) code() string {
+	if e.Code == "" {
+		return CodeUnauthenticated
+	}
+	return e.Code
+}
+
+// Middleware guards HTTP handlers with idempotency keys; see the package
+// documentation for what it answers. Build it with New; it is safe for
+// concurrent use. One Middleware carries one configuration: for routes
+// that need another (a different Wait, Scope or body limit), derive one
+// with With and wrap those routes with it.
+type Middleware struct {
+	user  Config // as given to New, slices cloned; With starts from it
+	guard *idem.Guard
+	store idem.Store
+	log   *slog.Logger
+
+	defaultMethods bool
+	methods        []string
+	replayHeaders  []string // allow-listed header names, canonical
+	scope          func(*http.Request) (string, error)
+	fingerprint    func(*http.Request, []byte) (idem.Fingerprint, error)
+	release        func(int) bool
+	maxReq         int64
+	maxResp        int64
+	wait           time.Duration
+	keyOptional    bool
+	failOpen       bool
+}
+
+// defaultReplayHeaders is the allow-list of replayable response headers.
+var defaultReplayHeaders = []string{
+	"Content-Type",
+	"Content-Encoding",
+	"Content-Language",
+	"Content-Disposition",
+	"Location",
+	"Etag",
+	"Last-Modified",
+}
+
+// New returns a Middleware for cfg, which it copies. It refuses a nil cfg
+// or Store, negative sizes and durations, malformed methods and header
+// names, and replay headers that must never be stored.
+func New(cfg *Config) (*Middleware, error) {
+	if cfg == nil {
+		return nil, errors.New("idemhttp: New needs a Config with a Store")
+	}
+	c := *cfg
+	c.Methods = slices.Clone(c.Methods)
+	c.ReplayHeaders = slices.Clone(c.ReplayHeaders)
+	if c.Store == nil {
+		return nil, errors.New("idemhttp: Config.Store is required")
+	}
+	switch {
+	case c.MaxRequestBody < 0:
+		return nil, fmt.Errorf("idemhttp: negative MaxRequestBody %d", c.MaxRequestBody)
+	case c.MaxResponseBody < 0:
+		return nil, fmt.Errorf("idemhttp: negative MaxResponseBody %d", c.MaxResponseBody)
+	case c.Wait < 0:
+		return nil, fmt.Errorf("idemhttp: negative Wait %v", c.Wait)
+	}
+	logger := c.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	guard, err := idem.NewGuard(c.Store, &idem.GuardConfig{
+		Lease:        c.Lease,
+		MaxExecution: c.MaxExecution,
+		Retention:    c.Retention,
+		Logger:       logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	m := &Middleware{
+		user:        c,
+		guard:       guard,
+		store:       c.Store,
+		log:         logger,
+		scope:       c.Scope,
+		fingerprint: c.Fingerprint,
+		release:     c.Release,
+		maxReq:      c.MaxRequestBody,
+		maxResp:     c.MaxResponseBody,
+		wait:        c.Wait,
+		keyOptional: c.KeyOptional,
+		failOpen:    c.FailOpen,
+	}
+	if m.fingerprint == nil {
+		m.fingerprint = FingerprintV1
+	}
+	if m.release == nil {
+		m.release = DefaultRelease
+	}
+	if m.maxReq == 0 {
+		m.maxReq = DefaultMaxRequestBody
+	}
+	if m.maxResp == 0 {
+		m.maxResp = DefaultMaxResponseBody
+	}
+
+	if len(c.Methods) == 0 {
+		m.defaultMethods = true
+	}
+	for _, method := range c.Methods {
+		if err := checkMethod(method); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(m.methods, method) {
+			m.methods = append(m.methods, method)
+		}
+	}
+
+	m.replayHeaders = slices.Clone(defaultReplayHeaders)
+	for _, name := range c.ReplayHeaders {
+		if !isToken(name) {
+			return nil, fmt.Errorf("idemhttp: ReplayHeaders: %q is not a header name", name)
+		}
+		canon := http.CanonicalHeaderKey(name)
+		if neverReplayed(canon) {
+			return nil, fmt.Errorf("idemhttp: ReplayHeaders: %s is never stored or replayed", canon)
+		}
+		if !slices.ContainsFunc(m.replayHeaders, func(s string) bool { return strings.EqualFold(s, canon) }) {
+			m.replayHeaders = append(m.replayHeaders, canon)
+		}
+	}
+	return m, nil
+}
+
+// With returns a Middleware whose configuration is m's, changed by fn
+// (which gets a copy); use it for per-route options. The new Middleware
+// shares m's store and nothing else.
+func (m *Middleware) With(fn func(*Config)) (*Middleware, error) {
+	c := m.user
+	c.Methods = slices.Clone(c.Methods)
+	c.ReplayHeaders = slices.Clone(c.ReplayHeaders)
+	if fn != nil {
+		fn(&c)
+	}
+	return New(&c)
+}
+
+// checkMethod refuses an empty method, one that is not an HTTP token, and
+// the lower-case spelling of a standard method (HTTP methods are
+// case-sensitive, so "post" would never match a POST request).
+func checkMethod(method string) error {
+	if !isToken(method) {
+		return fmt.Errorf("idemhttp: Methods: %q is not an HTTP method", method)
+	}
+	for _, std := range []string{
+		http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
+	} {
+		if method != std && strings.EqualFold(method, std) {
+			return fmt.Errorf("idemhttp: Methods: %q never matches; methods are case-sensitive, use %q", method, std)
+		}
+	}
+	return nil
+}
+
+// neverReplayed reports the (canonical) header names that are never
+// stored: credentials, cookies, hop-by-hop headers and the middleware's own.
+func neverReplayed(canon string) bool {
+	switch canon {
+	case "Set-Cookie", "Set-Cookie2", "Authorization", "Cookie",
+		"Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+		HeaderReplayed, HeaderBodyOmitted, HeaderIdempotencyKey:
+		return true
+	}
+	return strings.HasPrefix(canon, "Proxy-")
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ExecutionFrom returns the execution a guarded request runs under, from
+// the request's context (r.Context() in the handler), or nil outside a
+// guarded request (pass-through, KeyOptional without a key, fail-open). It
+// is idem.FromContext.
+func ExecutionFrom(ctx context.Context) *idem.Execution {
+	return idem.FromContext(ctx)
+}

@@ -1,0 +1,158 @@
+// Package idemhttp is net/http middleware that makes POST and PATCH
+// handlers idempotent with the Idempotency-Key request header, following
+// draft-ietf-httpapi-idempotency-key-header-07 and Stripe's practice: the
+// first request with a key runs the handler and its response is stored;
+// a retry with the same key gets the stored response without running the
+// handler again.
+//
+//	mw, err := idemhttp.New(&idemhttp.Config{Store: store, Scope: userOf})
+//	if err != nil {
+//		return err
+//	}
+//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//
+// The records live in an idem.Store (memstore, sqlstore, …); each request
+// runs under an idem.Execution whose watchdog renews its lease while the
+// handler runs. ExecutionFrom(r.Context()) returns it to the handler.
+//
+// # What the middleware answers
+//
+//   - A request whose method is not covered (Config.Methods; POST and PATCH
+//     by default) passes through untouched.
+//   - A covered request without Idempotency-Key: 400 MISSING_KEY, or, with
+//     Config.KeyOptional, the handler runs unguarded.
+//   - A malformed key (see ParseKey: empty, over 255 bytes, control
+//     characters, invalid UTF-8, a bad RFC 8941 quoted string) or more than
+//     one Idempotency-Key field: 400 INVALID_KEY.
+//   - Config.Scope fails: 401 UNAUTHENTICATED, or the status and code of
+//     the *ScopeError it returns; a scope idem.ValidateScope refuses: 400
+//     INVALID_SCOPE.
+//   - A body over Config.MaxRequestBody (1 MiB): 413 BODY_TOO_LARGE. The
+//     body is read (and refused) before any record exists; a body that
+//     cannot be read is 400 INVALID_REQUEST.
+//   - The first request with a key: the handler runs; its response is
+//     stored, then sent.
+//   - A retry with the same fingerprint after the first completed: the
+//     stored status, replayable headers and body, plus
+//     Idempotent-Replayed: true. The handler does not run.
+//   - The same key with another fingerprint (the first completed or still
+//     running): 422 KEY_MISMATCH.
+//   - A retry while the first still runs: 409 PROCESSING with
+//     Retry-After: 1; or, with Config.Wait, the retry waits up to Wait for
+//     the first to finish and gets its response (or 409 if it has not
+//     finished, or runs the handler itself if the first was released). A
+//     waiting retry polls the store with Get every 5 to 250 ms (growing,
+//     jittered) and holds its goroutine while it waits.
+//   - The handler answers a status that Config.Release selects (by default
+//     5xx, 408, 425 and 429) or panics: the record is released (deleted),
+//     so a retry runs the handler again. Other statuses, 4xx included, are
+//     stored and replayed.
+//   - The store cannot be reached to acquire the key: 503 STORE_UNAVAILABLE
+//     with Retry-After: 1 (fail closed), or, with Config.FailOpen, the
+//     handler runs unguarded. Key and scope errors stay 400 either way.
+//   - A response body over Config.MaxResponseBody (1 MiB): the client gets
+//     all of it; the record keeps the status and headers and marks the body
+//     omitted, so a retry never runs the handler again. Its replay has the
+//     status, the headers (without Content-Length), an empty body and
+//     Idempotent-Body-Omitted: true.
+//
+// Problems are RFC 9457 application/problem+json with the members type,
+// title, status, detail and code; the codes are the Code constants and
+// PROBLEMS.md, next to this file, documents each (it is what their type
+// URIs point to).
+//
+// # Keys and scopes
+//
+// A key names one request of one caller: records are keyed by (scope, key),
+// and the scope comes from Config.Scope, which must derive it from
+// authenticated identity. Without a Scope function every caller shares one
+// key space, and a caller who sends another's key gets the other's
+// response: use that only for a single caller or unguessable keys.
+//
+// # Fingerprint
+//
+// Each record keeps the fingerprint of the request that created it, and a
+// key presented with another fingerprint is refused. FingerprintV1 (the
+// default) hashes the method, the path, the query parameters sorted by
+// name, and the body; a JSON body (Content-Type application/json or
+// +json) in canonical form (CanonicalJSON), so that key order and spacing
+// do not matter, numbers as written. Invalid JSON is hashed as raw bytes
+// and left to the handler to refuse. Headers (other than Content-Type) and
+// the host are not part of it. Config.Fingerprint replaces it per
+// middleware; its result is versioned ("v1:…").
+//
+// # The first request
+//
+// The handler gets a copy of the request (the incoming one is never
+// changed) whose context is the execution's and whose body is a fresh
+// reader over the bytes the middleware read and fingerprinted. Its
+// response is held back: the record is completed (or released) first, and
+// only then does the client get the answer, so a client that retries after
+// getting it always gets a replay. If the completion cannot be stored (the
+// lease was lost, the store is down), the client still gets the real
+// response; the error is logged and the record is left to its lease, after
+// which a retry runs the handler again.
+//
+// Replayable response headers are an allow-list: Content-Type,
+// Content-Encoding, Content-Language, Content-Disposition, Location, ETag
+// and Last-Modified, plus Config.ReplayHeaders, stored under their
+// canonical names (ETag as Etag: names are case-insensitive, and
+// idem.Response keys are canonical). Set-Cookie, Authorization
+// and hop-by-hop headers are never stored, so they reach the first
+// response only. A Content-Type that net/http would sniff is sniffed by the
+// middleware and stored, so first response and replay agree. As in
+// net/http, header changes after WriteHeader are not sent; trailers work.
+//
+// A handler whose effect is in the store's SQL database should complete
+// in its own transaction: build the response (JSONResponse), call
+// ExecutionFrom(ctx).CompleteTx(ctx, tx, resp), commit, and write it
+// (WriteResponse). The effect and the stored response then commit together
+// or not at all. After the handler returns, the middleware asks whether
+// that completion committed (Execution.Committed); if it did, the client
+// gets exactly the committed response — what every replay will serve —
+// in place of whatever the handler wrote (its non-replayable headers, such
+// as Set-Cookie, stay). If the transaction rolled back, the handler's
+// status decides as usual (release or store). A handler may also end the
+// execution itself (Execution.Complete or Release); the middleware then
+// only sends its response.
+//
+// A lost lease (the watchdog could not renew it and another request took
+// the key over) cancels the handler's context with cause idem.ErrLeaseLost;
+// its completion is then refused, so the takeover's response stands.
+//
+// # Streaming and hijacking
+//
+// The writer the handler gets implements http.Flusher, http.Hijacker and
+// Unwrap, so http.NewResponseController works (deadlines and full duplex
+// reach the underlying writer). Flush sends the status, headers and body
+// written so far, and the rest of the response streams as written; the
+// record completes when the handler returns, keeping the body if it stayed
+// within MaxResponseBody and marking it omitted otherwise. A retry never
+// runs the handler again, but a client that retries while the stream is
+// still running gets 409.
+//
+// Hijack sends what was written through WriteHeader and Write first (as
+// net/http does), then hands the connection over. When the handler
+// returns, the record completes with the status written before Hijack
+// (200 if none), the replayable headers and no body (omitted), or is
+// released if the release policy selects that status. The client may see
+// the handler's answer on the connection before the record completes.
+//
+// # Per-route options
+//
+// A Middleware has one configuration. Routes that need another (a Wait,
+// a smaller body limit, KeyOptional) get their own Middleware, derived with
+// With; Middlewares over one store share its records, so give routes that
+// share keys the same fingerprint function.
+//
+// # What idemhttp does not guarantee
+//
+//   - An effect outside the store's database and the stored response do
+//     not commit together: a crash between them leaves a processing record,
+//     and the retry after its lease runs the handler again. Use CompleteTx
+//     or make the effect idempotent.
+//   - With FailOpen, a request that arrives while the store is down runs
+//     unguarded, and may run twice.
+//   - A response is replayed for the record's retention (24 h by default);
+//     a retry after that runs the handler again.
+package idemhttp

@@ -1,0 +1,271 @@
+package idemhttp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// post sends a POST with an Idempotency-Key to h and prints the answer.
+func post(h http.Handler, target, key, body string) {
+	r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%d %s replayed=%q\n", w.Code, strings.TrimSpace(w.Body.String()), w.Header().Get("Idempotent-Replayed"))
+}
+
+// The quick start: guard a route, and a retry with the same key gets the
+// first answer without running the handler again.
+func ExampleNew() {
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders := 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, orders)
+	})))
+
+	post(mux, "/orders", "8e03978e-40d5-43e8", `{"sku":"A-1"}`)
+	post(mux, "/orders", "8e03978e-40d5-43e8", `{ "sku": "A-1" }`) // a retry
+	post(mux, "/orders", "8e03978e-40d5-43e8", `{"sku":"B-2"}`)    // the key reused for another request
+	// Output:
+	// 201 {"order":1} replayed=""
+	// 201 {"order":1} replayed="true"
+	// 422 {"type":"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#key_mismatch","title":"Idempotency key reused","status":422,"detail":"this Idempotency-Key was used with a different request; use a new key for a new request","code":"KEY_MISMATCH"} replayed=""
+}
+
+// Handler wraps any http.Handler; requests with uncovered methods (here
+// GET) pass through untouched.
+func ExampleMiddleware_Handler() {
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s guarded=%v", r.Method, idemhttp.ExecutionFrom(r.Context()) != nil)
+	}))
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		r := httptest.NewRequest(method, "/things", nil)
+		r.Header.Set("Idempotency-Key", "k1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Body)
+	}
+	// Output:
+	// 200 GET guarded=false
+	// 200 POST guarded=true
+}
+
+// With derives per-route options: here a route whose retries wait for the
+// first request instead of getting 409 PROCESSING.
+func ExampleMiddleware_With() {
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	waiting, err := mw.With(func(c *idemhttp.Config) { c.Wait = 5 * time.Second })
+	if err != nil {
+		log.Fatal(err)
+	}
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", waiting.Handler(slow))
+	mux.Handle("POST /refunds", mw.Handler(slow))
+
+	send := func(target string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, target, strings.NewReader(`{}`))
+		r.Header.Set("Idempotency-Key", "key-for"+target)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w
+	}
+	for _, target := range []string{"/payments", "/refunds"} {
+		first := make(chan *httptest.ResponseRecorder)
+		go func() { first <- send(target) }()
+		time.Sleep(10 * time.Millisecond) // the retry arrives while the first runs
+		retry := send(target)
+		fmt.Println(target, "first:", (<-first).Code, "retry:", retry.Code, retry.Header().Values("Retry-After"))
+	}
+	// Output:
+	// /payments first: 201 retry: 201 []
+	// /refunds first: 201 retry: 409 [1]
+}
+
+// A handler whose effect is in the store's database completes the record
+// in its own transaction (Execution.CompleteTx): the effect and the stored
+// response commit together or not at all, and the client gets exactly what
+// every replay will serve.
+func ExampleJSONResponse() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "idemhttp-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "shop.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT)`); err != nil {
+		log.Fatal(err)
+	}
+	mw, err := idemhttp.New(&idemhttp.Config{Store: store})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	createOrder := func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
+			return
+		}
+		defer tx.Rollback()
+		res, err := tx.ExecContext(ctx, `INSERT INTO orders (sku) VALUES ('A-1')`)
+		if err != nil {
+			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
+			return
+		}
+		id, _ := res.LastInsertId()
+		resp, err := idemhttp.JSONResponse(http.StatusCreated, map[string]int64{"id": id})
+		if err != nil {
+			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
+			return
+		}
+		resp.Header["Location"] = []string{fmt.Sprintf("/orders/%d", id)}
+		if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
+			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
+			return
+		}
+		if err := tx.Commit(); err != nil {
+			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
+			return
+		}
+		idemhttp.WriteResponse(w, resp)
+	}
+	h := mw.Handler(http.HandlerFunc(createOrder))
+
+	post(h, "/orders", "order-1", `{"sku":"A-1"}`)
+	post(h, "/orders", "order-1", `{"sku":"A-1"}`)
+	var n int
+	_ = db.QueryRowContext(ctx, `SELECT count(*) FROM orders`).Scan(&n)
+	fmt.Println("orders:", n)
+	// Output:
+	// 201 {"id":1} replayed=""
+	// 201 {"id":1} replayed="true"
+	// orders: 1
+}
+
+func ExampleFingerprintV1() {
+	fp := func(target, body string) string {
+		r := httptest.NewRequest(http.MethodPost, target, nil)
+		r.Header.Set("Content-Type", "application/json")
+		f, _ := idemhttp.FingerprintV1(r, []byte(body))
+		return string(f)
+	}
+	a := fp("/orders?b=2&a=1", `{"sku":"A-1","quantity":2}`)
+	b := fp("/orders?a=1&b=2", "{\n  \"quantity\": 2,\n  \"sku\": \"A-1\"\n}")
+	c := fp("/orders?a=1&b=2", `{"sku":"A-1","quantity":3}`)
+	fmt.Println(a[:3], len(a))
+	fmt.Println("reordered and reformatted:", a == b)
+	fmt.Println("another quantity:", a == c)
+	// Output:
+	// v1: 67
+	// reordered and reformatted: true
+	// another quantity: false
+}
+
+func ExampleCanonicalJSON() {
+	out, err := idemhttp.CanonicalJSON(nil, []byte(`{ "b": [1, 2.50], "a": "\u00e9\/", "c": {"y": null, "x": true} }`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(out))
+	// Output:
+	// {"a":"é/","b":[1,2.50],"c":{"x":true,"y":null}}
+}
+
+func ExampleParseKey() {
+	for _, header := range []string{`8e03978e-40d5`, `"order \"42\""`, `"bad\escape"`} {
+		key, err := idemhttp.ParseKey(header)
+		fmt.Printf("%q %v\n", key, err)
+	}
+	// Output:
+	// "8e03978e-40d5" <nil>
+	// "order \"42\"" <nil>
+	// "" idem: invalid key: quoted key has the escape \e; only \" and \\ are allowed
+}
+
+func ExampleWriteProblem() {
+	w := httptest.NewRecorder()
+	idemhttp.WriteProblem(w, http.StatusConflict, "OUT_OF_STOCK", "Out of stock", "sku A-1 is sold out")
+	fmt.Println(w.Code, w.Header().Get("Content-Type"))
+	fmt.Println(w.Body)
+	// Output:
+	// 409 application/problem+json
+	// {"type":"about:blank","title":"Out of stock","status":409,"detail":"sku A-1 is sold out","code":"OUT_OF_STOCK"}
+}
+
+func ExampleWriteResponse() {
+	resp, err := idemhttp.JSONResponse(http.StatusCreated, map[string]string{"id": "o-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	idemhttp.WriteResponse(w, resp)
+	fmt.Println(w.Code, w.Header().Get("Content-Type"), w.Body)
+	// Output:
+	// 201 application/json {"id":"o-1"}
+}
+
+// A Scope function keys records by the authenticated caller; a ScopeError
+// chooses the answer when there is none.
+func ExampleScopeError() {
+	type userKey struct{}
+	scope := func(r *http.Request) (string, error) {
+		user, _ := r.Context().Value(userKey{}).(string)
+		if user == "" {
+			return "", &idemhttp.ScopeError{Status: http.StatusForbidden, Code: "NO_ACCOUNT", Detail: "sign in first",
+				Err: errors.New("no user in context")}
+		}
+		return "user:" + user, nil
+	}
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil), Scope: scope})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	post(h, "/orders", "k", `{}`)
+	// Output:
+	// 403 {"type":"about:blank","title":"Forbidden","status":403,"detail":"sign in first","code":"NO_ACCOUNT"} replayed=""
+}

@@ -1,0 +1,177 @@
+package idemhttp
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/idemkit/idem"
+)
+
+// fingerprintV1Domain starts the hashed input of FingerprintV1.
+const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
+
+// FingerprintV1 is the default fingerprint: "v1:" followed by the
+// lower-case hex SHA-256 of the request's method, path, query and body.
+// Two requests that differ only in the order of their query parameters
+// (of different names), or in the key order and whitespace of a JSON body,
+// have the same fingerprint. Request headers and the host are not part of
+// it, except that Content-Type decides how the body is read:
+//
+//   - A body whose Content-Type is application/json or any type with the
+//     +json suffix (parameters such as charset ignored, case-insensitive)
+//     is hashed in canonical form (see CanonicalJSON). If it is not valid
+//     JSON it is hashed as raw bytes instead: the middleware does not refuse
+//     it, the handler does.
+//   - Any other body (including a form or a JSON text sent as text/plain)
+//     is hashed byte for byte.
+//
+// The hashed input is, with every length an 8-byte big-endian integer:
+//
+//	"idemhttp-fingerprint-v1\n"
+//	len(method) method
+//	len(path) path                      path as r.URL.EscapedPath()
+//	count                               number of query parameters
+//	per parameter, sorted by name (stably: equal names keep their order):
+//	  0x00 len(name) name len(value) value     name and value decoded (url.QueryUnescape)
+//	  or 0x01 len(name) name len(value) value  as sent, when they do not decode
+//	'J' len(body) canonical-JSON-body   or   'R' len(body) raw-body
+//
+// Query parameters are split at '&' only, empty ones dropped; "a" and "a="
+// are the same parameter. A new version of the algorithm gets a new prefix,
+// so that records made with one are never matched against another.
+func FingerprintV1(r *http.Request, body []byte) (idem.Fingerprint, error) {
+	st := fpPool.Get().(*fpState)
+	b := st.buf[:0]
+	b = append(b, fingerprintV1Domain...)
+	b = appendField(b, r.Method)
+	var path, rawQuery string
+	if r.URL != nil {
+		path = r.URL.EscapedPath()
+		rawQuery = r.URL.RawQuery
+	}
+	b = appendField(b, path)
+	b = st.appendQuery(b, rawQuery)
+
+	if len(body) > 0 && isJSONMediaType(r.Header.Get("Content-Type")) {
+		n := len(b)
+		b = append(b, 'J', 0, 0, 0, 0, 0, 0, 0, 0)
+		st.canon.src, st.canon.pos, st.canon.depth, st.canon.out = body, 0, 0, b
+		st.canon.keys, st.canon.mem = st.canon.keys[:0], st.canon.mem[:0]
+		out, err := st.canon.canonical()
+		if err == nil {
+			binary.BigEndian.PutUint64(out[n+1:], uint64(len(out)-n-9))
+			b = out
+		} else {
+			b = append(st.canon.out[:n], 'R')
+			b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+			b = append(b, body...)
+		}
+		st.canon.src, st.canon.out = nil, nil
+	} else {
+		b = append(b, 'R')
+		b = binary.BigEndian.AppendUint64(b, uint64(len(body)))
+		b = append(b, body...)
+	}
+	sum := sha256.Sum256(b)
+	st.buf = b
+	st.put()
+
+	var fp [3 + 2*sha256.Size]byte
+	copy(fp[:], "v1:")
+	hex.Encode(fp[3:], sum[:])
+	return idem.Fingerprint(fp[:]), nil
+}
+
+// fpState is FingerprintV1's pooled scratch.
+type fpState struct {
+	buf    []byte
+	canon  canonicalizer
+	params []queryParam
+}
+
+type queryParam struct {
+	name, value string
+	raw         bool
+}
+
+var fpPool = sync.Pool{New: func() any { return new(fpState) }}
+
+// maxPooledScratch is the largest scratch buffer returned to a pool; larger
+// ones are left to the garbage collector.
+const maxPooledScratch = 64 << 10
+
+func (st *fpState) put() {
+	if cap(st.buf) > maxPooledScratch {
+		st.buf = nil
+	}
+	if cap(st.canon.tmp) > maxPooledScratch {
+		st.canon.tmp = nil
+	}
+	if cap(st.canon.keys) > maxPooledScratch {
+		st.canon.keys = nil
+	}
+	if cap(st.canon.mem) > maxPooledScratch/32 {
+		st.canon.mem = nil
+	}
+	clear(st.params)
+	st.params = st.params[:0]
+	fpPool.Put(st)
+}
+
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// appendQuery appends the canonical query parameters of rawQuery.
+func (st *fpState) appendQuery(b []byte, rawQuery string) []byte {
+	ps := st.params[:0]
+	for rawQuery != "" {
+		var seg string
+		seg, rawQuery, _ = strings.Cut(rawQuery, "&")
+		if seg == "" {
+			continue
+		}
+		name, value, _ := strings.Cut(seg, "=")
+		p := queryParam{name: name, value: value}
+		n, err1 := url.QueryUnescape(name)
+		v, err2 := url.QueryUnescape(value)
+		if err1 == nil && err2 == nil {
+			p.name, p.value = n, v
+		} else {
+			p.raw = true
+		}
+		ps = append(ps, p)
+	}
+	slices.SortStableFunc(ps, func(a, b queryParam) int { return strings.Compare(a.name, b.name) })
+	b = binary.BigEndian.AppendUint64(b, uint64(len(ps)))
+	for _, p := range ps {
+		if p.raw {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
+		b = appendField(b, p.name)
+		b = appendField(b, p.value)
+	}
+	st.params = ps
+	return b
+}
+
+// isJSONMediaType reports whether a Content-Type names JSON:
+// application/json or a +json suffix, any parameters ignored.
+func isJSONMediaType(ct string) bool {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = strings.TrimSpace(ct)
+	const suffix = "+json"
+	return strings.EqualFold(ct, "application/json") ||
+		len(ct) > len(suffix) && strings.IndexByte(ct, '/') > 0 && strings.EqualFold(ct[len(ct)-len(suffix):], suffix)
+}

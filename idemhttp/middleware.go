@@ -1,0 +1,472 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Retry-After values, in seconds.
+const (
+	retryAfterProcessing  = "1"
+	retryAfterUnavailable = "1"
+)
+
+// Bounds of the Wait mode's polling interval.
+const (
+	minPoll = 5 * time.Millisecond
+	maxPoll = 250 * time.Millisecond
+)
+
+// Handler returns next guarded by m: the func(http.Handler) http.Handler
+// shape of net/http middleware. It panics if next is nil.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		panic("idemhttp: Handler(nil)")
+	}
+	return &guarded{m: m, next: next}
+}
+
+type guarded struct {
+	m    *Middleware
+	next http.Handler
+}
+
+func (g *guarded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.m.covers(r.Method) {
+		g.next.ServeHTTP(w, r)
+		return
+	}
+	g.m.serve(w, r, g.next)
+}
+
+// covers reports whether requests with method are guarded.
+func (m *Middleware) covers(method string) bool {
+	if m.defaultMethods {
+		return method == http.MethodPost || method == http.MethodPatch
+	}
+	for _, c := range m.methods {
+		if c == method {
+			return true
+		}
+	}
+	return false
+}
+
+// exchange is the per-request state of a guarded request. It is not
+// pooled: a handler that (wrongly) keeps the writer or the body past its
+// return must never reach another request's.
+type exchange struct {
+	rec      recorder
+	body     bodyReader
+	detached detachedContext
+}
+
+// detachedContext carries the values of a request's context without its
+// cancellation or deadline: the store calls that end an execution run
+// even when the client has gone. (context.WithoutCancel, without an
+// allocation of its own.)
+type detachedContext struct{ parent context.Context }
+
+func (*detachedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedContext) Done() <-chan struct{}       { return nil }
+func (*detachedContext) Err() error                  { return nil }
+func (c *detachedContext) Value(key any) any         { return c.parent.Value(key) }
+func (c *detachedContext) String() string            { return "idemhttp.detached" }
+
+// bodyReader is the request body the handler reads: the bytes the
+// middleware read and fingerprinted.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+// buffers are the pooled byte slices of an exchange.
+type buffers struct {
+	req  []byte
+	resp []byte
+}
+
+var buffersPool = sync.Pool{New: func() any { return new(buffers) }}
+
+func (b *buffers) release() {
+	if cap(b.req) > maxPooledScratch {
+		b.req = nil
+	}
+	if cap(b.resp) > maxPooledScratch {
+		b.resp = nil
+	}
+	b.req, b.resp = b.req[:0], b.resp[:0]
+	buffersPool.Put(b)
+}
+
+// serve handles a request whose method is guarded.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	values := r.Header[HeaderIdempotencyKey]
+	if len(values) == 0 {
+		if m.keyOptional {
+			next.ServeHTTP(w, r)
+			return
+		}
+		WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
+			"this request needs an Idempotency-Key header with a value unique to it")
+		return
+	}
+	if len(values) > 1 {
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
+			"the request has more than one Idempotency-Key header field")
+		return
+	}
+	key, err := ParseKey(values[0])
+	if err != nil {
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
+		return
+	}
+	scope, ok := m.scopeOf(w, r)
+	if !ok {
+		return
+	}
+
+	bufs := buffersPool.Get().(*buffers)
+	defer bufs.release()
+	body, err := readBody(r, m.maxReq, bufs.req)
+	bufs.req = body
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
+			WriteProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "Request body too large",
+				"the request body is larger than "+strconv.FormatInt(m.maxReq, 10)+" bytes")
+			return
+		}
+		m.log.DebugContext(r.Context(), "idemhttp: cannot read the request body", "key", key, "error", err)
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request body cannot be read")
+		return
+	}
+	fp, err := m.fingerprint(r, body)
+	if err != nil {
+		m.log.WarnContext(r.Context(), "idemhttp: cannot fingerprint the request", "key", key, "error", err)
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request cannot be fingerprinted")
+		return
+	}
+	m.acquire(w, r, next, bufs, scope, key, fp, body)
+}
+
+// scopeOf returns the request's scope, or answers the request and
+// returns false.
+func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if m.scope == nil {
+		return "", true
+	}
+	scope, err := m.scope(r)
+	if err != nil {
+		var se *ScopeError
+		if errors.As(err, &se) {
+			WriteProblem(w, se.status(), se.code(), "", se.Detail)
+		} else {
+			WriteProblem(w, http.StatusUnauthorized, CodeUnauthenticated, "Unauthenticated", "the caller cannot be identified")
+		}
+		m.log.DebugContext(r.Context(), "idemhttp: no scope", "error", err)
+		return "", false
+	}
+	if err := idem.ValidateScope(scope); err != nil {
+		m.log.WarnContext(r.Context(), "idemhttp: invalid scope", "error", err)
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidScope, "Invalid scope",
+			"the caller's identity cannot scope an idempotency key")
+		return "", false
+	}
+	return scope, true
+}
+
+var errBodyTooLarge = errors.New("idemhttp: request body too large")
+
+// readBody reads r's body into buf, refusing more than limit bytes.
+func readBody(r *http.Request, limit int64, buf []byte) ([]byte, error) {
+	buf = buf[:0]
+	if r.Body == nil || r.Body == http.NoBody {
+		return buf, nil
+	}
+	if r.ContentLength > limit {
+		return buf, errBodyTooLarge
+	}
+	if r.ContentLength > 0 && int64(cap(buf)) <= r.ContentLength {
+		buf = make([]byte, 0, r.ContentLength+1)
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		end := cap(buf)
+		if int64(end) > limit+1 {
+			end = int(limit + 1)
+		}
+		n, err := r.Body.Read(buf[len(buf):end])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return buf[:0], errBodyTooLarge
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf[:0], err
+		}
+	}
+}
+
+// acquire takes the key and runs the handler, replays, or refuses.
+func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, scope, key string, fp idem.Fingerprint, body []byte) {
+	ctx := r.Context()
+	var deadline time.Time // of the Wait mode, once a first Acquire saw the key in flight
+	for {
+		exec, res, err := m.guard.Begin(ctx, scope, key, fp)
+		if err != nil {
+			switch {
+			case errors.Is(err, idem.ErrInvalidKey):
+				WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
+			case errors.Is(err, idem.ErrInvalidScope):
+				WriteProblem(w, http.StatusBadRequest, CodeInvalidScope, "Invalid scope",
+					"the caller's identity cannot scope an idempotency key")
+			case ctx.Err() != nil:
+				m.log.DebugContext(ctx, "idemhttp: request ended before the key was acquired", "key", key, "error", err)
+				m.unavailable(w)
+			case m.failOpen && deadline.IsZero():
+				m.log.WarnContext(ctx, "idemhttp: store unavailable; running the handler unguarded (FailOpen)",
+					"scope", scope, "key", key, "error", err)
+				m.runUnguarded(w, r, next, body)
+			default:
+				m.log.ErrorContext(ctx, "idemhttp: store unavailable", "scope", scope, "key", key, "error", err)
+				m.unavailable(w)
+			}
+			return
+		}
+		switch res.Outcome {
+		case idem.Acquired:
+			if res.TookOver {
+				m.log.InfoContext(ctx, "idemhttp: took over a key whose lease ended", "scope", scope, "key", key, "fence", res.Lease.Fence)
+			}
+			m.run(w, r, next, bufs, exec, body)
+			return
+		case idem.Completed:
+			m.replay(w, r, res.Record)
+			return
+		case idem.Mismatch:
+			m.mismatch(w)
+			return
+		case idem.InFlight:
+			if m.wait <= 0 {
+				m.processing(w)
+				return
+			}
+			if deadline.IsZero() {
+				deadline = time.Now().Add(m.wait)
+			}
+			rec, outcome, err := m.poll(ctx, scope, key, fp, deadline)
+			switch outcome {
+			case pollReplay:
+				m.replay(w, r, rec)
+				return
+			case pollMismatch:
+				m.mismatch(w)
+				return
+			case pollAcquire:
+				continue
+			case pollTimeout:
+				m.processing(w)
+				return
+			default:
+				m.log.ErrorContext(ctx, "idemhttp: store unavailable while waiting", "scope", scope, "key", key, "error", err)
+				m.unavailable(w)
+				return
+			}
+		default:
+			m.log.ErrorContext(ctx, "idemhttp: store returned an unknown outcome", "outcome", res.Outcome.String())
+			m.unavailable(w)
+			return
+		}
+	}
+}
+
+type pollOutcome int
+
+const (
+	pollReplay   pollOutcome = iota + 1 // the record completed
+	pollMismatch                        // the key now holds another request
+	pollAcquire                         // the record is gone or its lease ended: try Acquire
+	pollTimeout                         // still in flight at the deadline, or the request ended
+	pollError                           // the store failed
+)
+
+// poll waits for the in-flight record of (scope, key) to change, reading
+// it with Get at growing intervals, until deadline or the end of ctx.
+func (m *Middleware) poll(ctx context.Context, scope, key string, fp idem.Fingerprint, deadline time.Time) (idem.Record, pollOutcome, error) {
+	delay := minPoll
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return idem.Record{}, pollTimeout, nil
+		}
+		// ±25% jitter, so that many waiters do not poll in step.
+		d := min(delay*3/4+rand.N(delay/2+1), remaining)
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			return idem.Record{}, pollTimeout, nil
+		case <-timer.C:
+		}
+		rec, err := m.store.Get(ctx, scope, key)
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			return idem.Record{}, pollAcquire, nil // released: a retry may run it
+		case err != nil:
+			if ctx.Err() != nil {
+				return idem.Record{}, pollTimeout, nil
+			}
+			return idem.Record{}, pollError, err
+		case rec.Fingerprint != fp:
+			return idem.Record{}, pollMismatch, nil
+		case rec.Status == idem.StatusCompleted:
+			return rec, pollReplay, nil
+		case !time.Now().Before(rec.LeaseUntil):
+			// The lease looks over on this clock; Acquire decides on the
+			// store's clock and takes the key over if it is.
+			return idem.Record{}, pollAcquire, nil
+		}
+		delay = min(delay*2, maxPoll)
+	}
+}
+
+// run runs the handler under exec and ends the execution.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, body []byte) {
+	ex := &exchange{}
+	rec := &ex.rec
+	rec.w, rec.m, rec.buf = w, m, bufs.resp[:0]
+	r2 := r.WithContext(exec.Context())
+	ex.body.Reset(body)
+	r2.Body = &ex.body
+	r2.ContentLength = int64(len(body))
+	ex.detached.parent = r.Context()
+	bg := &ex.detached
+
+	returned := false
+	defer func() {
+		// The handler is done with the writer and the body: make any late
+		// use fail, and hand the buffers back.
+		rec.done = true
+		ex.body.Reset(nil)
+		bufs.resp, rec.buf = rec.buf[:0], nil
+		if returned {
+			return
+		}
+		// The handler panicked (or called runtime.Goexit): release the key
+		// so that a retry runs again, and let the panic go on.
+		m.releaseExec(bg, exec)
+		m.log.WarnContext(bg, "idemhttp: handler panicked; key released", "scope", exec.Lease().Scope, "key", exec.Lease().Key)
+	}()
+	next.ServeHTTP(rec, r2)
+	returned = true
+	m.finish(bg, exec, rec)
+}
+
+// finish ends exec after the handler returned, then sends the response.
+func (m *Middleware) finish(ctx context.Context, exec *idem.Execution, rec *recorder) {
+	if rec.hijacked {
+		if m.release(rec.finalStatus()) {
+			m.releaseExec(ctx, exec)
+		} else {
+			m.complete(ctx, exec, rec.response())
+		}
+		return
+	}
+	stored, committed, err := exec.Committed(ctx)
+	switch {
+	case err != nil:
+		// The handler completed in its transaction, and whether that
+		// committed cannot be read: leave the record to its lease.
+		exec.Abandon()
+		m.log.ErrorContext(ctx, "idemhttp: cannot read whether the handler's completion committed; key left to its lease",
+			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+		rec.send()
+	case committed:
+		rec.sendCommitted(stored)
+	case m.release(rec.finalStatus()):
+		m.releaseExec(ctx, exec)
+		rec.send()
+	default:
+		m.complete(ctx, exec, rec.response())
+		rec.send()
+	}
+}
+
+func (m *Middleware) complete(ctx context.Context, exec *idem.Execution, resp idem.Response) {
+	err := exec.Complete(ctx, resp)
+	switch {
+	case err == nil, errors.Is(err, idem.ErrFinished):
+		// ErrFinished: the handler ended the execution itself.
+	case errors.Is(err, idem.ErrLeaseLost):
+		m.log.WarnContext(ctx, "idemhttp: lease lost; response sent but not stored",
+			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", resp.StatusCode, "error", err)
+	default:
+		exec.Abandon()
+		m.log.ErrorContext(ctx, "idemhttp: response sent but not stored; key left to its lease",
+			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", resp.StatusCode, "error", err)
+	}
+}
+
+func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) {
+	err := exec.Release(ctx)
+	switch {
+	case err == nil, errors.Is(err, idem.ErrFinished), errors.Is(err, idem.ErrLeaseLost):
+	default:
+		exec.Abandon()
+		m.log.ErrorContext(ctx, "idemhttp: cannot release the key; left to its lease",
+			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+	}
+}
+
+// runUnguarded runs the handler without a record (FailOpen).
+func (m *Middleware) runUnguarded(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) {
+	r2 := r.WithContext(r.Context())
+	rd := &bodyReader{}
+	rd.Reset(body)
+	defer rd.Reset(nil)
+	r2.Body = rd
+	r2.ContentLength = int64(len(body))
+	next.ServeHTTP(w, r2)
+}
+
+// replay answers with a stored response.
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec idem.Record) {
+	if rec.Response == nil {
+		m.log.ErrorContext(r.Context(), "idemhttp: completed record without a response", "scope", rec.Scope, "key", rec.Key)
+		m.unavailable(w)
+		return
+	}
+	w.Header()[HeaderReplayed] = []string{"true"}
+	WriteResponse(w, *rec.Response)
+}
+
+func (m *Middleware) mismatch(w http.ResponseWriter) {
+	WriteProblem(w, http.StatusUnprocessableEntity, CodeKeyMismatch, "Idempotency key reused",
+		"this Idempotency-Key was used with a different request; use a new key for a new request")
+}
+
+func (m *Middleware) processing(w http.ResponseWriter) {
+	w.Header()["Retry-After"] = []string{retryAfterProcessing}
+	WriteProblem(w, http.StatusConflict, CodeProcessing, "Request in progress",
+		"a request with this Idempotency-Key is still being processed; retry later with the same key")
+}
+
+func (m *Middleware) unavailable(w http.ResponseWriter) {
+	w.Header()["Retry-After"] = []string{retryAfterUnavailable}
+	WriteProblem(w, http.StatusServiceUnavailable, CodeStoreUnavailable, "Service unavailable",
+		"the idempotency store cannot be reached; retry later with the same Idempotency-Key")
+}

@@ -1,0 +1,999 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
+)
+
+// Row: method not covered → passes through untouched.
+func TestPassThrough(t *testing.T) {
+	t.Parallel()
+	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete, http.MethodHead} {
+		t.Run(method, func(t *testing.T) {
+			t.Parallel()
+			var seen *http.Request
+			e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				seen = r
+				w.WriteHeader(http.StatusOK)
+			})
+			for range 2 {
+				r := request(method, "/things", "k1", "")
+				w := e.serve(r)
+				if w.Code != http.StatusOK || seen != r {
+					t.Fatalf("status %d, handler got the same request: %v", w.Code, seen == r)
+				}
+				if w.Header().Get(idemhttp.HeaderReplayed) != "" {
+					t.Fatal("pass-through marked replayed")
+				}
+			}
+			e.wantCalls(2)
+			e.noRecord("", "k1")
+		})
+	}
+	t.Run("configured methods", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, &idemhttp.Config{Methods: []string{http.MethodPut}}, nil)
+		e.do(http.MethodPost, "/x", "", "") // POST is no longer covered: no 400
+		e.do(http.MethodPut, "/x", "put-1", `{}`)
+		e.do(http.MethodPut, "/x", "put-1", `{}`)
+		e.wantCalls(2)
+		e.record("", "put-1")
+	})
+}
+
+// Row: covered, no key, key required → 400; KeyOptional lets it through.
+func TestMissingKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, nil)
+	for _, method := range []string{http.MethodPost, http.MethodPatch} {
+		w := e.do(method, "/things", "", `{"a":1}`)
+		p := wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeMissingKey)
+		if !strings.HasSuffix(p.Type, "#missing_key") {
+			t.Errorf("type %q", p.Type)
+		}
+	}
+	e.wantCalls(0)
+
+	t.Run("KeyOptional", func(t *testing.T) {
+		t.Parallel()
+		var exec *idem.Execution
+		var body string
+		e := setup(t, &idemhttp.Config{KeyOptional: true}, func(w http.ResponseWriter, r *http.Request) {
+			exec = idemhttp.ExecutionFrom(r.Context())
+			b, _ := io.ReadAll(r.Body)
+			body = string(b)
+			w.WriteHeader(http.StatusCreated)
+		})
+		w := e.do(http.MethodPost, "/things", "", `{"a":1}`)
+		if w.Code != http.StatusCreated || exec != nil || body != `{"a":1}` {
+			t.Fatalf("status %d, execution %v, body %q", w.Code, exec, body)
+		}
+		// A malformed key is still refused.
+		w = e.do(http.MethodPost, "/things", " ", `{"a":1}`)
+		wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeInvalidKey)
+		e.wantCalls(1)
+	})
+}
+
+// Row: key malformed → 400; an RFC 8941 quoted string is unquoted.
+func TestInvalidKey(t *testing.T) {
+	t.Parallel()
+	for name, value := range map[string]string{
+		"empty":            "",
+		"spaces":           "   ",
+		"too long":         strings.Repeat("k", 256),
+		"control":          "abc\x01def",
+		"DEL":              "abc\x7f",
+		"invalid UTF-8":    "abc\xff",
+		"bad escape":       `"ab\c"`,
+		"unterminated":     `"abc`,
+		"quoted empty":     `""`,
+		"parameters":       `"abc";x=1`,
+		"quoted non-ASCII": "\"caf\xc3\xa9\"",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil, nil)
+			r := request(http.MethodPost, "/things", "", `{}`)
+			r.Header["Idempotency-Key"] = []string{value}
+			w := e.serve(r)
+			wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeInvalidKey)
+			e.wantCalls(0)
+		})
+	}
+	t.Run("two fields", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, nil, nil)
+		r := request(http.MethodPost, "/things", "", `{}`)
+		r.Header["Idempotency-Key"] = []string{"a", "b"}
+		wantProblem(t, e.serve(r), http.StatusBadRequest, idemhttp.CodeInvalidKey)
+		e.wantCalls(0)
+		e.noRecord("", "a")
+	})
+	t.Run("quoted", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, nil, nil)
+		w := e.do(http.MethodPost, "/things", `"order-\"7\""`, `{}`)
+		if w.Code != http.StatusCreated {
+			t.Fatalf("status %d", w.Code)
+		}
+		e.record("", `order-"7"`)
+		// The same key, unquoted, is the same key: a replay.
+		w = e.do(http.MethodPost, "/things", `order-"7"`, `{}`)
+		if w.Header().Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatal("unquoted spelling of the key did not replay")
+		}
+		e.wantCalls(1)
+	})
+	t.Run("255 bytes", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, nil, nil)
+		key := strings.Repeat("k", 255)
+		if w := e.do(http.MethodPost, "/things", key, `{}`); w.Code != http.StatusCreated {
+			t.Fatalf("status %d", w.Code)
+		}
+		e.record("", key)
+	})
+}
+
+// Rows: first request (handler runs, response stored) and retry (stored
+// status, replayable headers and body, Idempotent-Replayed; handler does
+// not run).
+func TestFirstAndReplay(t *testing.T) {
+	t.Parallel()
+	e := setup(t, &idemhttp.Config{ReplayHeaders: []string{"x-request-note"}}, nil)
+	first := e.do(http.MethodPost, "/things?b=2&a=1", "key-1", `{"n":1}`)
+	if first.Code != http.StatusCreated || first.Body.String() != `{"echo":"{\"n\":1}"}` {
+		t.Fatalf("first: %d %s", first.Code, first.Body)
+	}
+	if first.Header().Get("Set-Cookie") != "session=secret" {
+		t.Error("first response lost Set-Cookie")
+	}
+	if v := first.Header().Get(idemhttp.HeaderReplayed); v != "" {
+		t.Errorf("first response has %s: %q", idemhttp.HeaderReplayed, v)
+	}
+
+	rec := e.record("", "key-1")
+	if rec.Status != idem.StatusCompleted || rec.Response == nil || rec.Response.StatusCode != http.StatusCreated {
+		t.Fatalf("record %+v", rec)
+	}
+	if !strings.HasPrefix(string(rec.Fingerprint), "v1:") || len(rec.Fingerprint) != 67 {
+		t.Errorf("fingerprint %q", rec.Fingerprint)
+	}
+	wantHeader := map[string]string{
+		"Content-Type":   "application/json",
+		"Location":       "/things/1",
+		"Etag":           `"v1"`,
+		"X-Request-Note": "not replayed",
+	}
+	if len(rec.Response.Header) != len(wantHeader) {
+		t.Errorf("stored headers %v, want %v", rec.Response.Header, wantHeader)
+	}
+	for name, v := range wantHeader {
+		if got := rec.Response.Header[name]; len(got) != 1 || got[0] != v {
+			t.Errorf("stored %s = %q, want %q", name, got, v)
+		}
+	}
+
+	for range 3 {
+		replay := e.do(http.MethodPost, "/things?a=1&b=2", "key-1", `{"n":1}`)
+		if replay.Code != first.Code || !bytes.Equal(replay.Body.Bytes(), first.Body.Bytes()) {
+			t.Fatalf("replay: %d %s", replay.Code, replay.Body)
+		}
+		if replay.Header().Get(idemhttp.HeaderReplayed) != "true" {
+			t.Error("replay without Idempotent-Replayed: true")
+		}
+		if replay.Header().Get("Set-Cookie") != "" {
+			t.Error("Set-Cookie replayed")
+		}
+		for name, v := range wantHeader {
+			if got := replay.Header()[name]; len(got) != 1 || got[0] != v {
+				t.Errorf("replayed %s = %q, want %q", name, got, v)
+			}
+		}
+	}
+	e.wantCalls(1)
+}
+
+// Two JSON bodies that differ only in key order and whitespace are the
+// same request.
+func TestJSONCanonicalReplay(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, nil)
+	first := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2,"meta":{"z":[1, 2.50],"a":null}}`)
+	second := e.do(http.MethodPost, "/orders", "k", "{\n  \"meta\": {\"a\": null, \"z\": [1,2.50]},\n  \"qty\": 2,\n  \"sku\": \"A-\\u0031\"\n}")
+	if second.Header().Get(idemhttp.HeaderReplayed) != "true" || second.Body.String() != first.Body.String() {
+		t.Fatalf("not replayed: %d %s", second.Code, second.Body)
+	}
+	e.wantCalls(1)
+	// A number written differently is a different request.
+	w := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2.0,"meta":{"z":[1,2.50],"a":null}}`)
+	wantProblem(t, w, http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+}
+
+// Row: same key, different fingerprint (completed or in flight) → 422.
+func TestMismatch(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, nil)
+	e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+	before := e.record("", "k")
+	for name, r := range map[string]*http.Request{
+		"body":   request(http.MethodPost, "/things", "k", `{"n":2}`),
+		"path":   request(http.MethodPost, "/other", "k", `{"n":1}`),
+		"query":  request(http.MethodPost, "/things?x=1", "k", `{"n":1}`),
+		"method": request(http.MethodPatch, "/things", "k", `{"n":1}`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			wantProblem(t, e.serve(r), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+		})
+	}
+	e.wantCalls(1)
+	if after := e.record("", "k"); after.Fingerprint != before.Fingerprint || after.Fence != before.Fence {
+		t.Fatalf("record changed: %+v", after)
+	}
+
+	t.Run("in flight", func(t *testing.T) {
+		release := make(chan struct{})
+		started := make(chan struct{})
+		e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+			close(started)
+			<-release
+			w.WriteHeader(http.StatusCreated)
+		})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+		}()
+		<-started
+		wantProblem(t, e.do(http.MethodPost, "/things", "k", `{"n":2}`), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+		close(release)
+		<-done
+		e.wantCalls(1)
+	})
+}
+
+// Row: retry while the first is in flight → 409 PROCESSING + Retry-After.
+// 100 concurrent identical requests run the handler exactly once.
+func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		echoHandler(w, r)
+	})
+	const n = 100
+	var wg sync.WaitGroup
+	responses := make([]*httptest.ResponseRecorder, n)
+	for i := range n {
+		wg.Go(func() { responses[i] = e.do(http.MethodPost, "/things", "same", `{"n":1}`) })
+	}
+	wg.Wait()
+	e.wantCalls(1)
+	var created, processing int
+	for _, w := range responses {
+		switch w.Code {
+		case http.StatusCreated:
+			created++
+		case http.StatusConflict:
+			wantProblem(t, w, http.StatusConflict, idemhttp.CodeProcessing)
+			if w.Header().Get("Retry-After") != "1" {
+				t.Fatalf("409 without Retry-After: %v", w.Header())
+			}
+			processing++
+		default:
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	if created < 1 || created+processing != n {
+		t.Fatalf("%d created, %d processing", created, processing)
+	}
+}
+
+// Row: … or, when the route allows waiting, wait and then replay.
+func TestWaitReplays(t *testing.T) {
+	t.Parallel()
+	e := setup(t, &idemhttp.Config{Wait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(50 * time.Millisecond)
+		echoHandler(w, r)
+	})
+	const n = 100
+	var wg sync.WaitGroup
+	responses := make([]*httptest.ResponseRecorder, n)
+	for i := range n {
+		wg.Go(func() { responses[i] = e.do(http.MethodPost, "/things", "same", `{"n":1}`) })
+	}
+	wg.Wait()
+	e.wantCalls(1)
+	firsts := 0
+	for _, w := range responses {
+		if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` {
+			t.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+		if w.Header().Get(idemhttp.HeaderReplayed) != "true" {
+			firsts++
+		}
+	}
+	if firsts != 1 {
+		t.Fatalf("%d responses not marked replayed, want 1", firsts)
+	}
+}
+
+// A waiter whose first request is released (5xx) runs the handler itself.
+func TestWaitAfterRelease(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	var runs atomic.Int64
+	e := setup(t, &idemhttp.Config{Wait: 10 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			time.Sleep(50 * time.Millisecond)
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	first := make(chan int)
+	go func() { first <- e.do(http.MethodPost, "/things", "k", `{}`).Code }()
+	<-started
+	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	if code := <-first; code != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", code)
+	}
+	if w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("waiter: %d, replayed %q", w.Code, w.Header().Get(idemhttp.HeaderReplayed))
+	}
+	e.wantCalls(2)
+}
+
+// With Wait, a first request that outlasts it still gets the waiter 409.
+func TestWaitTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{})
+	e := setup(t, &idemhttp.Config{Wait: 60 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})
+	done := make(chan struct{})
+	go func() { defer close(done); e.do(http.MethodPost, "/things", "k", `{}`) }()
+	<-started
+	begin := time.Now()
+	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	if waited := time.Since(begin); waited < 60*time.Millisecond {
+		t.Errorf("answered after %v, before Wait", waited)
+	}
+	wantProblem(t, w, http.StatusConflict, idemhttp.CodeProcessing)
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	close(release)
+	<-done
+	e.wantCalls(1)
+}
+
+// Row: handler answers 5xx, 408, 425 or 429 → released; a retry runs again.
+func TestReleasedStatuses(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{500, 502, 503, 408, 425, 429} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", "3")
+				w.WriteHeader(status)
+				_, _ = io.WriteString(w, "try again")
+			})
+			for i := 1; i <= 2; i++ {
+				w := e.do(http.MethodPost, "/things", "k", `{}`)
+				if w.Code != status || w.Body.String() != "try again" || w.Header().Get("Retry-After") != "3" {
+					t.Fatalf("status %d, body %q, header %v", w.Code, w.Body, w.Header())
+				}
+				e.wantCalls(int64(i))
+				e.noRecord("", "k")
+			}
+		})
+	}
+}
+
+// Row: the release policy is configurable (keep 5xx, as Stripe does).
+func TestReleasePolicyKeeps5xx(t *testing.T) {
+	t.Parallel()
+	e := setup(t, &idemhttp.Config{Release: func(s int) bool { return s == 429 }}, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "boom", http.StatusInternalServerError)
+	})
+	first := e.do(http.MethodPost, "/things", "k", `{}`)
+	replay := e.do(http.MethodPost, "/things", "k", `{}`)
+	if first.Code != 500 || replay.Code != 500 || replay.Body.String() != first.Body.String() ||
+		replay.Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatalf("first %d %q, replay %d %q", first.Code, first.Body, replay.Code, replay.Body)
+	}
+	e.wantCalls(1)
+	if rec := e.record("", "k"); rec.Response.StatusCode != 500 {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+// Row: other 4xx → stored and replayed: the retry gets the same error.
+func Test4xxStored(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{400, 402, 404, 409, 422} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				idemhttp.WriteProblem(w, status, "OUT_OF_STOCK", "Out of stock", "sku A-1 is sold out")
+			})
+			first := e.do(http.MethodPost, "/things", "k", `{}`)
+			replay := e.do(http.MethodPost, "/things", "k", `{}`)
+			if first.Code != status || replay.Code != status || replay.Body.String() != first.Body.String() ||
+				replay.Header().Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("first %d, replay %d %v %s", first.Code, replay.Code, replay.Header(), replay.Body)
+			}
+			e.wantCalls(1)
+			if rec := e.record("", "k"); rec.Status != idem.StatusCompleted || rec.Response.StatusCode != status {
+				t.Fatalf("record %+v", rec)
+			}
+		})
+	}
+}
+
+// Row: handler panics → released, and the panic goes on.
+func TestPanicReleases(t *testing.T) {
+	t.Parallel()
+	var boom = errors.New("boom")
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "partial")
+		panic(boom)
+	})
+	for i := 1; i <= 2; i++ {
+		func() {
+			defer func() {
+				if v := recover(); v != boom {
+					t.Fatalf("recovered %v, want the handler's panic", v)
+				}
+			}()
+			w := e.do(http.MethodPost, "/things", "k", `{}`)
+			t.Fatalf("no panic; status %d", w.Code)
+		}()
+		e.wantCalls(int64(i))
+		e.noRecord("", "k")
+	}
+
+	// Through a real server, the client sees the connection fail.
+	srv := httptest.NewUnstartedServer(e.h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.Start()
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/things", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "k2")
+	if resp, err := srv.Client().Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("status %d after a panic", resp.StatusCode)
+	}
+	e.noRecord("", "k2")
+}
+
+// Row: store unreachable → 503 + Retry-After (fail closed); FailOpen runs
+// the handler.
+func TestStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{Store: memstore.New(nil)}
+	store.acquire.Store(true)
+	e := setup(t, &idemhttp.Config{Store: store}, nil)
+	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	wantProblem(t, w, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	e.wantCalls(0)
+
+	// Validation errors stay 400 with the store down.
+	wantProblem(t, e.do(http.MethodPost, "/things", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
+
+	t.Run("FailOpen", func(t *testing.T) {
+		t.Parallel()
+		store := &flakyStore{Store: memstore.New(nil)}
+		store.acquire.Store(true)
+		var exec *idem.Execution
+		e := setup(t, &idemhttp.Config{Store: store, FailOpen: true}, func(w http.ResponseWriter, r *http.Request) {
+			exec = idemhttp.ExecutionFrom(r.Context())
+			echoHandler(w, r)
+		})
+		for i := 1; i <= 2; i++ {
+			w := e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+			if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` || exec != nil {
+				t.Fatalf("status %d %s, execution %v", w.Code, w.Body, exec)
+			}
+			e.wantCalls(int64(i))
+		}
+	})
+}
+
+// When the completion cannot be stored, the client still gets the real
+// response and the record is left to its lease (a retry gets 409).
+func TestCompleteFails(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{Store: memstore.New(nil)}
+	store.complete.Store(true)
+	e := setup(t, &idemhttp.Config{Store: store}, nil)
+	w := e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+	if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` {
+		t.Fatalf("status %d %s", w.Code, w.Body)
+	}
+	if rec := e.record("", "k"); rec.Status != idem.StatusProcessing {
+		t.Fatalf("record %+v", rec)
+	}
+	wantProblem(t, e.do(http.MethodPost, "/things", "k", `{"n":1}`), http.StatusConflict, idemhttp.CodeProcessing)
+	e.wantCalls(1)
+}
+
+// Row: request body over the limit → 413, before any record.
+func TestBodyTooLarge(t *testing.T) {
+	t.Parallel()
+	e := setup(t, &idemhttp.Config{MaxRequestBody: 10}, nil)
+	w := e.do(http.MethodPost, "/things", "k", `{"a":"123"}`) // 11 bytes
+	wantProblem(t, w, http.StatusRequestEntityTooLarge, idemhttp.CodeBodyTooLarge)
+	e.noRecord("", "k")
+
+	// Without a Content-Length, too.
+	r := request(http.MethodPost, "/things", "k", "")
+	r.Body = io.NopCloser(strings.NewReader(strings.Repeat("x", 11)))
+	r.ContentLength = -1
+	wantProblem(t, e.serve(r), http.StatusRequestEntityTooLarge, idemhttp.CodeBodyTooLarge)
+	e.noRecord("", "k")
+	e.wantCalls(0)
+
+	// At the limit it passes, and the handler reads all of it.
+	r = request(http.MethodPost, "/things", "k", "")
+	r.Body = io.NopCloser(strings.NewReader(`{"a":"12"}`))
+	r.ContentLength = -1
+	if w := e.serve(r); w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"a\":\"12\"}"}` {
+		t.Fatalf("status %d %s", w.Code, w.Body)
+	}
+	e.wantCalls(1)
+}
+
+// Row: response too large to keep → the client gets it; the record keeps
+// status and headers and the marker; a retry never runs the effect again.
+func TestResponseTooLarge(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("0123456789", 10)
+	e := setup(t, &idemhttp.Config{MaxResponseBody: 16}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		for i := 0; i < len(big); i += 7 {
+			_, _ = io.WriteString(w, big[i:min(i+7, len(big))])
+		}
+	})
+	first := e.do(http.MethodPost, "/things", "k", `{}`)
+	if first.Code != http.StatusCreated || first.Body.String() != big {
+		t.Fatalf("first: %d %q", first.Code, first.Body)
+	}
+	rec := e.record("", "k")
+	if rec.Status != idem.StatusCompleted || !rec.Response.BodyOmitted || len(rec.Response.Body) != 0 ||
+		rec.Response.StatusCode != http.StatusCreated || rec.Response.Header["Content-Type"][0] != "text/plain" {
+		t.Fatalf("record response %+v", rec.Response)
+	}
+	replay := e.do(http.MethodPost, "/things", "k", `{}`)
+	if replay.Code != http.StatusCreated || replay.Body.Len() != 0 ||
+		replay.Header().Get(idemhttp.HeaderBodyOmitted) != "true" ||
+		replay.Header().Get(idemhttp.HeaderReplayed) != "true" ||
+		replay.Header().Get("Content-Type") != "text/plain" ||
+		replay.Header().Get("Content-Length") != "" {
+		t.Fatalf("replay: %d %v %q", replay.Code, replay.Header(), replay.Body)
+	}
+	e.wantCalls(1)
+}
+
+// Flush sends what was written and streams the rest; the record keeps the
+// body while it fits, else marks it omitted.
+func TestFlushStreams(t *testing.T) {
+	t.Parallel()
+	for name, limit := range map[string]int64{"kept": 0, "omitted": 8} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var underlying *httptest.ResponseRecorder
+			var sawBeforeEnd string
+			e := setup(t, &idemhttp.Config{MaxResponseBody: limit}, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, "data: 1\n\n")
+				if err := http.NewResponseController(w).Flush(); err != nil {
+					t.Errorf("Flush: %v", err)
+				}
+				sawBeforeEnd = underlying.Body.String()
+				_, _ = io.WriteString(w, "data: 2\n\n")
+			})
+			underlying = httptest.NewRecorder()
+			e.h.ServeHTTP(underlying, request(http.MethodPost, "/events", "k", `{}`))
+			if sawBeforeEnd != "data: 1\n\n" || !underlying.Flushed {
+				t.Fatalf("before the handler returned the client had %q (flushed %v)", sawBeforeEnd, underlying.Flushed)
+			}
+			if underlying.Code != 200 || underlying.Body.String() != "data: 1\n\ndata: 2\n\n" {
+				t.Fatalf("client got %d %q", underlying.Code, underlying.Body)
+			}
+			rec := e.record("", "k")
+			if name == "kept" && (rec.Response.BodyOmitted || string(rec.Response.Body) != "data: 1\n\ndata: 2\n\n") {
+				t.Fatalf("record %+v", rec.Response)
+			}
+			if name == "omitted" && (!rec.Response.BodyOmitted || len(rec.Response.Body) != 0) {
+				t.Fatalf("record %+v", rec.Response)
+			}
+			replay := e.do(http.MethodPost, "/events", "k", `{}`)
+			if replay.Code != 200 || replay.Header().Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("replay %d %v", replay.Code, replay.Header())
+			}
+			e.wantCalls(1)
+		})
+	}
+}
+
+// Flushing through a real server reaches the client before the handler
+// returns.
+func TestFlushRealServer(t *testing.T) {
+	t.Parallel()
+	proceed := make(chan struct{})
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		<-proceed
+		_, _ = io.WriteString(w, "second\n")
+	})
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/s", nil)
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "first\n" {
+		t.Fatalf("read %q, %v", line, err)
+	}
+	close(proceed)
+	rest, _ := io.ReadAll(resp.Body)
+	if string(rest) != "second\n" {
+		t.Fatalf("rest %q", rest)
+	}
+}
+
+// Hijack: the record completes with the status written before (200 if
+// none) and no body, so a retry never runs the handler again.
+func TestHijack(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("Hijack: %v", err)
+			return
+		}
+		defer conn.Close()
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+		_ = brw.Flush()
+	})
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	post := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/h", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := post()
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "hi" {
+		t.Fatalf("first: %d %q", resp.StatusCode, body)
+	}
+	// The handler answered on the connection itself, so the record
+	// completes only after the client has the answer.
+	rec := e.record("", "k")
+	for deadline := time.Now().Add(5 * time.Second); rec.Status != idem.StatusCompleted && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		rec = e.record("", "k")
+	}
+	if rec.Status != idem.StatusCompleted || !rec.Response.BodyOmitted || rec.Response.StatusCode != 200 {
+		t.Fatalf("record %+v %+v", rec, rec.Response)
+	}
+	resp = post()
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(body) != 0 || resp.Header.Get(idemhttp.HeaderBodyOmitted) != "true" {
+		t.Fatalf("replay: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	e.wantCalls(1)
+}
+
+// Lease lost: the handler's context is cancelled with cause ErrLeaseLost,
+// and its completion is refused, so the takeover's response stands.
+func TestLeaseLost(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	store := memstore.New(&memstore.Config{Now: clock.Now})
+	started := make(chan struct{})
+	var cause error
+	var calls int
+	var mu sync.Mutex
+	e := setup(t, &idemhttp.Config{Store: store, Lease: 30 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		n := calls
+		mu.Unlock()
+		if n == 1 {
+			close(started)
+			<-r.Context().Done()
+			cause = context.Cause(r.Context())
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "first")
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "second")
+	})
+	first := make(chan *httptest.ResponseRecorder)
+	go func() { first <- e.do(http.MethodPost, "/things", "k", `{}`) }()
+	<-started
+	clock.Advance(time.Minute) // the first lease ends on the store's clock
+	second := e.do(http.MethodPost, "/things", "k", `{}`)
+	if second.Code != http.StatusCreated || second.Body.String() != "second" {
+		t.Fatalf("takeover: %d %q", second.Code, second.Body)
+	}
+	w := <-first
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("first handler's context cause %v, want ErrLeaseLost", cause)
+	}
+	if w.Code != http.StatusCreated || w.Body.String() != "first" {
+		t.Fatalf("first: %d %q", w.Code, w.Body)
+	}
+	rec := e.record("", "k")
+	if rec.Fence != 2 || string(rec.Response.Body) != "second" {
+		t.Fatalf("record fence %d body %q; the stale completion overwrote the takeover", rec.Fence, rec.Response.Body)
+	}
+	if replay := e.do(http.MethodPost, "/things", "k", `{}`); replay.Body.String() != "second" {
+		t.Fatalf("replay %q", replay.Body)
+	}
+	e.wantCalls(2)
+}
+
+// Scopes isolate callers; scope errors answer before anything is stored.
+func TestScope(t *testing.T) {
+	t.Parallel()
+	scopeFn := func(r *http.Request) (string, error) {
+		switch u := r.Header.Get("X-User"); u {
+		case "":
+			return "", errors.New("no user")
+		case "banned":
+			return "", &idemhttp.ScopeError{Status: http.StatusForbidden, Code: "FORBIDDEN", Detail: "banned"}
+		default:
+			return "user:" + u, nil
+		}
+	}
+	e := setup(t, &idemhttp.Config{Scope: scopeFn}, nil)
+	as := func(user string) *httptest.ResponseRecorder {
+		r := request(http.MethodPost, "/things", "k", `{}`)
+		if user != "" {
+			r.Header.Set("X-User", user)
+		}
+		return e.serve(r)
+	}
+	if as("alice").Header().Get(idemhttp.HeaderReplayed) != "" || as("bob").Header().Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatal("one user's key replayed for another")
+	}
+	if as("alice").Header().Get(idemhttp.HeaderReplayed) != "true" {
+		t.Fatal("no replay within a scope")
+	}
+	e.wantCalls(2)
+	e.record("user:alice", "k")
+	e.record("user:bob", "k")
+	e.noRecord("", "k")
+
+	wantProblem(t, as(""), http.StatusUnauthorized, idemhttp.CodeUnauthenticated)
+	w := as("banned")
+	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), `"code":"FORBIDDEN"`) ||
+		!strings.Contains(w.Body.String(), `"type":"about:blank"`) {
+		t.Fatalf("banned: %d %s", w.Code, w.Body)
+	}
+	wantProblem(t, as("bad\x00user"), http.StatusBadRequest, idemhttp.CodeInvalidScope)
+	e.wantCalls(2)
+}
+
+// The handler sees its execution and a fresh body; the incoming request is
+// not changed.
+func TestHandlerSeesExecution(t *testing.T) {
+	t.Parallel()
+	var lease idem.Lease
+	var body []byte
+	var cl int64
+	e := setup(t, &idemhttp.Config{Scope: func(*http.Request) (string, error) { return "t1", nil }}, func(w http.ResponseWriter, r *http.Request) {
+		if exec := idemhttp.ExecutionFrom(r.Context()); exec != nil {
+			lease = exec.Lease()
+		}
+		body, _ = io.ReadAll(r.Body)
+		cl = r.ContentLength
+		w.WriteHeader(http.StatusNoContent)
+	})
+	r := request(http.MethodPost, "/things", "k", "")
+	r.Body = io.NopCloser(strings.NewReader(`{"x":true}`))
+	r.ContentLength = -1
+	origBody, origCtx := r.Body, r.Context()
+	w := e.serve(r)
+	if w.Code != http.StatusNoContent || lease.Scope != "t1" || lease.Key != "k" || lease.Fence != 1 {
+		t.Fatalf("status %d, lease %+v", w.Code, lease)
+	}
+	if string(body) != `{"x":true}` || cl != int64(len(body)) {
+		t.Fatalf("handler body %q, ContentLength %d", body, cl)
+	}
+	if r.Body != origBody || r.Context() != origCtx || r.ContentLength != -1 {
+		t.Fatal("the incoming request was changed")
+	}
+	if idemhttp.ExecutionFrom(context.Background()) != nil {
+		t.Fatal("ExecutionFrom outside a guarded request")
+	}
+}
+
+// A handler that writes nothing is stored as 200 with no body; a sniffed
+// Content-Type is stored so the replay matches the first response.
+func TestImplicitStatusAndSniffing(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/html" {
+			_, _ = io.WriteString(w, "<html><body>ok</body></html>")
+		}
+	})
+	w := e.do(http.MethodPost, "/empty", "k1", `{}`)
+	replay := e.do(http.MethodPost, "/empty", "k1", `{}`)
+	if w.Code != 200 || replay.Code != 200 || replay.Body.Len() != 0 {
+		t.Fatalf("empty: %d, replay %d %q", w.Code, replay.Code, replay.Body)
+	}
+	w = e.do(http.MethodPost, "/html", "k2", `{}`)
+	replay = e.do(http.MethodPost, "/html", "k2", `{}`)
+	if ct := w.Header().Get("Content-Type"); ct != "text/html; charset=utf-8" || replay.Header().Get("Content-Type") != ct {
+		t.Fatalf("first %q, replay %q", ct, replay.Header().Get("Content-Type"))
+	}
+	e.wantCalls(2)
+}
+
+// Header changes after WriteHeader are ignored, as in net/http.
+func TestHeaderAfterWriteHeader(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusAccepted)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/late")
+		_, _ = io.WriteString(w, "accepted")
+	})
+	first := e.do(http.MethodPost, "/x", "k", `{}`)
+	replay := e.do(http.MethodPost, "/x", "k", `{}`)
+	for _, w := range []*httptest.ResponseRecorder{first, replay} {
+		if w.Code != http.StatusAccepted || w.Header().Get("Content-Type") != "text/plain" || w.Header().Get("Location") != "" {
+			t.Fatalf("%d %v", w.Code, w.Header())
+		}
+	}
+}
+
+func TestNewRefuses(t *testing.T) {
+	t.Parallel()
+	store := memstore.New(nil)
+	for name, cfg := range map[string]*idemhttp.Config{
+		"nil config":          nil,
+		"nil store":           {},
+		"negative request":    {Store: store, MaxRequestBody: -1},
+		"negative response":   {Store: store, MaxResponseBody: -1},
+		"negative wait":       {Store: store, Wait: -time.Second},
+		"negative lease":      {Store: store, Lease: -time.Second},
+		"negative retention":  {Store: store, Retention: -time.Second},
+		"negative max exec":   {Store: store, MaxExecution: -time.Second},
+		"tiny lease":          {Store: store, Lease: time.Millisecond},
+		"empty method":        {Store: store, Methods: []string{""}},
+		"method with space":   {Store: store, Methods: []string{"PO ST"}},
+		"lower-case method":   {Store: store, Methods: []string{"post"}},
+		"bad header name":     {Store: store, ReplayHeaders: []string{"X Y"}},
+		"Set-Cookie":          {Store: store, ReplayHeaders: []string{"set-cookie"}},
+		"Authorization":       {Store: store, ReplayHeaders: []string{"Authorization"}},
+		"Connection":          {Store: store, ReplayHeaders: []string{"Connection"}},
+		"Proxy-Authenticate":  {Store: store, ReplayHeaders: []string{"Proxy-Authenticate"}},
+		"Transfer-Encoding":   {Store: store, ReplayHeaders: []string{"Transfer-Encoding"}},
+		"Upgrade":             {Store: store, ReplayHeaders: []string{"Upgrade"}},
+		"Idempotent-Replayed": {Store: store, ReplayHeaders: []string{"Idempotent-Replayed"}},
+	} {
+		if _, err := idemhttp.New(cfg); err == nil {
+			t.Errorf("%s: New accepted it", name)
+		}
+	}
+	if _, err := idemhttp.New(&idemhttp.Config{Store: store, Methods: []string{"PUT", "PURGE"}, ReplayHeaders: []string{"X-Rate-Limit"}}); err != nil {
+		t.Errorf("valid config refused: %v", err)
+	}
+}
+
+// With derives a per-route middleware; the original keeps its config.
+func TestWith(t *testing.T) {
+	t.Parallel()
+	base := setup(t, nil, nil)
+	lax, err := base.mw.With(func(c *idemhttp.Config) { c.KeyOptional = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := lax.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, request(http.MethodPost, "/x", "", `{}`))
+	if w.Code != http.StatusCreated {
+		t.Fatalf("derived: %d", w.Code)
+	}
+	wantProblem(t, base.do(http.MethodPost, "/x", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
+	if _, err := base.mw.With(func(c *idemhttp.Config) { c.Wait = -1 }); err == nil {
+		t.Fatal("With accepted a bad config")
+	}
+}
+
+// A retry after the record's retention runs the handler again.
+func TestRetention(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	e := setup(t, &idemhttp.Config{Store: memstore.New(&memstore.Config{Now: clock.Now}), Retention: time.Hour}, nil)
+	e.do(http.MethodPost, "/x", "k", `{}`)
+	e.do(http.MethodPost, "/x", "k", `{}`)
+	e.wantCalls(1)
+	clock.Advance(time.Hour + time.Second)
+	if w := e.do(http.MethodPost, "/x", "k", `{}`); w.Header().Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatal("replayed an expired record")
+	}
+	e.wantCalls(2)
+}
+
+// Informational responses go out at once; trailers reach the client.
+func TestEarlyHintsAndTrailers(t *testing.T) {
+	t.Parallel()
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</app.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "body")
+		w.Header().Set("X-Checksum", "abc")
+	})
+	srv := httptest.NewServer(e.h)
+	defer srv.Close()
+	var hints []int
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, _ textproto.MIMEHeader) error { hints = append(hints, code); return nil },
+	})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/x", nil)
+	req.Header.Set("Idempotency-Key", "k")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || string(body) != "body" || resp.Trailer.Get("X-Checksum") != "abc" {
+		t.Fatalf("%d %q trailer %v", resp.StatusCode, body, resp.Trailer)
+	}
+	if len(hints) != 1 || hints[0] != http.StatusEarlyHints {
+		t.Fatalf("1xx responses %v", hints)
+	}
+	if rec := e.record("", "k"); rec.Response.StatusCode != http.StatusCreated || string(rec.Response.Body) != "body" {
+		t.Fatalf("record %+v", rec.Response)
+	}
+}

@@ -1,0 +1,314 @@
+package shop
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// Config configures a Shop.
+type Config struct {
+	// DB holds the shop's rows; it must be migrated with Migrate.
+	DB *sql.DB
+	// Store keeps the idempotency records. To keep orders and their stored
+	// responses in one transaction it must complete in DB's transactions
+	// (idem.TxCompleter on the same database).
+	Store idem.Store
+	// Wait, when positive, makes a retry that arrives while the first
+	// request is running wait up to this long and replay its answer instead
+	// of getting 409 PROCESSING.
+	Wait time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// Shop serves the shop's HTTP API.
+type Shop struct {
+	db      *sql.DB
+	log     *slog.Logger
+	handler http.Handler
+}
+
+// New returns a Shop over cfg.
+func New(cfg Config) (*Shop, error) {
+	if cfg.DB == nil || cfg.Store == nil {
+		return nil, errors.New("shop: New needs a DB and a Store")
+	}
+	if _, ok := cfg.Store.(idem.TxCompleter); !ok {
+		return nil, errors.New("shop: the store must complete inside the shop's transactions (idem.TxCompleter)")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Shop{db: cfg.DB, log: cfg.Logger}
+	idm, err := idemhttp.New(&idemhttp.Config{
+		Store:  cfg.Store,
+		Scope:  scopeOf,
+		Wait:   cfg.Wait,
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", s.authenticated(idm.Handler(http.HandlerFunc(s.createOrder))))
+	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
+	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	mux.HandleFunc("GET /healthz", s.healthz)
+	s.handler = mux
+	return s, nil
+}
+
+// ServeHTTP serves the shop's API.
+func (s *Shop) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Order is an order as the API shows it.
+type Order struct {
+	OrderNo   string `json:"order_no"`
+	UserID    int64  `json:"user_id"`
+	SKU       string `json:"sku"`
+	Quantity  int    `json:"quantity"`
+	Status    string `json:"status"`
+	CreatedAt string `json:"created_at"`
+}
+
+// Order statuses.
+const StatusWaitPay = "WAIT_PAY"
+
+// Limits of an order request.
+const (
+	MaxQuantity = 1000
+	maxSKULen   = 64
+)
+
+var skuPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+type userKey struct{}
+
+func userFrom(ctx context.Context) int64 {
+	id, _ := ctx.Value(userKey{}).(int64)
+	return id
+}
+
+// scopeOf is the idempotency scope: the authenticated user.
+func scopeOf(r *http.Request) (string, error) {
+	id := userFrom(r.Context())
+	if id <= 0 {
+		return "", errors.New("shop: no authenticated user")
+	}
+	return "user:" + strconv.FormatInt(id, 10), nil
+}
+
+// authenticated reads the caller from X-User-ID (a positive integer).
+func (s *Shop) authenticated(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw := r.Header.Get("X-User-ID")
+		if raw == "" {
+			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "the X-User-ID header is required")
+			return
+		}
+		id, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || id <= 0 || strconv.FormatInt(id, 10) != raw {
+			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "X-User-ID must be a positive integer")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, id)))
+	})
+}
+
+type createOrderRequest struct {
+	SKU      *string `json:"sku"`
+	Quantity *int    `json:"quantity"`
+}
+
+func parseCreateOrder(body []byte) (sku string, qty int, err error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var req createOrderRequest
+	if err := dec.Decode(&req); err != nil {
+		return "", 0, fmt.Errorf("body must be a JSON object {\"sku\": string, \"quantity\": integer}: %v", err)
+	}
+	if dec.More() {
+		return "", 0, errors.New("body must hold one JSON object")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", 0, errors.New("body must hold one JSON object")
+	}
+	switch {
+	case req.SKU == nil:
+		return "", 0, errors.New("sku is required")
+	case len(*req.SKU) == 0 || len(*req.SKU) > maxSKULen || !skuPattern.MatchString(*req.SKU):
+		return "", 0, fmt.Errorf("sku must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", maxSKULen)
+	case req.Quantity == nil:
+		return "", 0, errors.New("quantity is required")
+	case *req.Quantity < 1 || *req.Quantity > MaxQuantity:
+		return "", 0, fmt.Errorf("quantity must be an integer from 1 to %d", MaxQuantity)
+	}
+	return *req.SKU, *req.Quantity, nil
+}
+
+func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", "cannot read the body")
+		return
+	}
+	sku, qty, err := parseCreateOrder(body)
+	if err != nil {
+		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", err.Error())
+		return
+	}
+	order := Order{
+		OrderNo:   newOrderNo(),
+		UserID:    userFrom(ctx),
+		SKU:       sku,
+		Quantity:  qty,
+		Status:    StatusWaitPay,
+		CreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
+	}
+	resp, err := idemhttp.JSONResponse(http.StatusCreated, order)
+	if err != nil {
+		s.fail(w, r, "encode order", err)
+		return
+	}
+	resp.Header["Location"] = []string{"/orders/" + order.OrderNo}
+
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		s.fail(w, r, "begin", err)
+		return
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx,
+		`INSERT INTO shop_orders (order_no, user_id, sku, quantity, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		order.OrderNo, order.UserID, order.SKU, order.Quantity, order.Status, order.CreatedAt); err != nil {
+		s.fail(w, r, "insert order", err)
+		return
+	}
+	// The stored response commits with the order, or neither does.
+	if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
+		if err := exec.CompleteTx(ctx, tx, resp); err != nil {
+			if errors.Is(err, idem.ErrLeaseLost) {
+				// Another execution took this key over; its answer will be replayed.
+				w.Header().Set("Retry-After", "1")
+				idemhttp.WriteProblem(w, http.StatusConflict, "PROCESSING", "Request in progress",
+					"another execution of this request took over; retry to get its answer")
+				return
+			}
+			s.fail(w, r, "complete idempotency record", err)
+			return
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		s.fail(w, r, "commit", err)
+		return
+	}
+	idemhttp.WriteResponse(w, resp)
+}
+
+func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
+	no := r.PathValue("order_no")
+	var o Order
+	err := s.db.QueryRowContext(r.Context(),
+		`SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE order_no = ? AND user_id = ?`,
+		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such order")
+		return
+	}
+	if err != nil {
+		s.fail(w, r, "get order", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+// Listing limits.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 500
+)
+
+func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
+	limit := defaultListLimit
+	if raw := r.URL.Query().Get("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 1 || n > maxListLimit {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request",
+				fmt.Sprintf("limit must be an integer from 1 to %d", maxListLimit))
+			return
+		}
+		limit = n
+	}
+	rows, err := s.db.QueryContext(r.Context(),
+		`SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`,
+		userFrom(r.Context()), limit)
+	if err != nil {
+		s.fail(w, r, "list orders", err)
+		return
+	}
+	defer rows.Close()
+	orders := []Order{}
+	for rows.Next() {
+		var o Order
+		if err := rows.Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt); err != nil {
+			s.fail(w, r, "list orders", err)
+			return
+		}
+		orders = append(orders, o)
+	}
+	if err := rows.Err(); err != nil {
+		s.fail(w, r, "list orders", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"orders": orders})
+}
+
+func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.db.PingContext(ctx); err != nil {
+		s.log.WarnContext(ctx, "shop: health check failed", "error", err)
+		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, "UNHEALTHY", "Unhealthy", "the database does not answer")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {
+	s.log.ErrorContext(r.Context(), "shop: request failed", "op", what, "error", err)
+	idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "Internal error", "the request failed; retry with the same Idempotency-Key")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "encode", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// newOrderNo returns a random order number, e.g. "ord_3f9c0a5e1b2d4c6f8a7e9b10".
+func newOrderNo() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "ord_" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,177 @@
+package shop_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+func newShop(t *testing.T) (*shop.Shop, *sql.DB) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "shop.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Migrate(ctx, db); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	s, err := shop.New(shop.Config{DB: db, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, db
+}
+
+func serve(s http.Handler, method, target string, header map[string]string, body string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	return rec
+}
+
+func problemCode(t *testing.T, rec *httptest.ResponseRecorder) string {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "application/problem+json") {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p struct {
+		Code   string
+		Status int
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", rec.Body, err)
+	}
+	if p.Status != rec.Code {
+		t.Errorf("problem status %d, response status %d", p.Status, rec.Code)
+	}
+	return p.Code
+}
+
+func TestCreateOrderRejectsBadInput(t *testing.T) {
+	s, db := newShop(t)
+	cases := []struct {
+		name   string
+		header map[string]string
+		body   string
+		status int
+		code   string
+	}{
+		{"no user", map[string]string{"Idempotency-Key": "k1"}, `{"sku":"A","quantity":1}`, 401, "UNAUTHENTICATED"},
+		{"user zero", map[string]string{"X-User-ID": "0", "Idempotency-Key": "k1"}, `{"sku":"A","quantity":1}`, 401, "UNAUTHENTICATED"},
+		{"user not a number", map[string]string{"X-User-ID": "abc", "Idempotency-Key": "k1"}, `{"sku":"A","quantity":1}`, 401, "UNAUTHENTICATED"},
+		{"user with sign", map[string]string{"X-User-ID": "+5", "Idempotency-Key": "k1"}, `{"sku":"A","quantity":1}`, 401, "UNAUTHENTICATED"},
+		{"no key", map[string]string{"X-User-ID": "1"}, `{"sku":"A","quantity":1}`, 400, "MISSING_KEY"},
+		{"key too long", map[string]string{"X-User-ID": "1", "Idempotency-Key": strings.Repeat("k", 256)}, `{"sku":"A","quantity":1}`, 400, "INVALID_KEY"},
+		{"empty body", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k2"}, ``, 400, "INVALID_REQUEST"},
+		{"not json", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k3"}, `sku=A`, 400, "INVALID_REQUEST"},
+		{"unknown field", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k4"}, `{"sku":"A","quantity":1,"price":0}`, 400, "INVALID_REQUEST"},
+		{"no sku", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k5"}, `{"quantity":1}`, 400, "INVALID_REQUEST"},
+		{"bad sku", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k6"}, `{"sku":"a b","quantity":1}`, 400, "INVALID_REQUEST"},
+		{"no quantity", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k7"}, `{"sku":"A"}`, 400, "INVALID_REQUEST"},
+		{"quantity zero", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k8"}, `{"sku":"A","quantity":0}`, 400, "INVALID_REQUEST"},
+		{"quantity too big", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k9"}, `{"sku":"A","quantity":1001}`, 400, "INVALID_REQUEST"},
+		{"quantity fraction", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k10"}, `{"sku":"A","quantity":1.5}`, 400, "INVALID_REQUEST"},
+		{"quantity string", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k11"}, `{"sku":"A","quantity":"1"}`, 400, "INVALID_REQUEST"},
+		{"two objects", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k12"}, `{"sku":"A","quantity":1}{}`, 400, "INVALID_REQUEST"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := serve(s, "POST", "/orders", c.header, c.body)
+			if rec.Code != c.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, c.status, rec.Body)
+			}
+			if code := problemCode(t, rec); code != c.code {
+				t.Fatalf("code %q, want %q", code, c.code)
+			}
+		})
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders after bad input (err %v), want 0", n, err)
+	}
+	// A 400 is stored and replayed: the retry gets the same error, the handler does not run again.
+	h := map[string]string{"X-User-ID": "1", "Idempotency-Key": "k8"}
+	rec := serve(s, "POST", "/orders", h, `{"sku":"A","quantity":0}`)
+	if rec.Code != 400 || rec.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of a 400: %d replayed=%q", rec.Code, rec.Header().Get("Idempotent-Replayed"))
+	}
+}
+
+func TestCreateThenReadOrders(t *testing.T) {
+	s, db := newShop(t)
+	h := map[string]string{"X-User-ID": "5", "Idempotency-Key": "first", "Content-Type": "application/json"}
+	rec := serve(s, "POST", "/orders", h, `{"sku":"BOOK-1","quantity":3}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	var o shop.Order
+	if err := json.Unmarshal(rec.Body.Bytes(), &o); err != nil {
+		t.Fatal(err)
+	}
+	if o.UserID != 5 || o.SKU != "BOOK-1" || o.Quantity != 3 || o.Status != "WAIT_PAY" || o.OrderNo == "" || o.CreatedAt == "" {
+		t.Fatalf("order %+v", o)
+	}
+	if loc := rec.Header().Get("Location"); loc != "/orders/"+o.OrderNo {
+		t.Errorf("Location %q", loc)
+	}
+	h["Idempotency-Key"] = "second"
+	rec = serve(s, "POST", "/orders", h, `{"sku":"PEN","quantity":1}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create 2: %d %s", rec.Code, rec.Body)
+	}
+	var n int
+	db.QueryRow(`SELECT COUNT(*) FROM shop_orders WHERE user_id = 5`).Scan(&n)
+	if n != 2 {
+		t.Fatalf("%d rows, want 2", n)
+	}
+	rec = serve(s, "GET", "/orders", map[string]string{"X-User-ID": "5"}, "")
+	var list struct{ Orders []shop.Order }
+	if err := json.Unmarshal(rec.Body.Bytes(), &list); err != nil || len(list.Orders) != 2 {
+		t.Fatalf("list: %d %s", rec.Code, rec.Body)
+	}
+	if list.Orders[0].SKU != "PEN" || list.Orders[1].SKU != "BOOK-1" {
+		t.Fatalf("not newest first: %+v", list.Orders)
+	}
+	rec = serve(s, "GET", "/orders?limit=1", map[string]string{"X-User-ID": "5"}, "")
+	json.Unmarshal(rec.Body.Bytes(), &list)
+	if len(list.Orders) != 1 {
+		t.Fatalf("limit=1 gave %d", len(list.Orders))
+	}
+	for _, bad := range []string{"0", "-1", "x", "501"} {
+		rec = serve(s, "GET", "/orders?limit="+bad, map[string]string{"X-User-ID": "5"}, "")
+		if rec.Code != 400 || problemCode(t, rec) != "INVALID_REQUEST" {
+			t.Errorf("limit=%s: %d %s", bad, rec.Code, rec.Body)
+		}
+	}
+	rec = serve(s, "GET", "/orders/"+o.OrderNo, map[string]string{"X-User-ID": "6"}, "")
+	if rec.Code != http.StatusNotFound || problemCode(t, rec) != "NOT_FOUND" {
+		t.Fatalf("other user's order: %d", rec.Code)
+	}
+	rec = serve(s, "GET", "/orders/nope", map[string]string{"X-User-ID": "5"}, "")
+	if rec.Code != http.StatusNotFound {
+		t.Fatalf("missing order: %d", rec.Code)
+	}
+}
