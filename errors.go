@@ -22,6 +22,10 @@ var (
 	// or holding a control character.
 	ErrInvalidScope = errors.New("idem: invalid scope")
 
+	// ErrInvalidFingerprint reports a fingerprint longer than MaxKeyLen
+	// bytes, not UTF-8, or holding a control character.
+	ErrInvalidFingerprint = errors.New("idem: invalid fingerprint")
+
 	// ErrInFlight is returned by Guard.Do when another execution holds the
 	// key's lease.
 	ErrInFlight = errors.New("idem: request in flight")

@@ -19,8 +19,10 @@ const (
 
 // Fingerprint identifies the request a key was first used with, so that the
 // same key with a different request can be refused. The HTTP middleware uses
-// a versioned SHA-256 of the canonical request; any string works, and equal
-// strings mean "the same request".
+// a versioned SHA-256 of the canonical request. Any string of at most
+// MaxKeyLen bytes of UTF-8 without control characters works (so every
+// store can keep it as text); equal strings mean "the same request", and
+// the empty fingerprint is allowed.
 type Fingerprint string
 
 // Response is what a completed record replays: a status code, the replayable
@@ -124,6 +126,9 @@ func (r AcquireRequest) Validate() error {
 		return err
 	}
 	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if err := validateText(string(r.Fingerprint), ErrInvalidFingerprint, "fingerprint"); err != nil {
 		return err
 	}
 	if r.Lease <= 0 {

@@ -11,15 +11,17 @@ import (
 // storetest.Run passes against a real server.
 type Store interface {
 	// Acquire claims the lease on (scope, key):
-	//   - no record, or a completed record past its ExpiresAt: a new record
-	//     (processing, new owner, fence = 1 for a new record, old fence + 1 for
-	//     a replaced one) → Acquired;
-	//   - a record with another fingerprint (processing or completed, live or
-	//     not) → Mismatch;
+	//   - no record, or a record past its ExpiresAt (completed, or
+	//     processing and abandoned for its retention), whatever its
+	//     fingerprint: a new record (processing, new owner, fence = 1 for a
+	//     new record, old fence + 1 for a replaced one; TookOver if the
+	//     replaced record was processing) → Acquired;
+	//   - a record with another fingerprint (live completed, or processing
+	//     whether or not its lease has ended) → Mismatch;
 	//   - a processing record whose lease has ended → taken over: new owner,
 	//     fence + 1, TookOver → Acquired;
 	//   - a processing record with a live lease → InFlight;
-	//   - a completed record → Completed.
+	//   - a live completed record → Completed.
 	// Stores validate the request (AcquireRequest.Validate).
 	Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 
@@ -56,8 +58,8 @@ type Store interface {
 // response commit together or not at all.
 type TxCompleter interface {
 	// CompleteTx is Complete, run in tx. It takes the record's row lock
-	// until tx ends; a takeover attempt waits for it and then sees the
-	// outcome of tx.
+	// (on SQLite, the database's write lock) until tx ends; a takeover
+	// attempt waits for it and then sees the outcome of tx.
 	CompleteTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration) error
 }
 

@@ -58,12 +58,15 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	defer s.mu.Unlock()
 	now := s.now()
 	rec, ok := s.records[id]
+	tookOver := false
 	switch {
 	case !ok:
 		rec = &idem.Record{Scope: req.Scope, Key: req.Key, Fence: 1}
-	case rec.Status == idem.StatusCompleted && !now.Before(rec.ExpiresAt):
-		// Past its retention: a new record replaces it, whatever its
-		// fingerprint; the fence keeps counting.
+	case !now.Before(rec.ExpiresAt):
+		// Past its retention (completed, or processing and abandoned): a
+		// new record replaces it, whatever its fingerprint; the fence keeps
+		// counting.
+		tookOver = rec.Status == idem.StatusProcessing
 		rec = &idem.Record{Scope: req.Scope, Key: req.Key, Fence: rec.Fence + 1}
 	case rec.Fingerprint != req.Fingerprint:
 		return idem.AcquireResult{Outcome: idem.Mismatch, Record: cloneRecord(rec)}, nil
@@ -91,7 +94,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	rec.Retention = req.Retention
 	rec.ExpiresAt = rec.LeaseUntil.Add(req.Retention)
 	s.records[id] = rec
-	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(rec)}, nil
+	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(rec), TookOver: tookOver}, nil
 }
 
 // Complete stores resp (a deep copy) and marks the record completed, kept

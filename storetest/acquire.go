@@ -2,6 +2,9 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -173,6 +176,53 @@ var acquireCases = []testCase{
 				h.Fatalf("the replacing record's CreatedAt %v is before the old record expired (%v): it is a new record", rec.CreatedAt, oldRec.ExpiresAt)
 			}
 			h.leaseLost("the old lease's Complete", h.store.Complete(h.ctx, old, idem.Response{}, longRetention))
+		}
+	}},
+
+	{name: "AcquireReplacesAbandoned", run: func(h *harness) {
+		// A processing record whose lease ended more than its retention ago
+		// is past its ExpiresAt: like an expired completed record it is
+		// replaced whatever the fingerprint (the result Sweep would give),
+		// and reported as a takeover.
+		for _, fp := range []idem.Fingerprint{"fp-1", "fp-2"} {
+			key := "k-" + string(fp)
+			req := h.req(key, "fp-1", shortLease)
+			req.Retention = shortRetention
+			old := h.lease(req)
+			h.sleepPast(shortLease + shortRetention)
+			req2 := h.req(key, fp, longLease)
+			res := h.expect(req2, idem.Acquired)
+			if res.Lease.Fence != old.Fence+1 || !res.TookOver || res.Lease.Owner == old.Owner {
+				h.Fatalf("replacing an abandoned record with %s: fence %d took over %v owner %q; want fence %d, taken over, a new owner", fp, res.Lease.Fence, res.TookOver, res.Lease.Owner, old.Fence+1)
+			}
+			h.checkHeld(h.get(key), req2, res.Lease)
+			h.leaseLost("the abandoned lease's Complete", h.store.Complete(h.ctx, old, idem.Response{}, longRetention))
+		}
+	}},
+
+	{name: "AcquireInvalidFingerprint", run: func(h *harness) {
+		for name, fp := range map[string]idem.Fingerprint{
+			"256 bytes": idem.Fingerprint(strings.Repeat("f", 256)),
+			"NUL":       "v1:\x00",
+			"newline":   "v1:\n",
+			"bad UTF-8": "v1:\xff",
+		} {
+			res, err := h.store.Acquire(h.ctx, h.req("k", fp, longLease))
+			if !errors.Is(err, idem.ErrInvalidFingerprint) {
+				h.Fatalf("Acquire with a %s fingerprint = %s, %v; want idem.ErrInvalidFingerprint", name, fmtResult(res), err)
+			}
+		}
+		if _, err := h.store.Get(h.ctx, h.scope, "k"); !errors.Is(err, idem.ErrNotFound) {
+			h.Fatalf("a refused Acquire left a record (Get: %v)", err)
+		}
+		// The longest valid fingerprint and the empty one are kept as given.
+		for _, fp := range []idem.Fingerprint{idem.Fingerprint(strings.Repeat("f", 255)), ""} {
+			key := "k" + strconv.Itoa(len(fp))
+			h.expect(h.req(key, fp, longLease), idem.Acquired)
+			if got := h.get(key).Fingerprint; got != fp {
+				h.Fatalf("stored fingerprint %q, want %q", got, fp)
+			}
+			h.expect(h.req(key, fp, longLease), idem.InFlight)
 		}
 	}},
 

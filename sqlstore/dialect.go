@@ -1,0 +1,349 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Dialect is the SQL flavour a Store speaks: its statements, its migrations
+// and how it begins a write transaction. Use the values this package
+// exports ([SQLite]); the methods are unexported, so a dialect is added here,
+// as a value and its .sql files, and nowhere else.
+//
+// A dialect's statements live in queries/NAME.sql and its migrations in
+// migrations/NAME/NNNN_description.sql, where NAME is its String.
+type Dialect interface {
+	// String returns the dialect's name: "sqlite".
+	String() string
+
+	// statements returns the parsed queries/NAME.sql.
+	statements() *statements
+	// migrations returns migrations/NAME/*.sql in version order.
+	migrations() []migration
+	// beginWrite begins the transaction of Acquire, whose first statement
+	// writes (the upsert). It must not fail half way on a lock upgrade.
+	beginWrite(ctx context.Context, db *sql.DB) (*sql.Tx, error)
+	// beginSchema begins the transaction of Migrate, holding the lock that
+	// serialises migrations across processes from its start (before the
+	// lock_schema statement, which takes it where a statement is needed).
+	beginSchema(ctx context.Context, db *sql.DB) (writeTx, error)
+	// missingTable reports whether err says that a table does not exist,
+	// which means Migrate was not run.
+	missingTable(err error) bool
+}
+
+//go:embed queries/*.sql migrations/*/*.sql
+var sqlFiles embed.FS
+
+// writeTx is the transaction of Migrate: a *sql.Tx, or a transaction
+// begun by hand on a *sql.Conn.
+type writeTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	Commit() error
+	Rollback() error
+}
+
+// statements are the SQL texts of one dialect, one per operation.
+type statements struct {
+	createMigrationsTable *query
+	lockSchema            *query // may be empty
+	selectMigrations      *query
+	insertMigration       *query
+	acquire               *query
+	selectRecord          *query
+	selectHeld            *query
+	complete              *query
+	extend                *query
+	release               *query
+	deleteRecord          *query
+	sweep                 *query
+}
+
+// numQueries is the number of statements of a dialect.
+const numQueries = 12
+
+func (st *statements) byName() map[string]**query {
+	return map[string]**query{
+		"create_migrations_table": &st.createMigrationsTable,
+		"lock_schema":             &st.lockSchema,
+		"select_migrations":       &st.selectMigrations,
+		"insert_migration":        &st.insertMigration,
+		"acquire":                 &st.acquire,
+		"select_record":           &st.selectRecord,
+		"select_held":             &st.selectHeld,
+		"complete":                &st.complete,
+		"extend":                  &st.extend,
+		"release":                 &st.release,
+		"delete":                  &st.deleteRecord,
+		"sweep":                   &st.sweep,
+	}
+}
+
+// param names one value a statement binds.
+type param uint8
+
+const (
+	pScope param = iota + 1
+	pKey
+	pFingerprint
+	pOwner
+	pFence
+	pLeaseMS
+	pRetentionMS
+	pResponseStatus
+	pResponseHeader
+	pResponseBody
+	pBodyOmitted
+	pLimit
+	pVersion
+	pName
+)
+
+var paramNames = map[string]param{
+	"scope":           pScope,
+	"key":             pKey,
+	"fingerprint":     pFingerprint,
+	"owner":           pOwner,
+	"fence":           pFence,
+	"lease_ms":        pLeaseMS,
+	"retention_ms":    pRetentionMS,
+	"response_status": pResponseStatus,
+	"response_header": pResponseHeader,
+	"response_body":   pResponseBody,
+	"body_omitted":    pBodyOmitted,
+	"limit":           pLimit,
+	"version":         pVersion,
+	"name":            pName,
+}
+
+// values holds everything a statement may bind.
+type values struct {
+	scope, key     string
+	fingerprint    string
+	owner          string
+	fence          int64
+	leaseMS        int64
+	retentionMS    int64
+	responseStatus int64
+	responseHeader any // string or nil (NULL)
+	responseBody   []byte
+	bodyOmitted    bool
+	limit          int64
+	version        int64
+	name           string
+}
+
+// query is one statement and the parameters it binds, in order. A dialect
+// whose placeholders cannot repeat (MySQL's ?) lists a parameter as often
+// as it uses it.
+type query struct {
+	id     int // index into the statement cache of a Store
+	name   string
+	text   string
+	params []param
+}
+
+// args returns the statement's arguments taken from v.
+func (q *query) args(v *values) []any {
+	a := make([]any, len(q.params))
+	for i, p := range q.params {
+		switch p {
+		case pScope:
+			a[i] = v.scope
+		case pKey:
+			a[i] = v.key
+		case pFingerprint:
+			a[i] = v.fingerprint
+		case pOwner:
+			a[i] = v.owner
+		case pFence:
+			a[i] = v.fence
+		case pLeaseMS:
+			a[i] = v.leaseMS
+		case pRetentionMS:
+			a[i] = v.retentionMS
+		case pResponseStatus:
+			a[i] = v.responseStatus
+		case pResponseHeader:
+			a[i] = v.responseHeader
+		case pResponseBody:
+			a[i] = v.responseBody
+		case pBodyOmitted:
+			a[i] = v.bodyOmitted
+		case pLimit:
+			a[i] = v.limit
+		case pVersion:
+			a[i] = v.version
+		case pName:
+			a[i] = v.name
+		}
+	}
+	return a
+}
+
+// parseStatements reads a query file: statements introduced by
+// "-- name: NAME", each optionally followed by "-- params: a b c". Every
+// statement the dialect needs must be present; unknown names and
+// parameters are errors.
+func parseStatements(file string, src string) (*statements, error) {
+	st := &statements{}
+	slots := st.byName()
+	var cur *query
+	var body []string
+	finish := func() error {
+		if cur == nil {
+			return nil
+		}
+		cur.text = strings.TrimSuffix(strings.TrimSpace(strings.Join(body, "\n")), ";")
+		slot, ok := slots[cur.name]
+		if !ok {
+			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
+		}
+		if *slot != nil {
+			return fmt.Errorf("%s: statement %q defined twice", file, cur.name)
+		}
+		*slot = cur
+		return nil
+	}
+	ids := 0
+	for n, line := range strings.Split(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if name, ok := strings.CutPrefix(trimmed, "-- name:"); ok {
+			if err := finish(); err != nil {
+				return nil, err
+			}
+			cur, body = &query{id: ids, name: strings.TrimSpace(name)}, nil
+			ids++
+			continue
+		}
+		if cur == nil {
+			continue // the file's preamble
+		}
+		if list, ok := strings.CutPrefix(trimmed, "-- params:"); ok {
+			for _, f := range strings.Fields(list) {
+				p, ok := paramNames[f]
+				if !ok {
+					return nil, fmt.Errorf("%s:%d: unknown parameter %q", file, n+1, f)
+				}
+				cur.params = append(cur.params, p)
+			}
+			continue
+		}
+		if strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		body = append(body, line)
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	if len(slots) != numQueries {
+		panic("sqlstore: numQueries is out of date")
+	}
+	for name, slot := range slots {
+		if *slot == nil {
+			return nil, fmt.Errorf("%s: statement %q missing", file, name)
+		}
+		if (*slot).text == "" && name != "lock_schema" {
+			return nil, fmt.Errorf("%s: statement %q is empty", file, name)
+		}
+	}
+	return st, nil
+}
+
+// migration is one versioned schema change.
+type migration struct {
+	version int64
+	name    string // the file name without version and extension
+	stmts   []string
+}
+
+// loadMigrations reads dir's NNNN_description.sql files in version order.
+// Versions start at 1, are unique and leave no gaps.
+func loadMigrations(fsys fs.FS, dir string) ([]migration, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		file := e.Name()
+		if e.IsDir() || path.Ext(file) != ".sql" {
+			continue
+		}
+		num, name, ok := strings.Cut(strings.TrimSuffix(file, ".sql"), "_")
+		version, err := strconv.ParseInt(num, 10, 64)
+		if !ok || err != nil || version < 1 || name == "" {
+			return nil, fmt.Errorf("%s/%s: want NNNN_description.sql", dir, file)
+		}
+		src, err := fs.ReadFile(fsys, path.Join(dir, file))
+		if err != nil {
+			return nil, err
+		}
+		stmts := splitStatements(string(src))
+		if len(stmts) == 0 {
+			return nil, fmt.Errorf("%s/%s: no statement", dir, file)
+		}
+		ms = append(ms, migration{version: version, name: name, stmts: stmts})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != int64(i+1) {
+			return nil, fmt.Errorf("%s: migration %d (%s) where %d was expected", dir, m.version, m.name, i+1)
+		}
+	}
+	return ms, nil
+}
+
+// splitStatements splits a migration file into statements: each ends with
+// a semicolon at the end of a line. (Our files hold no semicolon-terminated
+// line inside a statement.) Comment-only chunks are dropped.
+func splitStatements(src string) []string {
+	var out, cur []string
+	flush := func() {
+		text := strings.TrimSpace(strings.Join(cur, "\n"))
+		cur = cur[:0]
+		for _, l := range strings.Split(text, "\n") {
+			if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "--") {
+				out = append(out, strings.TrimSuffix(text, ";"))
+				return
+			}
+		}
+	}
+	for _, line := range strings.Split(src, "\n") {
+		cur = append(cur, line)
+		t := strings.TrimSpace(line)
+		if strings.HasSuffix(t, ";") && !strings.HasPrefix(t, "--") {
+			flush()
+		}
+	}
+	flush()
+	return out
+}
+
+// mustLoad parses a dialect's embedded files. The files are part of the
+// package, so an error is a bug caught by the package's tests.
+func mustLoad(name string) (*statements, []migration) {
+	file := "queries/" + name + ".sql"
+	src, err := fs.ReadFile(sqlFiles, file)
+	if err != nil {
+		panic("sqlstore: " + err.Error())
+	}
+	st, err := parseStatements(file, string(src))
+	if err != nil {
+		panic("sqlstore: " + err.Error())
+	}
+	ms, err := loadMigrations(sqlFiles, "migrations/"+name)
+	if err != nil {
+		panic("sqlstore: " + err.Error())
+	}
+	return st, ms
+}

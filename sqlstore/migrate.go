@@ -1,0 +1,76 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+)
+
+// Migrate brings the database's schema to the version this package knows:
+// it applies, in order, the dialect's embedded migrations not yet recorded
+// in idem_schema_migrations, all in one write transaction (SQLite and
+// PostgreSQL roll DDL back with it). It is idempotent, and safe to call
+// from several goroutines or processes at once: the transaction holds the
+// database's write lock on SQLite (BEGIN IMMEDIATE) and the dialect's schema
+// lock elsewhere, so one caller migrates and the others then find nothing
+// to do. A database migrated by a newer build, with versions this build
+// does not know, is left as it is.
+func (s *Store) Migrate(ctx context.Context) error {
+	const op = "migrate"
+	tx, err := s.d.beginSchema(ctx, s.db)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	if q := s.st.lockSchema; q.text != "" {
+		if _, err := tx.ExecContext(ctx, q.text); err != nil {
+			return s.fail(ctx, op+": lock schema", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, s.st.createMigrationsTable.text); err != nil {
+		return s.fail(ctx, op+": create idem_schema_migrations", err)
+	}
+	applied := map[int64]bool{}
+	rows, err := tx.QueryContext(ctx, s.st.selectMigrations.text)
+	if err != nil {
+		return s.fail(ctx, op+": read idem_schema_migrations", err)
+	}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return s.fail(ctx, op+": read idem_schema_migrations", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Close(); err != nil {
+		return s.fail(ctx, op+": read idem_schema_migrations", err)
+	}
+	if err := rows.Err(); err != nil {
+		return s.fail(ctx, op+": read idem_schema_migrations", err)
+	}
+
+	var done []migration
+	for _, m := range s.d.migrations() {
+		if applied[m.version] {
+			continue
+		}
+		for i, stmt := range m.stmts {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return s.fail(ctx, fmt.Sprintf("%s: %s %04d_%s, statement %d", op, s.d, m.version, m.name, i+1), err)
+			}
+		}
+		v := values{version: m.version, name: m.name}
+		if _, err := tx.ExecContext(ctx, s.st.insertMigration.text, s.st.insertMigration.args(&v)...); err != nil {
+			return s.fail(ctx, fmt.Sprintf("%s: record %04d_%s", op, m.version, m.name), err)
+		}
+		done = append(done, m)
+	}
+	if err := tx.Commit(); err != nil {
+		return s.fail(ctx, op+": commit", err)
+	}
+	for _, m := range done {
+		s.log.InfoContext(ctx, "sqlstore: migration applied", "dialect", s.d.String(), "version", m.version, "name", m.name)
+	}
+	return nil
+}

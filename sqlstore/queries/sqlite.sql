@@ -1,0 +1,130 @@
+-- Statements of the SQLite dialect.
+--
+-- Each statement starts with "-- name: NAME" and lists the parameters it
+-- binds, in order, on a "-- params:" line; ?1, ?2, … refer to that list.
+-- Times are INTEGER unix milliseconds; "now" is always the database's
+-- clock, CAST(unixepoch('subsec') * 1000 AS INTEGER), which SQLite holds
+-- still for the whole of one statement.
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+    version    INTEGER NOT NULL PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+) STRICT;
+
+-- name: lock_schema
+-- Nothing to do: Migrate runs in a BEGIN IMMEDIATE transaction, which
+-- already holds the database's write lock.
+
+-- name: select_migrations
+SELECT version FROM idem_schema_migrations ORDER BY version;
+
+-- name: insert_migration
+-- params: version name
+INSERT INTO idem_schema_migrations (version, name, applied_at)
+VALUES (?1, ?2, CAST(unixepoch('subsec') * 1000 AS INTEGER));
+
+-- name: acquire
+-- params: scope key fingerprint owner lease_ms retention_ms
+-- Inserts a new record, or, in one statement, replaces a record past its
+-- expiry (whatever its status and fingerprint) or takes over a processing
+-- record with the same fingerprint whose lease has ended. It returns no
+-- row when the record found is none of these; the caller then reads it.
+-- Replacing a processing record keeps created_at, so created_at <> now
+-- tells a takeover apart.
+INSERT INTO idem_records AS r (
+    scope, idempotency_key, fingerprint, status, owner, fence,
+    lease_until, retention_ms, created_at, expires_at)
+VALUES (
+    ?1, ?2, ?3, 'processing', ?4, 1,
+    CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5,
+    ?6,
+    CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5 + ?6)
+ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+    fingerprint     = excluded.fingerprint,
+    status          = 'processing',
+    owner           = excluded.owner,
+    fence           = r.fence + 1,
+    lease_until     = excluded.lease_until,
+    retention_ms    = excluded.retention_ms,
+    response_status = NULL,
+    response_header = NULL,
+    response_body   = NULL,
+    body_omitted    = 0,
+    created_at      = CASE WHEN r.status = 'processing' THEN r.created_at ELSE excluded.created_at END,
+    completed_at    = NULL,
+    expires_at      = excluded.expires_at
+WHERE r.expires_at <= excluded.created_at
+   OR (r.status = 'processing' AND r.fingerprint = excluded.fingerprint
+       AND r.lease_until <= excluded.created_at)
+RETURNING fence, lease_until, created_at, lease_until - ?5;
+
+-- name: select_record
+-- params: scope key
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = ?1 AND idempotency_key = ?2;
+
+-- name: select_held
+-- params: scope key fingerprint
+-- The record, if Acquire cannot take it: live and completed, live and
+-- processing under a lease that has not ended, or bound to another
+-- fingerprint. Acquire reads it first, so that a replay or a duplicate
+-- costs a read and no write transaction.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = ?1 AND idempotency_key = ?2
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+  AND (status = 'completed' OR fingerprint <> ?3
+       OR lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER));
+
+-- name: complete
+-- params: scope key owner fence response_status response_header response_body body_omitted retention_ms
+UPDATE idem_records SET
+    status          = 'completed',
+    response_status = ?5,
+    response_header = ?6,
+    response_body   = ?7,
+    body_omitted    = ?8,
+    retention_ms    = ?9,
+    completed_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    expires_at      = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?9
+WHERE scope = ?1 AND idempotency_key = ?2
+  AND status = 'processing' AND owner = ?3 AND fence = ?4;
+
+-- name: extend
+-- params: scope key owner fence lease_ms
+UPDATE idem_records SET
+    lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5,
+    expires_at  = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5 + retention_ms
+WHERE scope = ?1 AND idempotency_key = ?2
+  AND status = 'processing' AND owner = ?3 AND fence = ?4
+RETURNING lease_until;
+
+-- name: release
+-- params: scope key owner fence
+DELETE FROM idem_records
+WHERE scope = ?1 AND idempotency_key = ?2
+  AND status = 'processing' AND owner = ?3 AND fence = ?4;
+
+-- name: delete
+-- params: scope key
+DELETE FROM idem_records WHERE scope = ?1 AND idempotency_key = ?2;
+
+-- name: sweep
+-- params: limit
+-- The inner query walks idem_records_expires_at. The status test is
+-- redundant (a processing record expires retention after its lease ends)
+-- and keeps a live lease safe whatever expires_at says.
+DELETE FROM idem_records WHERE rowid IN (
+    SELECT rowid FROM idem_records
+    WHERE expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)
+      AND (status = 'completed'
+           OR lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
+    LIMIT ?1);

@@ -1,0 +1,495 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Dialect is the database's SQL flavour. Required.
+	Dialect Dialect
+	// Logger receives migrations applied and leases taken over. Nil
+	// discards.
+	Logger *slog.Logger
+}
+
+// Store is an [idem.Store] and [idem.TxCompleter] over database/sql. It is
+// safe for concurrent use, also by several processes sharing the
+// database. Create it with New and create its tables with Migrate.
+type Store struct {
+	db    *sql.DB
+	d     Dialect
+	st    *statements
+	log   *slog.Logger
+	cache *stmtCache
+}
+
+// stmtCache holds the Store's statements, prepared on first use (they
+// cannot be prepared before Migrate created the tables). database/sql
+// keeps each prepared on every connection that ran it, so a call parses
+// nothing.
+type stmtCache struct {
+	mu    sync.Mutex
+	stmts [numQueries]atomic.Pointer[sql.Stmt]
+}
+
+func (c *stmtCache) close() {
+	for i := range c.stmts {
+		if st := c.stmts[i].Swap(nil); st != nil {
+			_ = st.Close()
+		}
+	}
+}
+
+var (
+	_ idem.Store       = (*Store)(nil)
+	_ idem.TxCompleter = (*Store)(nil)
+)
+
+// New returns a Store over db. cfg is required (for its Dialect) and is
+// copied. New does not touch the database: call Migrate before first use.
+func New(db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: New: nil *sql.DB")
+	}
+	if cfg == nil || cfg.Dialect == nil {
+		return nil, errors.New("sqlstore: New: Config.Dialect is required (e.g. sqlstore.SQLite)")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: &stmtCache{}}
+	// A Store has no Close: its statements are closed once it is garbage.
+	runtime.AddCleanup(s, (*stmtCache).close, s.cache)
+	return s, nil
+}
+
+// prepared returns q prepared on the Store's database, preparing it on
+// first use. It takes a connection from the pool: never call it while
+// holding a transaction, which may hold the pool's only connection
+// (OpenSQLite), or the write lock the pool's other connections wait for.
+func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
+	if st := s.cache.stmts[q.id].Load(); st != nil {
+		return st, nil
+	}
+	s.cache.mu.Lock()
+	defer s.cache.mu.Unlock()
+	if st := s.cache.stmts[q.id].Load(); st != nil {
+		return st, nil
+	}
+	st, err := s.db.PrepareContext(ctx, q.text)
+	if err != nil {
+		return nil, err
+	}
+	s.cache.stmts[q.id].Store(st)
+	return st, nil
+}
+
+// stmt returns q prepared, bound to tx when tx is not nil. Inside a
+// transaction it uses the cached statement if there is one, and otherwise
+// prepares q on tx's own connection: it never waits for a second
+// connection while tx holds the first.
+func (s *Store) stmt(ctx context.Context, tx *sql.Tx, q *query) (*sql.Stmt, error) {
+	if tx == nil {
+		return s.prepared(ctx, q)
+	}
+	if st := s.cache.stmts[q.id].Load(); st != nil {
+		return tx.StmtContext(ctx, st), nil
+	}
+	return tx.PrepareContext(ctx, q.text)
+}
+
+func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
+	st, err := s.stmt(ctx, tx, q)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, q.args(v)...)
+}
+
+// queryRow runs q and scans its one row into dest; sql.ErrNoRows if none.
+func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, dest ...any) error {
+	st, err := s.stmt(ctx, tx, q)
+	if err != nil {
+		return err
+	}
+	return st.QueryRowContext(ctx, q.args(v)...).Scan(dest...)
+}
+
+// Acquire claims the lease on (req.Scope, req.Key); see [idem.Store]. A
+// replay, a duplicate in flight or a mismatch costs one read. Otherwise it
+// runs one write transaction: one statement when the key is new, expired
+// or taken over, and a second read in the rare race where another caller
+// took the key between the read and the write.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	const op = "acquire"
+	if err := req.Validate(); err != nil {
+		return idem.AcquireResult{}, fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	v := values{
+		scope:       req.Scope,
+		key:         req.Key,
+		fingerprint: string(req.Fingerprint),
+		owner:       idem.NewOwner(),
+		leaseMS:     ceilMS(req.Lease),
+		retentionMS: ceilMS(req.Retention),
+	}
+	// A replay, a duplicate in flight or a mismatch is answered by a read:
+	// such a record changes only when its lease or retention ends.
+	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, &v); {
+	case err == nil:
+		return held(req, rec), nil
+	case !errors.Is(err, idem.ErrNotFound):
+		return idem.AcquireResult{}, s.fail(ctx, op, err)
+	}
+
+	// Prepare both statements before the transaction takes its connection.
+	for _, q := range []*query{s.st.acquire, s.st.selectRecord} {
+		if _, err := s.prepared(ctx, q); err != nil {
+			return idem.AcquireResult{}, s.fail(ctx, op, err)
+		}
+	}
+	tx, err := s.d.beginWrite(ctx, s.db)
+	if err != nil {
+		return idem.AcquireResult{}, s.fail(ctx, op, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	var fence, leaseUntil, createdAt, now int64
+	err = s.queryRow(ctx, tx, s.st.acquire, &v, &fence, &leaseUntil, &createdAt, &now)
+	switch {
+	case err == nil:
+		if err := tx.Commit(); err != nil {
+			return idem.AcquireResult{}, s.fail(ctx, op, err)
+		}
+		res := idem.AcquireResult{
+			Outcome: idem.Acquired,
+			Lease: idem.Lease{
+				Scope: req.Scope, Key: req.Key, Owner: v.owner, Fence: fence,
+				Until: fromMS(leaseUntil),
+			},
+			// A takeover keeps the record's created_at; a new or replaced
+			// record is created now.
+			TookOver: fence > 1 && createdAt != now,
+		}
+		if res.TookOver {
+			s.log.InfoContext(ctx, "sqlstore: took over an expired lease", "scope", req.Scope, "key", req.Key, "fence", fence)
+		}
+		return res, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return idem.AcquireResult{}, s.fail(ctx, op, err)
+	}
+
+	// The record exists and is not ours to take: report it. The write
+	// transaction still holds it, so it is the record the insert saw.
+	rec, err := s.get(ctx, tx, req.Scope, req.Key)
+	if err != nil {
+		if errors.Is(err, idem.ErrNotFound) {
+			err = errors.New("record vanished inside the transaction")
+		}
+		return idem.AcquireResult{}, s.fail(ctx, op, err)
+	}
+	return held(req, rec), nil
+}
+
+// held is the answer of Acquire about a record it cannot take.
+func held(req idem.AcquireRequest, rec idem.Record) idem.AcquireResult {
+	res := idem.AcquireResult{Record: rec}
+	switch {
+	case rec.Fingerprint != req.Fingerprint:
+		res.Outcome = idem.Mismatch
+	case rec.Status == idem.StatusCompleted:
+		res.Outcome = idem.Completed
+	default:
+		res.Outcome = idem.InFlight
+	}
+	return res
+}
+
+// Complete stores resp and marks the record completed, kept for
+// retention; see [idem.Store]. It errs with [idem.ErrLeaseLost] unless the
+// record is processing under l's owner and fence.
+func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	return s.complete(ctx, "complete", nil, l, resp, retention)
+}
+
+// CompleteTx is Complete run in tx, the caller's transaction on the same
+// database, so that the business effect and the stored response commit
+// together or not at all; see [idem.TxCompleter]. The record stays locked
+// until tx ends (on SQLite, the whole database: tx holds the write lock,
+// and under OpenSQLite the only connection, so every other write waits).
+// Begin tx IMMEDIATE on SQLite ([OpenSQLite] does), or a read in tx
+// before CompleteTx may make the completion fail with "database is
+// locked" when another process wrote in between.
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	if tx == nil {
+		return errors.New("sqlstore: complete in tx: nil *sql.Tx")
+	}
+	return s.complete(ctx, "complete in tx", tx, l, resp, retention)
+}
+
+func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	if err := validateLease(l); err != nil {
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	if retention <= 0 {
+		return fmt.Errorf("sqlstore: %s: retention must be positive, got %v", op, retention)
+	}
+	v := values{
+		scope:          l.Scope,
+		key:            l.Key,
+		owner:          l.Owner,
+		fence:          l.Fence,
+		responseStatus: int64(resp.StatusCode),
+		responseBody:   resp.Body,
+		bodyOmitted:    resp.BodyOmitted,
+		retentionMS:    ceilMS(retention),
+	}
+	if len(resp.Header) > 0 {
+		h, err := json.Marshal(resp.Header)
+		if err != nil {
+			return fmt.Errorf("sqlstore: %s: encode header: %w", op, err)
+		}
+		v.responseHeader = string(h)
+	}
+	res, err := s.exec(ctx, tx, s.st.complete, &v)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	return s.checkHeld(ctx, op, tx, l, res)
+}
+
+// Release deletes the processing record held by l so that a retry runs
+// again; see [idem.Store].
+func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	const op = "release"
+	if err := validateLease(l); err != nil {
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence}
+	res, err := s.exec(ctx, nil, s.st.release, &v)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	return s.checkHeld(ctx, op, nil, l, res)
+}
+
+// Extend moves the lease's end to the database's now + ttl and returns the
+// lease with its new Until; see [idem.Store].
+func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	const op = "extend"
+	if err := validateLease(l); err != nil {
+		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	if ttl <= 0 {
+		return idem.Lease{}, fmt.Errorf("sqlstore: %s: ttl must be positive, got %v", op, ttl)
+	}
+	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence, leaseMS: ceilMS(ttl)}
+	var until int64
+	err := s.queryRow(ctx, nil, s.st.extend, &v, &until)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, nil, l))
+	}
+	if err != nil {
+		return idem.Lease{}, s.fail(ctx, op, err)
+	}
+	l.Until = fromMS(until)
+	return l, nil
+}
+
+// Get returns the record, expired or not; [idem.ErrNotFound] if none.
+func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	const op = "get"
+	if err := validateID(scope, key); err != nil {
+		return idem.Record{}, fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	rec, err := s.get(ctx, nil, scope, key)
+	if err != nil && !errors.Is(err, idem.ErrNotFound) {
+		return idem.Record{}, s.fail(ctx, op, err)
+	}
+	return rec, err
+}
+
+// Delete removes the record whatever its state (operator eviction);
+// [idem.ErrNotFound] if none.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	const op = "delete"
+	if err := validateID(scope, key); err != nil {
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	v := values{scope: scope, key: key}
+	res, err := s.exec(ctx, nil, s.st.deleteRecord, &v)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if n == 0 {
+		return idem.ErrNotFound
+	}
+	return nil
+}
+
+// Sweep removes up to limit records whose ExpiresAt has passed on the
+// database's clock (limit <= 0 means [idem.DefaultSweepLimit]) in one
+// statement, and returns how many it removed. It never removes a
+// processing record whose lease is live.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	const op = "sweep"
+	if limit <= 0 {
+		limit = idem.DefaultSweepLimit
+	}
+	v := values{limit: int64(limit)}
+	res, err := s.exec(ctx, nil, s.st.sweep, &v)
+	if err != nil {
+		return 0, s.fail(ctx, op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, s.fail(ctx, op, err)
+	}
+	return int(n), nil
+}
+
+// get reads one record, in tx if not nil; idem.ErrNotFound if none.
+func (s *Store) get(ctx context.Context, tx *sql.Tx, scope, key string) (idem.Record, error) {
+	return s.scanRecord(ctx, tx, s.st.selectRecord, &values{scope: scope, key: key})
+}
+
+// scanRecord runs q, which selects one record's columns; idem.ErrNotFound
+// if it returns no row.
+func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values) (idem.Record, error) {
+	scope, key := v.scope, v.key
+	var (
+		rec                                           idem.Record
+		fingerprint, status                           string
+		leaseUntil, retentionMS, createdAt, expiresAt int64
+		respStatus, completedAt                       sql.NullInt64
+		header                                        sql.NullString
+		body                                          []byte
+		bodyOmitted                                   bool
+	)
+	err := s.queryRow(ctx, tx, q, v,
+		&rec.Scope, &rec.Key, &fingerprint, &status, &rec.Owner, &rec.Fence,
+		&leaseUntil, &retentionMS, &respStatus, &header,
+		&body, &bodyOmitted, &createdAt, &completedAt, &expiresAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	if err != nil {
+		return idem.Record{}, err
+	}
+	rec.Fingerprint = idem.Fingerprint(fingerprint)
+	rec.Status = idem.Status(status)
+	rec.LeaseUntil = fromMS(leaseUntil)
+	rec.Retention = time.Duration(retentionMS) * time.Millisecond
+	rec.CreatedAt = fromMS(createdAt)
+	rec.ExpiresAt = fromMS(expiresAt)
+	switch rec.Status {
+	case idem.StatusProcessing:
+	case idem.StatusCompleted:
+		if completedAt.Valid {
+			rec.CompletedAt = fromMS(completedAt.Int64)
+		}
+		resp := &idem.Response{StatusCode: int(respStatus.Int64), BodyOmitted: bodyOmitted}
+		if len(body) > 0 {
+			resp.Body = body
+		}
+		if header.Valid && header.String != "" {
+			if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+				return idem.Record{}, fmt.Errorf("record (%q, %q) has a malformed header: %w", scope, key, err)
+			}
+		}
+		rec.Response = resp
+	default:
+		return idem.Record{}, fmt.Errorf("record (%q, %q) has unknown status %q", scope, key, status)
+	}
+	return rec, nil
+}
+
+// checkHeld turns a write that matched no row into ErrLeaseLost.
+func (s *Store) checkHeld(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, res sql.Result) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, tx, l))
+	}
+	return nil
+}
+
+// lost explains why l no longer holds its record. It reads the record
+// (off the hot path: only after a write matched nothing); the error wraps
+// idem.ErrLeaseLost whatever the read finds.
+func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
+	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return fmt.Errorf("%w: no record", idem.ErrLeaseLost)
+	case err != nil:
+		return idem.ErrLeaseLost
+	case rec.Status != idem.StatusProcessing:
+		return fmt.Errorf("%w: record is %s", idem.ErrLeaseLost, rec.Status)
+	default:
+		return fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.Fence)
+	}
+}
+
+// fail wraps a database error. When ctx is done the error says so
+// (errors.Is(err, context.Canceled) holds); sql.ErrNoRows never gets
+// here.
+func (s *Store) fail(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("sqlstore: %s: %w (%v)", op, cerr, err)
+	}
+	if s.d.missingTable(err) {
+		return fmt.Errorf("sqlstore: %s: %w (has Store.Migrate run?)", op, err)
+	}
+	return fmt.Errorf("sqlstore: %s: %w", op, err)
+}
+
+func validateID(scope, key string) error {
+	return errors.Join(idem.ValidateScope(scope), idem.ValidateKey(key))
+}
+
+// validateLease checks a lease's identity. A lease without owner or fence
+// can hold no record: that is ErrLeaseLost, as for memstore.
+func validateLease(l idem.Lease) error {
+	if err := validateID(l.Scope, l.Key); err != nil {
+		return err
+	}
+	switch {
+	case l.Owner == "":
+		return fmt.Errorf("%w: lease has no owner", idem.ErrLeaseLost)
+	case l.Fence < 1:
+		return fmt.Errorf("%w: lease has fence %d, want >= 1", idem.ErrLeaseLost, l.Fence)
+	}
+	return nil
+}
+
+// ceilMS returns d in whole milliseconds, rounded up so that a lease or
+// retention is never shorter than asked.
+func ceilMS(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
+}
+
+func fromMS(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
