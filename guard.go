@@ -179,11 +179,26 @@ func FromContext(ctx context.Context) *Execution {
 	return e
 }
 
+// execContext is an execution's context: its cancellation, plus the
+// execution as the value of ctxKey. It lives inside the Execution, so it
+// costs no allocation of its own.
+type execContext struct {
+	context.Context
+	e *Execution
+}
+
+func (c *execContext) Value(key any) any {
+	if key == (ctxKey{}) {
+		return c.e
+	}
+	return c.Context.Value(key)
+}
+
 // Execution is one run of work under a lease. Its methods are safe for
 // concurrent use.
 type Execution struct {
 	g      *Guard
-	ctx    context.Context
+	ctx    execContext
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
@@ -213,7 +228,7 @@ func (g *Guard) start(parent context.Context, l Lease, acquireSent time.Time) *E
 		maxUntil:   acquireSent.Add(g.cfg.MaxExecution),
 	}
 	cctx, cancel := context.WithCancelCause(parent)
-	e.ctx = context.WithValue(cctx, ctxKey{}, e)
+	e.ctx = execContext{Context: cctx, e: e}
 	e.cancel = cancel
 	e.mu.Lock()
 	e.timer = time.AfterFunc(e.nextWake(time.Now()), e.renew)
@@ -226,7 +241,7 @@ func (g *Guard) start(parent context.Context, l Lease, acquireSent time.Time) *E
 // execution time, and when the execution ends. The watchdog keeps renewing
 // the lease when only the parent context is cancelled (a client that went
 // away): the lease lasts until the execution ends.
-func (e *Execution) Context() context.Context { return e.ctx }
+func (e *Execution) Context() context.Context { return &e.ctx }
 
 // Lease returns the current lease (Until moves as the watchdog renews it).
 func (e *Execution) Lease() Lease {
@@ -263,7 +278,7 @@ func (e *Execution) renew() {
 		return
 	}
 	done := make(chan struct{})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), ttl/3)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(&e.ctx), ttl/3)
 	e.renewing, e.renewCancel = done, cancel
 	l := e.lease
 	e.mu.Unlock()
@@ -298,9 +313,9 @@ func (e *Execution) renew() {
 
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
+		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
 	case err != nil:
-		e.g.cfg.Logger.WarnContext(e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "fence", l.Fence, "error", err)
+		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "fence", l.Fence, "error", err)
 	}
 	if lost {
 		e.cancel(ErrLeaseLost)

@@ -28,7 +28,9 @@ type Store interface {
 	// Complete stores resp and marks the record completed, kept for
 	// retention (> 0) from the store's now. It succeeds only while the
 	// record is processing with l's owner and fence — even after the lease
-	// ended, as long as nobody took over; otherwise ErrLeaseLost.
+	// ended, as long as nobody took over; otherwise ErrLeaseLost. A store
+	// does not retain resp's Body or Header after Complete returns: it
+	// copies or encodes what it keeps, so the caller may reuse them.
 	Complete(ctx context.Context, l Lease, resp Response, retention time.Duration) error
 
 	// Release deletes the processing record held by l so that a retry runs

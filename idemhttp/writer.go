@@ -228,8 +228,9 @@ func (r *recorder) response() idem.Response {
 	r.prepare()
 	resp := idem.Response{StatusCode: r.finalStatus(), Header: r.header, BodyOmitted: r.omitted}
 	if !r.omitted && len(r.buf) > 0 {
-		// A copy: buf goes back to a pool.
-		resp.Body = append(make([]byte, 0, len(r.buf)), r.buf...)
+		// buf goes back to a pool once the request ends; stores do not
+		// retain a response after Complete returns (idem.Store).
+		resp.Body = r.buf
 	}
 	return resp
 }

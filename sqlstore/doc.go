@@ -27,13 +27,17 @@
 //     statement), never the Go process's clock. Times have millisecond
 //     precision; leases, TTLs and retentions are rounded up to whole
 //     milliseconds, so none is shorter than asked.
-//   - Acquire is one write transaction whose first statement is an upsert
-//     (INSERT … ON CONFLICT DO UPDATE … WHERE the record is expired or its
-//     lease ended … RETURNING): a new, replaced or taken-over key costs that
-//     one statement; a key that is in flight, completed or bound to another
-//     fingerprint costs one more, a read of the record under the same lock.
-//     Of any number of concurrent Acquire calls on one key, in one process
-//     or several, exactly one is told Acquired.
+//   - Acquire first reads the record: a key that is completed, in flight
+//     or bound to another fingerprint is answered by that one read (such a
+//     record changes only when its lease or retention ends), so replays
+//     and duplicates never take the write lock. Otherwise it runs one write
+//     transaction whose first statement is an upsert (INSERT … ON CONFLICT
+//     DO UPDATE … WHERE the record is expired or its lease ended …
+//     RETURNING): a new, replaced or taken-over key costs that statement; if
+//     another caller took the key between the read and the write, a second
+//     read under the same lock reports it. Of any number of concurrent
+//     Acquire calls on one key, in one process or several, exactly one is
+//     told Acquired.
 //   - Complete, Extend, Release, Delete and Sweep are one statement each.
 //     Complete, Extend and Release match on status = processing, owner and
 //     fence; when they match nothing, a second read says why, and the error
