@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -69,6 +70,7 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
 	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("/", notFound)
 	s.handler = mux
 	return s, nil
 }
@@ -288,6 +290,24 @@ func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// notFound answers what no route serves, as problem+json: 405 with Allow
+// for a known path, 404 otherwise.
+func notFound(w http.ResponseWriter, r *http.Request) {
+	allow := ""
+	switch p := r.URL.Path; {
+	case p == "/orders":
+		allow = "GET, POST"
+	case p == "/healthz", strings.HasPrefix(p, "/orders/") && !strings.Contains(p[len("/orders/"):], "/"):
+		allow = "GET"
+	}
+	if allow != "" {
+		w.Header().Set("Allow", allow)
+		idemhttp.WriteProblem(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "Method not allowed", r.Method+" is not allowed here; allowed: "+allow)
+		return
+	}
+	idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such resource")
 }
 
 func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {

@@ -175,3 +175,23 @@ func TestCreateThenReadOrders(t *testing.T) {
 		t.Fatalf("missing order: %d", rec.Code)
 	}
 }
+
+func TestUnknownRoutesAnswerProblems(t *testing.T) {
+	s, _ := newShop(t)
+	for _, c := range []struct {
+		method, target string
+		status         int
+		code, allow    string
+	}{
+		{"PUT", "/orders", 405, "METHOD_NOT_ALLOWED", "GET, POST"},
+		{"DELETE", "/orders/ord_1", 405, "METHOD_NOT_ALLOWED", "GET"},
+		{"POST", "/healthz", 405, "METHOD_NOT_ALLOWED", "GET"},
+		{"GET", "/nope", 404, "NOT_FOUND", ""},
+		{"GET", "/orders/a/b", 404, "NOT_FOUND", ""},
+	} {
+		rec := serve(s, c.method, c.target, map[string]string{"X-User-ID": "1"}, "")
+		if rec.Code != c.status || problemCode(t, rec) != c.code || rec.Header().Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d %q Allow %q", c.method, c.target, rec.Code, rec.Body, rec.Header().Get("Allow"))
+		}
+	}
+}
