@@ -25,7 +25,14 @@ type Store struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	records map[recordID]*idem.Record
+	records map[recordID]*entry
+}
+
+// entry is a stored record with room for its response, so that completing
+// it allocates only the copies of the body and headers.
+type entry struct {
+	idem.Record
+	resp idem.Response
 }
 
 type recordID struct{ scope, key string }
@@ -41,7 +48,7 @@ func New(cfg *Config) *Store {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Store{now: c.Now, records: make(map[recordID]*idem.Record)}
+	return &Store{now: c.Now, records: make(map[recordID]*entry)}
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see idem.Store.
@@ -61,19 +68,19 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	tookOver := false
 	switch {
 	case !ok:
-		rec = &idem.Record{Scope: req.Scope, Key: req.Key, Fence: 1}
+		rec = &entry{Record: idem.Record{Scope: req.Scope, Key: req.Key, Fence: 1}}
 	case !now.Before(rec.ExpiresAt):
 		// Past its retention (completed, or processing and abandoned): a
 		// new record replaces it, whatever its fingerprint; the fence keeps
 		// counting.
 		tookOver = rec.Status == idem.StatusProcessing
-		rec = &idem.Record{Scope: req.Scope, Key: req.Key, Fence: rec.Fence + 1}
+		rec = &entry{Record: idem.Record{Scope: req.Scope, Key: req.Key, Fence: rec.Fence + 1}}
 	case rec.Fingerprint != req.Fingerprint:
-		return idem.AcquireResult{Outcome: idem.Mismatch, Record: cloneRecord(rec)}, nil
+		return idem.AcquireResult{Outcome: idem.Mismatch, Record: cloneRecord(&rec.Record)}, nil
 	case rec.Status == idem.StatusCompleted:
-		return idem.AcquireResult{Outcome: idem.Completed, Record: cloneRecord(rec)}, nil
+		return idem.AcquireResult{Outcome: idem.Completed, Record: cloneRecord(&rec.Record)}, nil
 	case now.Before(rec.LeaseUntil):
-		return idem.AcquireResult{Outcome: idem.InFlight, Record: cloneRecord(rec)}, nil
+		return idem.AcquireResult{Outcome: idem.InFlight, Record: cloneRecord(&rec.Record)}, nil
 	default:
 		// A processing record whose lease has ended: take it over. The
 		// record keeps its CreatedAt; a new execution holds it.
@@ -84,7 +91,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		taken.Retention = req.Retention
 		taken.ExpiresAt = taken.LeaseUntil.Add(req.Retention)
 		s.records[id] = &taken
-		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&taken), TookOver: true}, nil
+		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&taken.Record), TookOver: true}, nil
 	}
 	rec.Fingerprint = req.Fingerprint
 	rec.Status = idem.StatusProcessing
@@ -94,7 +101,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	rec.Retention = req.Retention
 	rec.ExpiresAt = rec.LeaseUntil.Add(req.Retention)
 	s.records[id] = rec
-	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(rec), TookOver: tookOver}, nil
+	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&rec.Record), TookOver: tookOver}, nil
 }
 
 // Complete stores resp (a deep copy) and marks the record completed, kept
@@ -109,7 +116,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
-	stored := cloneResponse(&resp)
+	stored := copyResponse(&resp)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -119,7 +126,8 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	}
 	now := s.now()
 	rec.Status = idem.StatusCompleted
-	rec.Response = stored
+	rec.resp = stored
+	rec.Response = &rec.resp
 	rec.CompletedAt = now
 	rec.Retention = retention
 	rec.ExpiresAt = now.Add(retention)
@@ -164,7 +172,7 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	}
 	rec.LeaseUntil = s.now().Add(ttl)
 	rec.ExpiresAt = rec.LeaseUntil.Add(rec.Retention)
-	return leaseOf(rec), nil
+	return leaseOf(&rec.Record), nil
 }
 
 // Get returns a copy of the record, expired or not; idem.ErrNotFound if
@@ -183,7 +191,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 	if !ok {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return cloneRecord(rec), nil
+	return cloneRecord(&rec.Record), nil
 }
 
 // Delete removes the record whatever its state; idem.ErrNotFound if none.
@@ -240,7 +248,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // held returns the record l holds: processing, with l's owner and fence.
 // The lease's end does not matter: a lease that ran out still holds its
 // record until someone takes it over. The caller holds s.mu.
-func (s *Store) held(l idem.Lease) (*idem.Record, error) {
+func (s *Store) held(l idem.Lease) (*entry, error) {
 	rec, ok := s.records[recordID{l.Scope, l.Key}]
 	switch {
 	case !ok:
@@ -277,18 +285,31 @@ func cloneResponse(r *idem.Response) *idem.Response {
 	if r == nil {
 		return nil
 	}
+	c := copyResponse(r)
+	return &c
+}
+
+// copyResponse deep-copies r by value; the header values share one
+// backing array.
+func copyResponse(r *idem.Response) idem.Response {
 	c := *r
 	if r.Body != nil {
 		c.Body = append(make([]byte, 0, len(r.Body)), r.Body...)
 	}
 	if r.Header != nil {
+		n := 0
+		for _, values := range r.Header {
+			n += len(values)
+		}
+		all := make([]string, n)
 		c.Header = make(map[string][]string, len(r.Header))
 		for name, values := range r.Header {
 			if values != nil {
-				values = append(make([]string, 0, len(values)), values...)
+				m := copy(all, values)
+				values, all = all[:m:m], all[m:]
 			}
 			c.Header[name] = values
 		}
 	}
-	return &c
+	return c
 }
