@@ -1,0 +1,166 @@
+// Package netfault is a TCP proxy for tests that need a server to fail on
+// cue: refuse connections, drop the open ones, or stall them. Tests put it
+// between a client and a real server on loopback.
+package netfault
+
+import (
+	"net"
+	"sync"
+)
+
+// Proxy forwards TCP connections from its own loopback address to a
+// target, until told to fail.
+type Proxy struct {
+	target string
+	ln     net.Listener
+
+	mu      sync.Mutex
+	refuse  bool
+	stalled bool
+	resume  chan struct{} // closed when a stall ends
+	conns   map[net.Conn]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// New starts a proxy on 127.0.0.1 (a free port) to target.
+func New(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{target: target, ln: ln, conns: map[net.Conn]struct{}{}, resume: make(chan struct{})}
+	close(p.resume)
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Refuse makes the proxy close every new connection at once (as a server
+// that is down would) while refuse is true.
+func (p *Proxy) Refuse(refuse bool) {
+	p.mu.Lock()
+	p.refuse = refuse
+	p.mu.Unlock()
+}
+
+// Drop closes every open connection, both sides.
+func (p *Proxy) Drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Stall stops forwarding bytes on every connection, open or new, until
+// Resume: the peers see a server that hangs.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.stalled {
+		p.stalled = true
+		p.resume = make(chan struct{})
+	}
+}
+
+// Resume ends a stall.
+func (p *Proxy) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stalled {
+		p.stalled = false
+		close(p.resume)
+	}
+}
+
+// Close stops the proxy and closes every connection.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.ln.Close()
+	p.Resume()
+	p.Drop()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.refuse || p.closed {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+func (p *Proxy) track(c net.Conn, on bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on {
+		if p.closed {
+			return false
+		}
+		p.conns[c] = struct{}{}
+	} else {
+		delete(p.conns, c)
+	}
+	return true
+}
+
+func (p *Proxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		client.Close()
+		return
+	}
+	if !p.track(client, true) || !p.track(server, true) {
+		client.Close()
+		server.Close()
+		return
+	}
+	defer p.track(client, false)
+	defer p.track(server, false)
+	done := make(chan struct{}, 2)
+	go func() { p.pipe(server, client); done <- struct{}{} }()
+	go func() { p.pipe(client, server); done <- struct{}{} }()
+	<-done
+	client.Close()
+	server.Close()
+	<-done
+}
+
+// pipe copies src to dst, holding every chunk while the proxy is stalled.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			resume := p.resume
+			p.mu.Unlock()
+			<-resume
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil { // EOF or a closed connection
+			return
+		}
+	}
+}
