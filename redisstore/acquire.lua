@@ -1,0 +1,47 @@
+-- acquire.lua claims the lease on a record.
+-- KEYS[1]: the record. ARGV: fingerprint, lease ms, retention ms, new owner,
+-- grace ms.
+-- Returns {1 (acquired), took over 0/1, fence, lease_until}, or
+-- {2 (in flight) | 3 (completed) | 4 (mismatch), record fields}.
+local key = KEYS[1]
+local fp, lease, retention, owner, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local now = now_ms()
+
+local r = redis.call('HMGET', key, 'status', 'fp', 'fence', 'lease_until', 'expires_at')
+local fence, took = 1, 0
+if r[1] then
+  local status, fence_was = r[1], tonumber(r[3])
+  if now >= tonumber(r[5]) then
+    -- Past its ExpiresAt (completed, or processing and abandoned): a new
+    -- record replaces it whatever its fingerprint; the fence keeps counting.
+    fence = fence_was + 1
+    if status == 'processing' then
+      took = 1
+    end
+    redis.call('DEL', key)
+  elseif r[2] ~= fp then
+    return {4, read(key)}
+  elseif status == 'completed' then
+    return {3, read(key)}
+  elseif now < tonumber(r[4]) then
+    return {2, read(key)}
+  else
+    -- A processing record whose lease ended: take it over. It keeps its
+    -- fingerprint and created_at.
+    fence = fence_was + 1
+    local lease_until = now + lease
+    local expires = lease_until + retention
+    redis.call('HSET', key, 'owner', owner, 'fence', int(fence), 'lease_until', int(lease_until),
+      'retention', int(retention), 'expires_at', int(expires))
+    expire_at(key, expires, grace)
+    return {1, 1, fence, lease_until}
+  end
+end
+
+local lease_until = now + lease
+local expires = lease_until + retention
+redis.call('HSET', key, 'status', 'processing', 'fp', fp, 'owner', owner, 'fence', int(fence),
+  'lease_until', int(lease_until), 'retention', int(retention), 'created_at', int(now),
+  'expires_at', int(expires))
+expire_at(key, expires, grace)
+return {1, took, fence, lease_until}

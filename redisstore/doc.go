@@ -1,0 +1,103 @@
+// Package redisstore is an [idem.Store] on Redis through go-redis v9: a
+// single server, a Sentinel-managed primary, or a Redis Cluster.
+//
+//	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	store, err := redisstore.New(client, nil)
+//	guard, err := idem.NewGuard(store, nil)
+//
+// # Records and keys
+//
+// A record is one hash named
+//
+//	PREFIX:{B64(scope).B64(key)}
+//
+// where PREFIX is [Config].Prefix ("idem") and B64 is unpadded base64url
+// (RFC 4648 §5). The base64url alphabet holds neither '.' nor '}', so a
+// name decodes to exactly one (scope, key) — ("x:y", "z") and ("x", "y:z")
+// never meet, whatever braces or separators they contain — and the text
+// between the braces is a Redis Cluster hash tag: a record, and any key
+// ever added beside it, lives in one slot. Prefixes may not hold braces, so
+// two stores with different prefixes share no key.
+//
+// The hash's fields are status, fp, owner, fence, lease_until, retention,
+// created_at, completed_at, expires_at and, once completed, code, header
+// (a length-prefixed binary encoding), body (the raw bytes) and omitted.
+// Times are unix milliseconds on the server's clock; durations are
+// milliseconds, rounded up, so no lease or retention is shorter than asked.
+//
+// # Guarantees
+//
+//   - Each operation is one round trip. Acquire, Complete, Extend and
+//     Release are each one Lua script (acquire.lua, complete.lua, …,
+//     embedded in the package), so each is atomic on the server: of any
+//     number of concurrent Acquire calls on one key, from any number of
+//     processes, exactly one is told Acquired. Get is one HMGET, Delete one
+//     DEL. Scripts run with EVALSHA; after NOSCRIPT (a restart, a failover,
+//     SCRIPT FLUSH) the same call falls back to EVAL, which caches the
+//     script again.
+//   - Leases and expiry use the server's clock (TIME inside the scripts;
+//     Redis 5 and later replicate a script's effects, so a script that
+//     reads TIME may write), never the application's.
+//   - Complete, Extend and Release succeed only while the record is
+//     processing with the lease's owner and fence, even after the lease
+//     ended if nobody took over; otherwise [idem.ErrLeaseLost].
+//   - Responses round-trip byte for byte: bodies of any bytes (up to Redis'
+//     512 MB string limit), headers with their order of values. Nil and
+//     empty bodies and headers are the same and come back nil.
+//   - Errors name the operation ("redisstore: acquire: …"); redis.Nil never
+//     escapes; a call whose context ended returns the context's error.
+//
+// # TTL and the grace
+//
+// Every record carries a Redis TTL, so Redis removes it on its own:
+// PEXPIREAT ExpiresAt + [Config].Grace, where ExpiresAt is
+// LeaseUntil + retention while processing (set again by Extend and a
+// takeover) and CompletedAt + retention once completed. The grace (1 min by
+// default) keeps an expired record visible for a while, as the
+// [idem.Store] contract asks: Get still returns it, and an Acquire that
+// replaces it continues its fence (old fence + 1). Once Redis has deleted
+// it, or with a negative Grace (TTL exactly at ExpiresAt), the key starts
+// again as a new record with fence 1, not reported as a takeover — as after
+// Release or Delete. That
+// never lets a stale lease act: a lease is owner and fence, and owners are
+// random 128-bit tokens, so an old lease of fence 1 cannot match the new
+// record of fence 1. Fences are therefore strictly increasing per key only
+// while a record exists; do not hand them to other systems as a
+// key-lifetime counter.
+//
+// # Sweep
+//
+// Sweep is needed only to remove expired records before their TTL does.
+// It SCANs the keys of the store's prefix (TYPE hash, COUNT 1000) on every
+// master of a cluster (ForEachMaster) or shard of a ring (ForEachShard),
+// concurrently; per SCAN batch it reads the three deciding fields of each
+// key in one pipeline, and runs sweep.lua, which re-checks and deletes
+// atomically, on the expired ones in another. A full Sweep thus costs
+// O(keys on the server) SCAN work and about two round trips per thousand
+// keys of the prefix, whatever the number of expired records; prefer the
+// TTL and call Sweep rarely, if at all, on a large keyspace. Sweep needs
+// Redis 6 or later (SCAN … TYPE); the other operations need Redis 5.
+//
+// # What it does not guarantee
+//
+//   - Durability is the server's. Without persistence (RDB snapshots or
+//     AOF with appendfsync always) a restart loses records: a completed
+//     key then runs its effect again on the next retry, and an in-flight
+//     one may run twice. Use sqlstore (or tieredstore) when a duplicate
+//     effect is unacceptable.
+//   - Replication is asynchronous. A failover (Sentinel or Cluster) can
+//     lose the last writes the old primary acknowledged: an Acquire or a
+//     Complete that succeeded may be gone on the new primary. WAIT is not
+//     used; it would not make the failover safe either.
+//   - It cannot complete inside an SQL transaction: it does not implement
+//     [idem.TxCompleter], so [idem.Execution.CompleteTx] answers
+//     [idem.ErrTxUnsupported].
+//   - Get is a plain read: on a cluster client configured to read from
+//     replicas (ReadOnly, RouteByLatency, RouteRandomly) it may return a
+//     stale record. Acquire and the other scripts always run on the
+//     primary.
+//   - Keys are tagged for a cluster slot, but a record moved by resharding
+//     while Sweep scans a node is skipped by that Sweep (MOVED), not lost.
+//
+// Tested against Redis 7.
+package redisstore

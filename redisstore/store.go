@@ -1,0 +1,367 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefix starts the name of every Redis key the store writes.
+	DefaultPrefix = "idem"
+	// DefaultGrace is how long Redis keeps a record past its ExpiresAt.
+	DefaultGrace = time.Minute
+)
+
+// Config configures a Store. A nil Config, and the zero value of each
+// field, mean the default.
+type Config struct {
+	// Prefix starts the name of every key the store writes ("PREFIX:{…}").
+	// Two stores with different prefixes share nothing, and Sweep sees only
+	// its own prefix. It may not contain '{', '}', spaces or control
+	// characters, and is at most 64 bytes. Default "idem".
+	Prefix string
+	// Grace is how long Redis keeps a record past its ExpiresAt before the
+	// key's TTL deletes it. During the grace the record is still visible to
+	// Get, Sweep removes it, and an Acquire that replaces it continues its
+	// fence (old fence + 1). Default DefaultGrace (1 min); a negative value
+	// means none: the TTL ends at ExpiresAt, and a record replaced after
+	// Redis deleted it starts again at fence 1.
+	Grace time.Duration
+	// Logger receives Sweep's debug messages. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Client is what a Store needs of a go-redis client. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient
+// implement it. A client that also has ForEachMaster (a cluster) or
+// ForEachShard (a ring) is swept node by node.
+type Client interface {
+	redis.Scripter
+	HMGet(ctx context.Context, key string, fields ...string) *redis.SliceCmd
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	ScanType(ctx context.Context, cursor uint64, match string, count int64, keyType string) *redis.ScanCmd
+	Pipeline() redis.Pipeliner
+}
+
+var (
+	//go:embed lib.lua
+	libLua string
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed complete.lua
+	completeLua string
+	//go:embed extend.lua
+	extendLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed sweep.lua
+	sweepLua string
+)
+
+// The scripts, each prefixed with lib.lua. Script.Run sends EVALSHA and,
+// when the server answers NOSCRIPT (a restart, a failover, SCRIPT FLUSH),
+// EVAL, which caches the script again.
+var (
+	acquireScript  = redis.NewScript(libLua + acquireLua)
+	completeScript = redis.NewScript(libLua + completeLua)
+	extendScript   = redis.NewScript(libLua + extendLua)
+	releaseScript  = redis.NewScript(libLua + releaseLua)
+	sweepScript    = redis.NewScript(libLua + sweepLua)
+)
+
+// Store is an idem.Store on Redis (a single server, a Sentinel-managed
+// primary, or a Redis Cluster). It is safe for concurrent use. It does not
+// implement idem.TxCompleter.
+type Store struct {
+	client  Client
+	prefix  string
+	graceMS int64
+	log     *slog.Logger
+}
+
+var (
+	_ idem.Store = (*Store)(nil)
+	_ Client     = redis.UniversalClient(nil)
+)
+
+// New returns a Store over client. A nil cfg means defaults; cfg is
+// copied. New does not contact the server.
+func New(client Client, cfg *Config) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: New needs a client")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if err := validatePrefix(c.Prefix); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.Grace == 0:
+		c.Grace = DefaultGrace
+	case c.Grace < 0:
+		c.Grace = 0
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{client: client, prefix: c.Prefix, graceMS: millis(c.Grace), log: c.Logger}, nil
+}
+
+func validatePrefix(p string) error {
+	if len(p) > 64 {
+		return fmt.Errorf("redisstore: prefix is %d bytes, more than 64", len(p))
+	}
+	for i, r := range p {
+		if r == '{' || r == '}' || r == ' ' || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return fmt.Errorf("redisstore: prefix %q has %q at byte %d: no braces, spaces or control characters", p, r, i)
+		}
+	}
+	return nil
+}
+
+// Acquire claims the lease on (req.Scope, req.Key); see idem.Store.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.AcquireResult{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return idem.AcquireResult{}, err
+	}
+	owner := idem.NewOwner()
+	v, err := acquireScript.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
+		string(req.Fingerprint), millis(req.Lease), millis(req.Retention), owner, s.graceMS).Slice()
+	if err != nil {
+		return idem.AcquireResult{}, s.fail(ctx, "acquire", err)
+	}
+	res, err := decodeAcquire(v, req, owner)
+	if err != nil {
+		return idem.AcquireResult{}, fmt.Errorf("redisstore: acquire: %w", err)
+	}
+	return res, nil
+}
+
+func decodeAcquire(v []any, req idem.AcquireRequest, owner string) (idem.AcquireResult, error) {
+	if len(v) < 2 {
+		return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+	}
+	code, _ := v[0].(int64)
+	switch code {
+	case 1:
+		if len(v) != 4 {
+			return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+		}
+		took, _ := v[1].(int64)
+		fence, ok1 := v[2].(int64)
+		until, ok2 := v[3].(int64)
+		if !ok1 || !ok2 {
+			return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+		}
+		return idem.AcquireResult{
+			Outcome:  idem.Acquired,
+			Lease:    idem.Lease{Scope: req.Scope, Key: req.Key, Owner: owner, Fence: fence, Until: time.UnixMilli(until)},
+			TookOver: took == 1,
+		}, nil
+	case 2, 3, 4:
+		fields, _ := v[1].([]any)
+		rec, found, err := decodeRecord(req.Scope, req.Key, fields)
+		if err != nil {
+			return idem.AcquireResult{}, err
+		}
+		if !found {
+			return idem.AcquireResult{}, errors.New("record vanished inside the script")
+		}
+		outcome := idem.InFlight
+		switch code {
+		case 3:
+			outcome = idem.Completed
+		case 4:
+			outcome = idem.Mismatch
+		}
+		return idem.AcquireResult{Outcome: outcome, Record: rec}, nil
+	}
+	return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+}
+
+// Complete stores resp and marks the record completed, kept for
+// retention; see idem.Store.
+func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if retention <= 0 {
+		return fmt.Errorf("redisstore: complete: retention must be positive, got %v", retention)
+	}
+	if err := validateID(l.Scope, l.Key); err != nil {
+		return fmt.Errorf("redisstore: complete: %w", err)
+	}
+	omitted := 0
+	if resp.BodyOmitted {
+		omitted = 1
+	}
+	v, err := completeScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
+		l.Owner, strconv.FormatInt(l.Fence, 10), millis(retention), s.graceMS,
+		resp.StatusCode, encodeHeader(resp.Header), resp.Body, omitted).Int64()
+	if err != nil {
+		return s.fail(ctx, "complete", err)
+	}
+	return leaseLost("complete", v, l)
+}
+
+// Extend moves the lease's end to the server's now + ttl; see idem.Store.
+func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Lease{}, err
+	}
+	if ttl <= 0 {
+		return idem.Lease{}, fmt.Errorf("redisstore: extend: ttl must be positive, got %v", ttl)
+	}
+	if err := validateID(l.Scope, l.Key); err != nil {
+		return idem.Lease{}, fmt.Errorf("redisstore: extend: %w", err)
+	}
+	v, err := extendScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
+		l.Owner, strconv.FormatInt(l.Fence, 10), millis(ttl), s.graceMS).Slice()
+	if err != nil {
+		return idem.Lease{}, s.fail(ctx, "extend", err)
+	}
+	code, _ := v[0].(int64)
+	if code != 0 {
+		return idem.Lease{}, leaseLost("extend", code, l)
+	}
+	until, ok := v[1].(int64)
+	if len(v) != 2 || !ok {
+		return idem.Lease{}, fmt.Errorf("redisstore: extend: unexpected reply %v", v)
+	}
+	l.Until = time.UnixMilli(until)
+	return l, nil
+}
+
+// Release deletes the processing record held by l; see idem.Store.
+func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(l.Scope, l.Key); err != nil {
+		return fmt.Errorf("redisstore: release: %w", err)
+	}
+	v, err := releaseScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
+		l.Owner, strconv.FormatInt(l.Fence, 10)).Int64()
+	if err != nil {
+		return s.fail(ctx, "release", err)
+	}
+	return leaseLost("release", v, l)
+}
+
+// Get returns the record, expired or not, with one HMGET; idem.ErrNotFound
+// if none. A record stays visible for Config.Grace past its ExpiresAt,
+// until Sweep or Acquire removes it.
+func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.Record{}, err
+	}
+	if err := validateID(scope, key); err != nil {
+		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	v, err := s.client.HMGet(ctx, s.recordKey(scope, key), recordFields...).Result()
+	if err != nil {
+		return idem.Record{}, s.fail(ctx, "get", err)
+	}
+	rec, found, err := decodeRecord(scope, key, v)
+	if err != nil {
+		return idem.Record{}, fmt.Errorf("redisstore: get: %w", err)
+	}
+	if !found {
+		return idem.Record{}, idem.ErrNotFound
+	}
+	return rec, nil
+}
+
+// Delete removes the record whatever its state, with one DEL;
+// idem.ErrNotFound if none.
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(scope, key); err != nil {
+		return fmt.Errorf("redisstore: delete: %w", err)
+	}
+	n, err := s.client.Del(ctx, s.recordKey(scope, key)).Result()
+	if err != nil {
+		return s.fail(ctx, "delete", err)
+	}
+	if n == 0 {
+		return idem.ErrNotFound
+	}
+	return nil
+}
+
+// fail normalises an error of the client: the context's error if it ended,
+// else the error wrapped with the operation's name. redis.Nil never
+// escapes.
+func (s *Store) fail(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, redis.Nil) {
+		err = errors.New("unexpected nil reply")
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+// leaseLost turns a script's verdict into nil or an error wrapping
+// idem.ErrLeaseLost.
+func leaseLost(op string, code int64, l idem.Lease) error {
+	switch code {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("redisstore: %s: %w: no record", op, idem.ErrLeaseLost)
+	case 2:
+		return fmt.Errorf("redisstore: %s: %w: record is completed", op, idem.ErrLeaseLost)
+	case 3:
+		return fmt.Errorf("redisstore: %s: %w: fence %d is not the record's owner and fence", op, idem.ErrLeaseLost, l.Fence)
+	}
+	return fmt.Errorf("redisstore: %s: unexpected reply %d", op, code)
+}
+
+func validateID(scope, key string) error {
+	return errors.Join(idem.ValidateScope(scope), idem.ValidateKey(key))
+}
+
+// millis is d in whole milliseconds, rounded up so that no lease or
+// retention is shorter than asked.
+func millis(d time.Duration) int64 {
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
+}
+
+// escapeGlob escapes the characters SCAN's MATCH treats specially.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
