@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,11 +18,15 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// The single-goroutine benchmarks measure one call on a file database
-// opened by OpenSQLite (WAL, synchronous=FULL: every commit is fsynced).
+// The single-goroutine benchmarks measure one call, on SQLite (a file
+// database opened by OpenSQLite: WAL, synchronous=FULL, every commit
+// fsynced) and on each server (skipped when it is unreachable).
 // BaselineSelect1 and BaselineInsert put them in proportion: a prepared
-// SELECT 1, and a raw one-row INSERT (one fsynced commit) on the same
+// SELECT 1 (one round trip), and a raw one-row INSERT in its own
+// transaction (one round trip and one durable commit) on the same
 // database.
+//
+//	go test -run '^$' -bench 'AcquireNew|Complete$|Replay|Baseline' -benchmem -count 3 ./sqlstore/
 
 var benchResp = idem.Response{
 	StatusCode: 201,
@@ -29,85 +34,140 @@ var benchResp = idem.Response{
 	Body:       []byte(`{"id":"ord_123","amount":4200,"currency":"EUR"}`),
 }
 
-func BenchmarkAcquireNew(b *testing.B) {
-	_, s := setup(b)
-	ctx := context.Background()
-	for i := 0; b.Loop(); i++ {
-		if _, err := s.Acquire(ctx, req(fmt.Sprint("k", i), "fp", long)); err != nil {
-			b.Fatal(err)
-		}
+// benchTarget is one database the benchmarks run on.
+type benchTarget struct {
+	db    *sql.DB
+	s     *sqlstore.Store
+	srv   *server // nil for SQLite
+	scope string  // fresh for each benchmark: servers keep their rows
+}
+
+func (bt benchTarget) req(key string) idem.AcquireRequest {
+	return idem.AcquireRequest{Scope: bt.scope, Key: key, Fingerprint: "fp", Lease: long, Retention: long}
+}
+
+// forTargets runs f as a sub-benchmark on SQLite and on each server.
+func forTargets(b *testing.B, f func(b *testing.B, bt benchTarget)) {
+	b.Run("sqlite", func(b *testing.B) {
+		db, s := setup(b)
+		f(b, benchTarget{db: db, s: s, scope: "tenant"})
+	})
+	for _, srv := range servers {
+		b.Run(srv.dialect.String(), func(b *testing.B) {
+			db, s := srv.setup(b)
+			bt := benchTarget{db: db, s: s, srv: &srv, scope: randomName("bench-")}
+			b.Cleanup(func() {
+				_, _ = db.ExecContext(context.Background(), srv.rebind(`DELETE FROM idem_records WHERE scope = ?`), bt.scope)
+			})
+			f(b, bt)
+		})
 	}
+}
+
+func BenchmarkAcquireNew(b *testing.B) {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		for i := 0; b.Loop(); i++ {
+			if _, err := bt.s.Acquire(ctx, bt.req(fmt.Sprint("k", i))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkComplete(b *testing.B) {
-	_, s := setup(b)
-	ctx := context.Background()
-	leases := make([]idem.Lease, 0, 1024)
-	for i := 0; b.Loop(); i++ {
-		if len(leases) == 0 {
-			b.StopTimer()
-			for j := range cap(leases) {
-				res, err := s.Acquire(ctx, req(fmt.Sprint("k", i, "-", j), "fp", long))
-				if err != nil {
-					b.Fatal(err)
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		leases := make([]idem.Lease, 0, 1024)
+		for i := 0; b.Loop(); i++ {
+			if len(leases) == 0 {
+				b.StopTimer()
+				for j := range cap(leases) {
+					res, err := bt.s.Acquire(ctx, bt.req(fmt.Sprint("k", i, "-", j)))
+					if err != nil {
+						b.Fatal(err)
+					}
+					leases = append(leases, res.Lease)
 				}
-				leases = append(leases, res.Lease)
+				b.StartTimer()
 			}
-			b.StartTimer()
+			l := leases[len(leases)-1]
+			leases = leases[:len(leases)-1]
+			if err := bt.s.Complete(ctx, l, benchResp, long); err != nil {
+				b.Fatal(err)
+			}
 		}
-		l := leases[len(leases)-1]
-		leases = leases[:len(leases)-1]
-		if err := s.Complete(ctx, l, benchResp, long); err != nil {
-			b.Fatal(err)
-		}
-	}
+	})
 }
 
 func BenchmarkReplay(b *testing.B) {
-	_, s := setup(b)
-	ctx := context.Background()
-	res, err := s.Acquire(ctx, req("k", "fp", long))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Complete(ctx, res.Lease, benchResp, long); err != nil {
-		b.Fatal(err)
-	}
-	for b.Loop() {
-		res, err := s.Acquire(ctx, req("k", "fp", long))
-		if err != nil || res.Outcome != idem.Completed {
-			b.Fatal(res.Outcome, err)
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		res, err := bt.s.Acquire(ctx, bt.req("k"))
+		if err != nil {
+			b.Fatal(err)
 		}
-	}
+		if err := bt.s.Complete(ctx, res.Lease, benchResp, long); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			res, err := bt.s.Acquire(ctx, bt.req("k"))
+			if err != nil || res.Outcome != idem.Completed {
+				b.Fatal(res.Outcome, err)
+			}
+		}
+	})
 }
 
 func BenchmarkBaselineSelect1(b *testing.B) {
-	db, _ := setup(b)
-	ctx := context.Background()
-	stmt, err := db.PrepareContext(ctx, "SELECT 1")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stmt.Close()
-	var one int
-	for b.Loop() {
-		if err := stmt.QueryRowContext(ctx).Scan(&one); err != nil {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		stmt, err := bt.db.PrepareContext(ctx, "SELECT 1")
+		if err != nil {
 			b.Fatal(err)
 		}
-	}
+		defer stmt.Close()
+		var one int
+		for b.Loop() {
+			if err := stmt.QueryRowContext(ctx).Scan(&one); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkBaselineInsert(b *testing.B) {
-	db, _ := setup(b)
-	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB)`); err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; b.Loop(); i++ {
-		if _, err := db.ExecContext(ctx, `INSERT INTO t (k, v) VALUES (?, ?)`, fmt.Sprint("k", i), benchResp.Body); err != nil {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		ddl, table := `CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB)`, "t"
+		if bt.srv != nil {
+			table = "idem_bench_insert"
+			ddl = map[string]string{
+				"postgres": `CREATE TABLE IF NOT EXISTS idem_bench_insert (k text PRIMARY KEY, v bytea)`,
+				"mysql":    `CREATE TABLE IF NOT EXISTS idem_bench_insert (k VARBINARY(255) PRIMARY KEY, v LONGBLOB) ENGINE = InnoDB`,
+			}[bt.srv.dialect.String()]
+		}
+		if _, err := bt.db.ExecContext(ctx, ddl); err != nil {
 			b.Fatal(err)
 		}
-	}
+		insert, prefix := `INSERT INTO `+table+` (k, v) VALUES (?, ?)`, randomName("")
+		if bt.srv != nil {
+			insert = bt.srv.rebind(insert)
+			b.Cleanup(func() {
+				_, _ = bt.db.ExecContext(context.Background(), bt.srv.rebind(`DELETE FROM idem_bench_insert WHERE k LIKE ?`), prefix+"%")
+			})
+		}
+		stmt, err := bt.db.PrepareContext(ctx, insert)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer stmt.Close()
+		for i := 0; b.Loop(); i++ {
+			if _, err := stmt.ExecContext(ctx, prefix+strconv.Itoa(i), benchResp.Body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // contentionParallelism × GOMAXPROCS goroutines call at once in
@@ -236,4 +296,24 @@ func BenchmarkContention(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkGet reads one completed record by its key: the floor of what
+// a replay costs on each database.
+func BenchmarkGet(b *testing.B) {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		res, err := bt.s.Acquire(ctx, bt.req("k"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := bt.s.Complete(ctx, res.Lease, benchResp, long); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := bt.s.Get(ctx, bt.scope, "k"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -14,13 +14,13 @@ import (
 
 // Dialect is the SQL flavour a Store speaks: its statements, its migrations
 // and how it begins a write transaction. Use the values this package
-// exports ([SQLite]); the methods are unexported, so a dialect is added here,
+// exports ([SQLite], [PostgreSQL], [MySQL]); the methods are unexported, so a dialect is added here,
 // as a value and its .sql files, and nowhere else.
 //
 // A dialect's statements live in queries/NAME.sql and its migrations in
 // migrations/NAME/NNNN_description.sql, where NAME is its String.
 type Dialect interface {
-	// String returns the dialect's name: "sqlite".
+	// String returns the dialect's name: "sqlite", "postgres" or "mysql".
 	String() string
 
 	// statements returns the parsed queries/NAME.sql.
@@ -37,7 +37,33 @@ type Dialect interface {
 	// missingTable reports whether err says that a table does not exist,
 	// which means Migrate was not run.
 	missingTable(err error) bool
+	// acquireMode says how Store.Acquire runs on the dialect.
+	acquireMode() acquireMode
+	// retryable reports whether err aborted a statement that may simply
+	// run again (a deadlock or a serialisation failure): Acquire retries
+	// such errors a bounded number of times.
+	retryable(err error) bool
 }
+
+// acquireMode is the shape of Acquire on a dialect.
+type acquireMode uint8
+
+const (
+	// acquireInTx: select_held, then a write transaction with the acquire
+	// upsert (… RETURNING fence, lease_until, created_at, now) and, when
+	// it returns no row, select_record under the same lock (SQLite).
+	acquireInTx acquireMode = iota + 1
+	// acquireOneStatement: the acquire statement answers everything,
+	// returning (acquired, record columns…); when it returns no row (it
+	// met a record its snapshot did not see), select_held in a new
+	// statement, and again from the top if that finds nothing
+	// (PostgreSQL).
+	acquireOneStatement
+	// acquireUpsertRead: select_held; then the acquire upsert, which
+	// returns nothing, and select_record, whose owner tells whether the
+	// upsert took the record (MySQL).
+	acquireUpsertRead
+)
 
 //go:embed queries/*.sql migrations/*/*.sql
 var sqlFiles embed.FS
@@ -62,13 +88,14 @@ type statements struct {
 	selectHeld            *query
 	complete              *query
 	extend                *query
+	selectLease           *query // may be empty: extend returns lease_until
 	release               *query
 	deleteRecord          *query
 	sweep                 *query
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 12
+const numQueries = 13
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -81,6 +108,7 @@ func (st *statements) byName() map[string]**query {
 		"select_held":             &st.selectHeld,
 		"complete":                &st.complete,
 		"extend":                  &st.extend,
+		"select_lease":            &st.selectLease,
 		"release":                 &st.release,
 		"delete":                  &st.deleteRecord,
 		"sweep":                   &st.sweep,
@@ -252,7 +280,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
 		}
-		if (*slot).text == "" && name != "lock_schema" {
+		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" {
 			return nil, fmt.Errorf("%s: statement %q is empty", file, name)
 		}
 	}

@@ -28,6 +28,8 @@ func (sqliteDialect) migrations() []migration { return sqliteMigrations }
 func (sqliteDialect) missingTable(err error) bool {
 	return strings.Contains(err.Error(), "no such table")
 }
+func (sqliteDialect) acquireMode() acquireMode { return acquireInTx }
+func (sqliteDialect) retryable(error) bool     { return false }
 
 // beginWrite begins a transaction with db.BeginTx. Under OpenSQLite's
 // _txlock=immediate that is BEGIN IMMEDIATE; under a DSN without it, it is

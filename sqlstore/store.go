@@ -129,10 +129,9 @@ func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, d
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see [idem.Store]. A
-// replay, a duplicate in flight or a mismatch costs one read. Otherwise it
-// runs one write transaction: one statement when the key is new, expired
-// or taken over, and a second read in the rare race where another caller
-// took the key between the read and the write.
+// replay, a duplicate in flight or a mismatch costs one read. The
+// package documentation says what a new, expired or taken-over key costs
+// on each dialect.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
 	const op = "acquire"
 	if err := req.Validate(); err != nil {
@@ -146,50 +145,82 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		leaseMS:     ceilMS(req.Lease),
 		retentionMS: ceilMS(req.Retention),
 	}
+	var (
+		res idem.AcquireResult
+		err error
+	)
+	switch s.d.acquireMode() {
+	case acquireOneStatement:
+		res, err = s.acquireOneStatement(ctx, req, &v)
+	case acquireUpsertRead:
+		res, err = s.acquireUpsertRead(ctx, req, &v)
+	default:
+		res, err = s.acquireInTx(ctx, req, &v)
+	}
+	if err != nil {
+		return idem.AcquireResult{}, s.fail(ctx, op, err)
+	}
+	if res.TookOver {
+		s.log.InfoContext(ctx, "sqlstore: took over an expired lease", "scope", req.Scope, "key", req.Key, "fence", res.Lease.Fence)
+	}
+	return res, nil
+}
+
+// maxAcquireAttempts bounds the rounds of Acquire that end in a deadlock,
+// a serialisation failure, or a record that changed between two
+// statements. Each such round means another caller made progress on the
+// key; a handful is never reached in practice.
+const maxAcquireAttempts = 8
+
+// acquired is the Acquired result for the lease v.owner now holds.
+// leaseUntil - leaseMS is the database's now at the write: a new or
+// replaced record is created then, and a takeover keeps the older
+// created_at.
+func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64) idem.AcquireResult {
+	return idem.AcquireResult{
+		Outcome: idem.Acquired,
+		Lease: idem.Lease{
+			Scope: req.Scope, Key: req.Key, Owner: v.owner, Fence: fence,
+			Until: fromMS(leaseUntil),
+		},
+		TookOver: fence > 1 && createdAt != leaseUntil-v.leaseMS,
+	}
+}
+
+// acquireInTx: select_held; then, in one write transaction, the upsert
+// and, if it took nothing, the record it met (SQLite).
+func (s *Store) acquireInTx(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
 	// A replay, a duplicate in flight or a mismatch is answered by a read:
 	// such a record changes only when its lease or retention ends.
-	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, &v); {
+	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, v); {
 	case err == nil:
 		return held(req, rec), nil
 	case !errors.Is(err, idem.ErrNotFound):
-		return idem.AcquireResult{}, s.fail(ctx, op, err)
+		return idem.AcquireResult{}, err
 	}
 
 	// Prepare both statements before the transaction takes its connection.
 	for _, q := range []*query{s.st.acquire, s.st.selectRecord} {
 		if _, err := s.prepared(ctx, q); err != nil {
-			return idem.AcquireResult{}, s.fail(ctx, op, err)
+			return idem.AcquireResult{}, err
 		}
 	}
 	tx, err := s.d.beginWrite(ctx, s.db)
 	if err != nil {
-		return idem.AcquireResult{}, s.fail(ctx, op, err)
+		return idem.AcquireResult{}, err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	var fence, leaseUntil, createdAt, now int64
-	err = s.queryRow(ctx, tx, s.st.acquire, &v, &fence, &leaseUntil, &createdAt, &now)
+	err = s.queryRow(ctx, tx, s.st.acquire, v, &fence, &leaseUntil, &createdAt, &now)
 	switch {
 	case err == nil:
 		if err := tx.Commit(); err != nil {
-			return idem.AcquireResult{}, s.fail(ctx, op, err)
+			return idem.AcquireResult{}, err
 		}
-		res := idem.AcquireResult{
-			Outcome: idem.Acquired,
-			Lease: idem.Lease{
-				Scope: req.Scope, Key: req.Key, Owner: v.owner, Fence: fence,
-				Until: fromMS(leaseUntil),
-			},
-			// A takeover keeps the record's created_at; a new or replaced
-			// record is created now.
-			TookOver: fence > 1 && createdAt != now,
-		}
-		if res.TookOver {
-			s.log.InfoContext(ctx, "sqlstore: took over an expired lease", "scope", req.Scope, "key", req.Key, "fence", fence)
-		}
-		return res, nil
+		return acquired(req, v, fence, leaseUntil, createdAt), nil
 	case !errors.Is(err, sql.ErrNoRows):
-		return idem.AcquireResult{}, s.fail(ctx, op, err)
+		return idem.AcquireResult{}, err
 	}
 
 	// The record exists and is not ours to take: report it. The write
@@ -199,9 +230,96 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		if errors.Is(err, idem.ErrNotFound) {
 			err = errors.New("record vanished inside the transaction")
 		}
-		return idem.AcquireResult{}, s.fail(ctx, op, err)
+		return idem.AcquireResult{}, err
 	}
 	return held(req, rec), nil
+}
+
+// acquireOneStatement: one statement reads the held record or takes the
+// key (PostgreSQL). It returns no row only when its insert met a row that
+// its snapshot did not show and that is not ours to take; select_held, a
+// new statement with a new snapshot, then reports that row. If the row
+// changed again in between so that select_held finds nothing, the round
+// starts over.
+func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
+	var err error
+	for range maxAcquireAttempts {
+		var (
+			rec   idem.Record
+			taken bool
+		)
+		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v, &taken)
+		switch {
+		case err == nil && taken:
+			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+		case err == nil:
+			return held(req, rec), nil
+		case errors.Is(err, idem.ErrNotFound):
+			rec, err = s.scanRecord(ctx, nil, s.st.selectHeld, v)
+			if err == nil {
+				return held(req, rec), nil
+			}
+			if !errors.Is(err, idem.ErrNotFound) {
+				return idem.AcquireResult{}, err
+			}
+		case !s.d.retryable(err):
+			return idem.AcquireResult{}, err
+		}
+	}
+	return idem.AcquireResult{}, fmt.Errorf("key still contended after %d attempts: %w", maxAcquireAttempts, err)
+}
+
+// acquireUpsertRead: select_held; then the upsert, which returns nothing,
+// and select_record (MySQL). The upsert took the key if and only if the
+// record read back carries v.owner, a random token no other caller has:
+// the record then holds the fence and lease the upsert wrote, since
+// nobody but v.owner changes a record under a live lease (Delete aside,
+// after which the round starts over). Another owner means the upsert
+// found a record it could not take, as of the moment it ran.
+func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
+	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, v); {
+	case err == nil:
+		return held(req, rec), nil
+	case !errors.Is(err, idem.ErrNotFound):
+		return idem.AcquireResult{}, err
+	}
+	var err error
+	for attempt := range maxAcquireAttempts {
+		if _, err = s.exec(ctx, nil, s.st.acquire, v); err != nil {
+			if !s.d.retryable(err) {
+				return idem.AcquireResult{}, err
+			}
+			// InnoDB rolled the upsert back: its gap and insert-intention
+			// locks met another caller's. Let that caller finish.
+			if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+				return idem.AcquireResult{}, err
+			}
+			continue
+		}
+		var rec idem.Record
+		rec, err = s.get(ctx, nil, req.Scope, req.Key)
+		switch {
+		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
+			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+		case err == nil:
+			return held(req, rec), nil
+		case !errors.Is(err, idem.ErrNotFound):
+			return idem.AcquireResult{}, err
+		}
+	}
+	return idem.AcquireResult{}, fmt.Errorf("key still contended after %d attempts: %w", maxAcquireAttempts, err)
+}
+
+// sleepCtx sleeps for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // held is the answer of Acquire about a record it cannot take.
@@ -298,7 +416,14 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	}
 	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence, leaseMS: ceilMS(ttl)}
 	var until int64
-	err := s.queryRow(ctx, nil, s.st.extend, &v, &until)
+	var err error
+	if s.st.selectLease.text == "" {
+		err = s.queryRow(ctx, nil, s.st.extend, &v, &until)
+	} else if _, err = s.exec(ctx, nil, s.st.extend, &v); err == nil {
+		// No RETURNING (MySQL): read the lease back. Nobody but l's owner
+		// moves a live lease, and the update just made it live.
+		err = s.queryRow(ctx, nil, s.st.selectLease, &v, &until)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, nil, l))
 	}
@@ -370,9 +495,9 @@ func (s *Store) get(ctx context.Context, tx *sql.Tx, scope, key string) (idem.Re
 	return s.scanRecord(ctx, tx, s.st.selectRecord, &values{scope: scope, key: key})
 }
 
-// scanRecord runs q, which selects one record's columns; idem.ErrNotFound
-// if it returns no row.
-func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values) (idem.Record, error) {
+// scanRecord runs q, which selects the columns in lead (if any) and then
+// one record's columns; idem.ErrNotFound if it returns no row.
+func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values, lead ...any) (idem.Record, error) {
 	scope, key := v.scope, v.key
 	var (
 		rec                                           idem.Record
@@ -383,10 +508,10 @@ func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values)
 		body                                          []byte
 		bodyOmitted                                   bool
 	)
-	err := s.queryRow(ctx, tx, q, v,
+	err := s.queryRow(ctx, tx, q, v, append(lead,
 		&rec.Scope, &rec.Key, &fingerprint, &status, &rec.Owner, &rec.Fence,
 		&leaseUntil, &retentionMS, &respStatus, &header,
-		&body, &bodyOmitted, &createdAt, &completedAt, &expiresAt)
+		&body, &bodyOmitted, &createdAt, &completedAt, &expiresAt)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}

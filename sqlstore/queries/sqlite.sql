@@ -107,6 +107,9 @@ WHERE scope = ?1 AND idempotency_key = ?2
   AND status = 'processing' AND owner = ?3 AND fence = ?4
 RETURNING lease_until;
 
+-- name: select_lease
+-- Not used: extend returns lease_until.
+
 -- name: release
 -- params: scope key owner fence
 DELETE FROM idem_records
