@@ -1,0 +1,129 @@
+package tieredstore_test
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// BenchmarkReplay compares a replay (Acquire on a completed key) answered
+// by Redis with one answered by the SQLite truth alone, and a Redis PING
+// as the floor of any Redis round trip.
+func BenchmarkReplay(b *testing.B) {
+	c := redisClient(b)
+	_, truth := newTruth(b)
+	s := newTiered(b, c, c, truth, nil)
+	ctx := b.Context()
+	body := make([]byte, 256)
+	res, err := s.Acquire(ctx, req("k", "fp"))
+	if err != nil || res.Outcome != idem.Acquired {
+		b.Fatal(res.Outcome, err)
+	}
+	resp := idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: body}
+	if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	for name, store := range map[string]idem.Store{"cache": s, "truth": truth} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := store.Acquire(ctx, req("k", "fp"))
+				if err != nil || res.Outcome != idem.Completed {
+					b.Fatal(res.Outcome, err)
+				}
+			}
+		})
+	}
+	// Parallel: many request goroutines at once (GOMAXPROCS × 16). The
+	// truth, on OpenSQLite's single connection, serves them one at a time.
+	for name, store := range map[string]idem.Store{"cache-parallel": s, "truth-parallel": truth} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					res, err := store.Acquire(ctx, req("k", "fp"))
+					if err != nil || res.Outcome != idem.Completed {
+						b.Error(res.Outcome, err)
+						return
+					}
+				}
+			})
+		})
+	}
+	b.Run("ping", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	if st := s.Stats(); st.Errors != 0 {
+		b.Fatalf("stats %+v", st)
+	}
+}
+
+// BenchmarkReplayUnderWrites measures replays while 4 goroutines acquire
+// and complete new keys in the truth without pause: the truth's replays
+// share its one SQLite connection with those writes (and their fsyncs);
+// the cache's do not.
+func BenchmarkReplayUnderWrites(b *testing.B) {
+	c := redisClient(b)
+	_, truth := newTruth(b)
+	s := newTiered(b, c, c, truth, nil)
+	ctx := b.Context()
+	res, err := s.Acquire(ctx, req("k", "fp"))
+	if err != nil || res.Outcome != idem.Acquired {
+		b.Fatal(res.Outcome, err)
+	}
+	if err := s.Complete(ctx, res.Lease, idem.Response{StatusCode: 200, Body: make([]byte, 256)}, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	for _, name := range []string{"cache", "truth"} {
+		store := map[string]idem.Store{"cache": s, "truth": truth}[name]
+		b.Run(name, func(b *testing.B) {
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var writes atomic.Int64
+			run := randomPrefix() // keys of their own for every run of the sub-benchmark
+			for w := range 4 {
+				wg.Go(func() {
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						res, err := truth.Acquire(ctx, req(fmt.Sprintf("%s-%d-%d", run, w, i), "fp"))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := truth.Complete(ctx, res.Lease, idem.Response{StatusCode: 200}, time.Hour); err != nil {
+							b.Error(err)
+							return
+						}
+						writes.Add(1)
+					}
+				})
+			}
+			// No ReportAllocs: the writers' allocations would count too.
+			b.ResetTimer()
+			for b.Loop() {
+				res, err := store.Acquire(ctx, req("k", "fp"))
+				if err != nil || res.Outcome != idem.Completed {
+					b.Fatal(res.Outcome, err)
+				}
+			}
+			b.StopTimer()
+			close(stop)
+			wg.Wait()
+			b.ReportMetric(float64(writes.Load())/b.Elapsed().Seconds(), "writes/s")
+		})
+	}
+}

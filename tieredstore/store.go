@@ -1,0 +1,380 @@
+package tieredstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefix starts the name of every cache entry.
+	DefaultPrefix = "idem-cache"
+	// DefaultTimeout bounds each Redis call.
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultCooldown is how long Redis is skipped after it failed.
+	DefaultCooldown = time.Second
+)
+
+// Config configures a Store. A nil Config, and the zero value of each
+// field, mean the default.
+type Config struct {
+	// Prefix starts the name of every cache entry ("PREFIX:{…}"). It may
+	// not contain '{', '}', spaces or control characters, and is at most 64
+	// bytes. Use a prefix of its own, not a redisstore's. Default
+	// "idem-cache".
+	Prefix string
+	// Timeout bounds each Redis call: past it the call counts as failed
+	// and the operation goes on with the truth alone. Default 50 ms.
+	Timeout time.Duration
+	// Cooldown is how long Redis is skipped after a failed call; then one
+	// call probes it again. Default 1 s.
+	Cooldown time.Duration
+	// Logger receives a warning when Redis fails and the circuit opens, and
+	// a message when Redis answers again (at most one of each per
+	// cooldown). Nil discards them.
+	Logger *slog.Logger
+}
+
+// Client is what a Store needs of a go-redis client. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient
+// implement it. Set the client's ContextTimeoutEnabled so that a stalled
+// call also ends on the socket at Config.Timeout (the Store returns at
+// Config.Timeout either way).
+type Client interface {
+	Get(ctx context.Context, key string) *redis.StringCmd
+	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+// Store is an idem.Store with Redis in front of a truth store. It is safe
+// for concurrent use. It implements idem.TxCompleter by delegating to the
+// truth; when the truth does not implement it, CompleteTx returns
+// idem.ErrTxUnsupported.
+type Store struct {
+	front    Client
+	truth    idem.Store
+	prefix   string
+	timeout  time.Duration
+	log      *slog.Logger
+	circuit  *circuit
+	counters counters
+}
+
+var (
+	_ idem.Store       = (*Store)(nil)
+	_ idem.TxCompleter = (*Store)(nil)
+	_ Client           = redis.UniversalClient(nil)
+)
+
+// New returns a Store that answers from front what is safe to answer
+// without truth, and asks truth everything else. A nil cfg means
+// defaults; cfg is copied. New does not contact either store.
+func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
+	if front == nil {
+		return nil, errors.New("tieredstore: New needs a Redis client")
+	}
+	if truth == nil {
+		return nil, errors.New("tieredstore: New needs a truth store")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if err := validatePrefix(c.Prefix); err != nil {
+		return nil, err
+	}
+	if c.Timeout < 0 || c.Cooldown < 0 {
+		return nil, fmt.Errorf("tieredstore: negative duration in Config (timeout %v, cooldown %v)", c.Timeout, c.Cooldown)
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Cooldown == 0 {
+		c.Cooldown = DefaultCooldown
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{
+		front:   front,
+		truth:   truth,
+		prefix:  c.Prefix,
+		timeout: c.Timeout,
+		log:     c.Logger,
+		circuit: newCircuit(c.Cooldown),
+	}, nil
+}
+
+func validatePrefix(p string) error {
+	if len(p) > 64 {
+		return fmt.Errorf("tieredstore: prefix is %d bytes, more than 64", len(p))
+	}
+	for i, r := range p {
+		if r == '{' || r == '}' || r == ' ' || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return fmt.Errorf("tieredstore: prefix %q has %q at byte %d: no braces, spaces or control characters", p, r, i)
+		}
+	}
+	return nil
+}
+
+// Truth returns the store that decides every acquisition and completion.
+func (s *Store) Truth() idem.Store { return s.truth }
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats { return s.counters.snapshot() }
+
+// Acquire claims the lease on (req.Scope, req.Key); see idem.Store. A
+// completed or in-flight key whose entry is in Redis is answered from it;
+// everything else is decided by the truth, and the cache is filled from
+// its answer.
+func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	if err := req.Validate(); err != nil {
+		return idem.AcquireResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return idem.AcquireResult{}, err
+	}
+	name := s.entryKey(req.Scope, req.Key)
+	if rec, ok := s.lookup(ctx, name, req.Scope, req.Key); ok {
+		if res, ok := answer(rec, req.Fingerprint, time.Now()); ok {
+			s.counters.hits.Add(1)
+			return res, nil
+		}
+	}
+	s.counters.misses.Add(1)
+	sent := time.Now()
+	res, err := s.truth.Acquire(ctx, req)
+	if err != nil {
+		return res, err
+	}
+	switch {
+	case res.Outcome == idem.Acquired:
+		s.refill(ctx, name, res.Lease, idem.StatusProcessing, req.Lease, sent)
+	case res.Record.Status == idem.StatusCompleted: // Completed, or Mismatch on a completed record
+		s.fillCompleted(ctx, name, res.Record)
+	}
+	// An InFlight or Mismatch answer on a processing record is someone
+	// else's lease: it is not cached (its holder writes the entry).
+	return res, nil
+}
+
+// answer decides an Acquire from a cached record, if the record may still
+// be used at now (the application's clock; the entry's TTL already bounds
+// it on Redis' clock).
+func answer(rec idem.Record, fp idem.Fingerprint, now time.Time) (idem.AcquireResult, bool) {
+	switch rec.Status {
+	case idem.StatusCompleted:
+		if !now.Before(rec.ExpiresAt) {
+			return idem.AcquireResult{}, false
+		}
+		if rec.Fingerprint == fp {
+			return idem.AcquireResult{Outcome: idem.Completed, Record: rec}, true
+		}
+	case idem.StatusProcessing:
+		if !now.Before(rec.LeaseUntil) {
+			return idem.AcquireResult{}, false
+		}
+		if rec.Fingerprint == fp {
+			return idem.AcquireResult{Outcome: idem.InFlight, Record: rec}, true
+		}
+	default:
+		return idem.AcquireResult{}, false
+	}
+	return idem.AcquireResult{Outcome: idem.Mismatch, Record: rec}, true
+}
+
+// Complete stores resp in the truth, then replaces the key's in-flight
+// entry by the completed record; see idem.Store.
+func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	sent := time.Now()
+	if err := s.truth.Complete(ctx, l, resp, retention); err != nil {
+		return err
+	}
+	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusCompleted, retention, sent)
+	return nil
+}
+
+// CompleteTx completes the record in tx through the truth's
+// idem.TxCompleter, and deletes the key's in-flight entry: until tx
+// commits, duplicates are answered by the truth, and the first Get or
+// Acquire after the commit caches the completed record.
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	txc, ok := s.truth.(idem.TxCompleter)
+	if !ok {
+		return fmt.Errorf("tieredstore: truth store %T: %w", s.truth, idem.ErrTxUnsupported)
+	}
+	if err := txc.CompleteTx(ctx, tx, l, resp, retention); err != nil {
+		return err
+	}
+	s.del(ctx, s.entryKey(l.Scope, l.Key))
+	return nil
+}
+
+// Release deletes the record in the truth, then its in-flight entry; see
+// idem.Store.
+func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+	if err := s.truth.Release(ctx, l); err != nil {
+		return err
+	}
+	s.del(ctx, s.entryKey(l.Scope, l.Key))
+	return nil
+}
+
+// Extend moves the lease's end in the truth, then rewrites the in-flight
+// entry with the new end; see idem.Store.
+func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	sent := time.Now()
+	nl, err := s.truth.Extend(ctx, l, ttl)
+	if err != nil {
+		return nl, err
+	}
+	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusProcessing, ttl, sent)
+	return nl, nil
+}
+
+// Get returns the truth's record; a live completed record is cached.
+func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	rec, err := s.truth.Get(ctx, scope, key)
+	if err == nil && rec.Status == idem.StatusCompleted {
+		s.fillCompleted(ctx, s.entryKey(scope, key), rec)
+	}
+	return rec, err
+}
+
+// Delete removes the record from the truth, then its cache entry, whatever
+// the truth answered (an entry may outlive a record deleted while Redis
+// was unreachable).
+func (s *Store) Delete(ctx context.Context, scope, key string) error {
+	err := s.truth.Delete(ctx, scope, key)
+	if err == nil || errors.Is(err, idem.ErrNotFound) {
+		s.del(ctx, s.entryKey(scope, key))
+	}
+	return err
+}
+
+// Sweep sweeps the truth. Cache entries expire by their TTL.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	return s.truth.Sweep(ctx, limit)
+}
+
+// refill reads back the record that l just acquired, extended or
+// completed in the truth and caches it, for d (the lease, ttl or
+// retention the truth was given) from sent (when the truth call was
+// sent; the truth counted d from no earlier). If the record is no longer
+// l's in the expected state, or cannot be read, the entry is deleted.
+func (s *Store) refill(ctx context.Context, name string, l idem.Lease, want idem.Status, d time.Duration, sent time.Time) {
+	if s.circuit.skipping() {
+		s.counters.skipped.Add(1) // spare the truth a read nobody would cache
+		return
+	}
+	rec, err := s.truth.Get(ctx, l.Scope, l.Key)
+	if err != nil || rec.Status != want || rec.Owner != l.Owner || rec.Fence != l.Fence {
+		s.del(ctx, name)
+		return
+	}
+	s.put(ctx, name, rec, d-time.Since(sent))
+}
+
+// fillCompleted caches a completed record the truth returned, until its
+// ExpiresAt by the application's clock, and never for longer than its
+// retention.
+func (s *Store) fillCompleted(ctx context.Context, name string, rec idem.Record) {
+	ttl := min(time.Until(rec.ExpiresAt), rec.ExpiresAt.Sub(rec.CompletedAt))
+	if ttl >= time.Millisecond {
+		s.put(ctx, name, rec, ttl)
+	}
+}
+
+// put writes rec as the entry name for ttl, rounded down to whole
+// milliseconds; a ttl under a millisecond deletes the entry instead.
+func (s *Store) put(ctx context.Context, name string, rec idem.Record, ttl time.Duration) {
+	ttl = ttl.Truncate(time.Millisecond)
+	if ttl <= 0 {
+		s.del(ctx, name)
+		return
+	}
+	v := encodeEntry(rec)
+	_, _ = s.call(ctx, "set", func(ctx context.Context) ([]byte, error) {
+		return nil, s.front.Set(ctx, name, v, ttl).Err()
+	})
+}
+
+func (s *Store) del(ctx context.Context, name string) {
+	_, _ = s.call(ctx, "del", func(ctx context.Context) ([]byte, error) {
+		return nil, s.front.Del(ctx, name).Err()
+	})
+}
+
+// lookup reads the entry name; ok is false on a miss, a Redis failure or
+// a malformed entry.
+func (s *Store) lookup(ctx context.Context, name, scope, key string) (idem.Record, bool) {
+	b, err := s.call(ctx, "get", func(ctx context.Context) ([]byte, error) {
+		return s.front.Get(ctx, name).Bytes()
+	})
+	if err != nil {
+		return idem.Record{}, false
+	}
+	rec, err := decodeEntry(scope, key, b)
+	if err != nil {
+		s.log.WarnContext(ctx, "tieredstore: ignoring a cache entry", "entry", name, "error", err)
+		return idem.Record{}, false
+	}
+	return rec, true
+}
+
+var errSkipped = errors.New("tieredstore: redis skipped while the circuit is open")
+
+type callResult struct {
+	b   []byte
+	err error
+}
+
+// call runs fn against Redis, bounded by the timeout whatever the client
+// does with its context, unless the circuit is open. A miss (redis.Nil) is
+// an answer; any other error, or no answer within the timeout, opens the
+// circuit. The caller's cancellation does not cut the call short: a
+// cache write that follows a truth write is worth finishing.
+func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	if !s.circuit.allow() {
+		s.counters.skipped.Add(1)
+		return nil, errSkipped
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	done := make(chan callResult, 1)
+	go func() {
+		b, err := fn(cctx)
+		done <- callResult{b, err}
+	}()
+	var r callResult
+	select {
+	case r = <-done:
+	case <-cctx.Done():
+		r.err = fmt.Errorf("no answer within %v: %w", s.timeout, cctx.Err())
+	}
+	if r.err == nil || errors.Is(r.err, redis.Nil) {
+		if s.circuit.succeed() {
+			s.log.InfoContext(ctx, "tieredstore: redis answers again", "op", op)
+		}
+		return r.b, r.err
+	}
+	s.counters.errors.Add(1)
+	if s.circuit.fail() {
+		s.counters.trips.Add(1)
+		s.log.WarnContext(ctx, "tieredstore: redis failed; using the truth store alone", "op", op, "cooldown", s.circuit.cooldown, "error", r.err)
+	} else {
+		s.log.DebugContext(ctx, "tieredstore: redis still failing", "op", op, "error", r.err)
+	}
+	return nil, r.err
+}
