@@ -2,6 +2,8 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,5 +100,38 @@ func TestQueryPlans(t *testing.T) {
 			t.Errorf("sweep does not use idem_records_expires_at: %s", text)
 		}
 		t.Logf("%s: %s", q.name, text)
+	}
+}
+
+type stateErr string
+
+func (e stateErr) Error() string    { return "ERROR: x (SQLSTATE " + string(e) + ")" }
+func (e stateErr) SQLState() string { return string(e) }
+
+// TestErrorCodes pins how the server dialects read driver errors without
+// importing the drivers.
+func TestErrorCodes(t *testing.T) {
+	t.Parallel()
+	wrap := func(err error) error { return fmt.Errorf("a: %w", fmt.Errorf("b: %w", err)) }
+	if !PostgreSQL.retryable(wrap(stateErr("40001"))) || !PostgreSQL.retryable(stateErr("40P01")) || PostgreSQL.retryable(stateErr("23505")) {
+		t.Error("PostgreSQL.retryable")
+	}
+	if !PostgreSQL.missingTable(wrap(stateErr("42P01"))) || PostgreSQL.missingTable(errors.New("relation does not exist")) {
+		t.Error("PostgreSQL.missingTable")
+	}
+	deadlock := errors.New("Error 1213 (40001): Deadlock found when trying to get lock; try restarting transaction")
+	if !MySQL.retryable(wrap(deadlock)) || MySQL.retryable(errors.New("Error 1205 (HY000): Lock wait timeout exceeded")) || MySQL.retryable(errors.New("deadlock")) {
+		t.Error("MySQL.retryable")
+	}
+	if !MySQL.missingTable(wrap(errors.New("Error 1146 (42S02): Table 'test.idem_records' doesn't exist"))) || MySQL.missingTable(errors.New("Error 1146")) {
+		t.Error("MySQL.missingTable")
+	}
+	for _, d := range []Dialect{SQLite, PostgreSQL, MySQL} {
+		if ms := d.migrations(); len(ms) != 1 || ms[0].name != "create_idem_records" {
+			t.Errorf("%s migrations = %+v", d, ms)
+		}
+		if st := d.statements(); (st.selectLease.text != "") != (d == MySQL) {
+			t.Errorf("%s: select_lease = %q", d, st.selectLease.text)
+		}
 	}
 }

@@ -7,12 +7,15 @@ import (
 
 // Migrate brings the database's schema to the version this package knows:
 // it applies, in order, the dialect's embedded migrations not yet recorded
-// in idem_schema_migrations, all in one write transaction (SQLite and
-// PostgreSQL roll DDL back with it). It is idempotent, and safe to call
-// from several goroutines or processes at once: the transaction holds the
-// database's write lock on SQLite (BEGIN IMMEDIATE) and the dialect's schema
-// lock elsewhere, so one caller migrates and the others then find nothing
-// to do. A database migrated by a newer build, with versions this build
+// in idem_schema_migrations, all in one write transaction on SQLite and
+// PostgreSQL, which roll DDL back with it. MySQL commits each DDL
+// statement by itself: there the migrations run one statement at a time,
+// each written so that a rerun after an interruption is harmless. It is
+// idempotent, and safe to call from several goroutines or processes at
+// once: it holds the database's write lock on SQLite (BEGIN IMMEDIATE), a
+// transaction-level advisory lock on PostgreSQL and
+// GET_LOCK('idem_migrate') on MySQL, so one caller migrates and the
+// others then find nothing to do. A database migrated by a newer build, with versions this build
 // does not know, is left as it is.
 func (s *Store) Migrate(ctx context.Context) error {
 	const op = "migrate"

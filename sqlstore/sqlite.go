@@ -160,9 +160,28 @@ func OpenSQLite(ctx context.Context, path string) (*sql.DB, error) {
 	}
 	db.SetMaxOpenConns(sqliteMaxConns)
 	db.SetMaxIdleConns(sqliteMaxConns)
-	if err := db.PingContext(ctx); err != nil {
+	if err := pingSQLite(ctx, db); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlstore: OpenSQLite %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// pingSQLite opens the pool's first connection. Switching a new file to
+// WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at once,
+// without its busy handler, when another process opening the same new
+// file holds it (several instances starting together on a fresh file):
+// the connection is discarded and pingSQLite tries again, for up to the
+// busy timeout.
+func pingSQLite(ctx context.Context, db *sql.DB) error {
+	deadline := time.Now().Add(sqliteBusyTimeout)
+	for {
+		err := db.PingContext(ctx)
+		if err == nil || !strings.Contains(err.Error(), "SQLITE_BUSY") || time.Now().After(deadline) {
+			return err
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,7 +39,6 @@ type Store struct {
 // keeps each prepared on every connection that ran it, so a call parses
 // nothing.
 type stmtCache struct {
-	mu    sync.Mutex
 	stmts [numQueries]atomic.Pointer[sql.Stmt]
 }
 
@@ -84,16 +82,19 @@ func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
 	if st := s.cache.stmts[q.id].Load(); st != nil {
 		return st, nil
 	}
-	s.cache.mu.Lock()
-	defer s.cache.mu.Unlock()
-	if st := s.cache.stmts[q.id].Load(); st != nil {
-		return st, nil
-	}
+	// No lock is held while preparing: PrepareContext may wait for a
+	// connection (OpenSQLite's only one, held by a transaction whose owner
+	// waits for this very call to give up, as Execution.CompleteTx does
+	// for a renewal it cancels), and only ctx may end that wait. Callers
+	// racing on a cold statement each prepare it; one is kept.
 	st, err := s.db.PrepareContext(ctx, q.text)
 	if err != nil {
 		return nil, err
 	}
-	s.cache.stmts[q.id].Store(st)
+	if !s.cache.stmts[q.id].CompareAndSwap(nil, st) {
+		_ = st.Close()
+		return s.cache.stmts[q.id].Load(), nil
+	}
 	return st, nil
 }
 

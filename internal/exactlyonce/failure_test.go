@@ -1,0 +1,245 @@
+package exactlyonce
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// failureRig is sqlstore on PostgreSQL reached through a proxy the test
+// controls, and a handler whose effect (a row) commits with the stored
+// response (CompleteTx).
+type failureRig struct {
+	t      *testing.T
+	proxy  *netfault.Proxy
+	direct *sql.DB // to PostgreSQL, not through the proxy: to inspect
+	h      http.Handler
+	run    string
+	calls  atomic.Int64
+	// hook, when set, runs inside the handler: before its transaction
+	// (where == "before") or after its commit (where == "after").
+	hook func(where string)
+}
+
+const rigLease = time.Second
+
+func newFailureRig(t *testing.T) *failureRig {
+	pg := testenv.Postgres.Need(t)
+	ctx := context.Background()
+	proxy, err := netfault.New(hostOf(t, pg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	u, _ := url.Parse(pg)
+	u.Host = proxy.Addr()
+	viaProxy, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	direct, err := sql.Open("pgx", pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	if _, err := direct.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS idem_fail_effects (
+		id bigserial PRIMARY KEY, run text NOT NULL, key text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	store, err := sqlstore.New(viaProxy, &sqlstore.Config{Dialect: sqlstore.PostgreSQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := &failureRig{t: t, proxy: proxy, direct: direct, run: fmt.Sprintf("fail-%d", time.Now().UnixNano())}
+	mw, err := idemhttp.New(&idemhttp.Config{
+		Store: store,
+		Lease: rigLease,
+		Scope: func(*http.Request) (string, error) { return r.run, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.h = mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.calls.Add(1)
+		ctx := req.Context()
+		key := req.Header.Get("Idempotency-Key")
+		if r.hook != nil {
+			r.hook("before")
+		}
+		fail := func(err error) { http.Error(w, err.Error(), http.StatusInternalServerError) }
+		tx, err := viaProxy.BeginTx(ctx, nil)
+		if err != nil {
+			fail(err)
+			return
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, `INSERT INTO idem_fail_effects (run, key) VALUES ($1, $2)`, r.run, key); err != nil {
+			fail(err)
+			return
+		}
+		resp, _ := idemhttp.JSONResponse(http.StatusCreated, map[string]string{"key": key, "n": fmt.Sprint(r.calls.Load())})
+		if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
+			fail(err)
+			return
+		}
+		if err := tx.Commit(); err != nil {
+			fail(err)
+			return
+		}
+		if r.hook != nil {
+			r.hook("after")
+		}
+		idemhttp.WriteResponse(w, resp)
+	}))
+	return r
+}
+
+func hostOf(t *testing.T, pgURL string) string {
+	u, err := url.Parse(pgURL)
+	if err != nil || u.Host == "" {
+		t.Fatalf("cannot read host:port from %s", testenv.Postgres.Var)
+	}
+	return u.Host
+}
+
+func (r *failureRig) post(key string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	r.h.ServeHTTP(w, req)
+	return w
+}
+
+// down makes PostgreSQL unreachable through the proxy: new connections
+// are refused and open ones dropped.
+func (r *failureRig) down() { r.proxy.Refuse(true); r.proxy.Drop() }
+func (r *failureRig) up()   { r.proxy.Refuse(false) }
+
+func (r *failureRig) effects(key string) int {
+	r.t.Helper()
+	var n int
+	if err := r.direct.QueryRow(`SELECT count(*) FROM idem_fail_effects WHERE run = $1 AND key = $2`, r.run, key).Scan(&n); err != nil {
+		r.t.Fatal(err)
+	}
+	return n
+}
+
+func (r *failureRig) status(key string) string {
+	r.t.Helper()
+	var s string
+	err := r.direct.QueryRow(`SELECT status FROM idem_records WHERE scope = $1 AND idempotency_key = $2`, r.run, key).Scan(&s)
+	if err == sql.ErrNoRows {
+		return "none"
+	}
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return s
+}
+
+func problem(w *httptest.ResponseRecorder) string {
+	var p struct{ Code string }
+	json.Unmarshal(w.Body.Bytes(), &p)
+	return p.Code
+}
+
+// Connection refused before execution: 503 STORE_UNAVAILABLE with
+// Retry-After, the handler does not run; once the store is back the retry
+// runs once.
+func TestStoreRefusedBeforeExecution(t *testing.T) {
+	r := newFailureRig(t)
+	r.down()
+	w := r.post("k1")
+	if w.Code != http.StatusServiceUnavailable || problem(w) != "STORE_UNAVAILABLE" || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("store down: %d %s %v", w.Code, w.Body, w.Header())
+	}
+	if r.calls.Load() != 0 || r.effects("k1") != 0 {
+		t.Fatalf("the handler ran %d times with the store down", r.calls.Load())
+	}
+	r.up()
+	if w := r.post("k1"); w.Code != http.StatusCreated {
+		t.Fatalf("after the store came back: %d %s", w.Code, w.Body)
+	}
+	if w := r.post("k1"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %v", w.Code, w.Header())
+	}
+	if n := r.effects("k1"); n != 1 || r.calls.Load() != 1 {
+		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
+	}
+}
+
+// The connection drops after Acquire, before the effect: the client gets
+// the handler's real answer (500), the record is left to its lease, and
+// after the lease a retry runs once.
+func TestStoreDroppedAfterAcquire(t *testing.T) {
+	r := newFailureRig(t)
+	r.hook = func(where string) {
+		if where == "before" && r.calls.Load() == 1 {
+			r.down()
+		}
+	}
+	w := r.post("k2")
+	if w.Code != http.StatusInternalServerError {
+		t.Fatalf("first: %d %s; want the handler's 500", w.Code, w.Body)
+	}
+	if s := r.status("k2"); s != "processing" {
+		t.Fatalf("record is %s; want processing, left to its lease", s)
+	}
+	r.up()
+	if w := r.post("k2"); w.Code != http.StatusConflict || problem(w) != "PROCESSING" {
+		t.Fatalf("retry within the lease: %d %s", w.Code, w.Body)
+	}
+	time.Sleep(rigLease + 200*time.Millisecond)
+	if w := r.post("k2"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the lease: %d %s", w.Code, w.Body)
+	}
+	if n := r.effects("k2"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// The connection drops after the effect and its completion committed, before
+// the middleware could confirm it: the client still gets the real 201, and
+// a retry replays it; the effect happened once.
+func TestStoreDroppedAfterCommit(t *testing.T) {
+	r := newFailureRig(t)
+	r.hook = func(where string) {
+		if where == "after" && r.calls.Load() == 1 {
+			r.down()
+		}
+	}
+	w := r.post("k3")
+	if w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s; want the real 201", w.Code, w.Body)
+	}
+	first := w.Body.String()
+	if s := r.status("k3"); s != "completed" {
+		t.Fatalf("record is %s; want completed (it committed with the effect)", s)
+	}
+	r.up()
+	w = r.post("k3")
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != first {
+		t.Fatalf("retry: %d %s %v; want the replay of %s", w.Code, w.Body, w.Header(), first)
+	}
+	if n := r.effects("k3"); n != 1 || r.calls.Load() != 1 {
+		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
+	}
+}

@@ -1,0 +1,67 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+)
+
+// PostgreSQL is the dialect of PostgreSQL 12 or later, through any
+// database/sql driver whose errors have a SQLState() string method (as
+// github.com/jackc/pgx/v5/stdlib's do, and lib/pq's do not: use pgx). Open
+// the database yourself:
+//
+//	import _ "github.com/jackc/pgx/v5/stdlib"
+//
+//	db, err := sql.Open("pgx", "postgres://user@host/db")
+//
+// The package documentation says what each statement costs and why.
+var PostgreSQL Dialect = postgresDialect{}
+
+type postgresDialect struct{}
+
+var postgresStatements, postgresMigrations = mustLoad("postgres")
+
+func (postgresDialect) String() string              { return "postgres" }
+func (postgresDialect) statements() *statements     { return postgresStatements }
+func (postgresDialect) migrations() []migration     { return postgresMigrations }
+func (postgresDialect) acquireMode() acquireMode    { return acquireOneStatement }
+func (postgresDialect) missingTable(err error) bool { return sqlState(err) == "42P01" }
+
+// retryable: serialization_failure (the session's default isolation is
+// REPEATABLE READ or SERIALIZABLE and the upsert met a row its snapshot
+// does not see; the next statement has a new snapshot) and
+// deadlock_detected.
+func (postgresDialect) retryable(err error) bool {
+	switch sqlState(err) {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// readCommitted are the options of every transaction the dialect begins:
+// each statement sees what committed before it started, whatever the
+// server's default_transaction_isolation.
+var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+
+func (postgresDialect) beginWrite(ctx context.Context, db *sql.DB) (*sql.Tx, error) {
+	return db.BeginTx(ctx, readCommitted)
+}
+
+// beginSchema begins a READ COMMITTED transaction; lock_schema then takes
+// a transaction-level advisory lock, so that each statement after it sees
+// what the previous holder committed.
+func (postgresDialect) beginSchema(ctx context.Context, db *sql.DB) (writeTx, error) {
+	return db.BeginTx(ctx, readCommitted)
+}
+
+// sqlState returns the SQLSTATE of the first error in err's chain that has
+// one (pgconn.PgError has), or "".
+func sqlState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}

@@ -1,0 +1,166 @@
+-- Statements of the PostgreSQL dialect.
+--
+-- Each statement starts with "-- name: NAME" and lists the parameters it
+-- binds, in order, on a "-- params:" line; $1, $2, … refer to that list.
+-- Times are bigint unix milliseconds. "now" is the database's clock,
+--
+--     floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+--
+-- written out in full in every statement below. statement_timestamp() is
+-- the time the statement began: constant within the statement, so every
+-- use of it agrees, and the real time even inside a long transaction.
+-- now() would be the time the transaction began, and CompleteTx runs in
+-- the caller's transaction, which may have begun long before: its
+-- completed_at and expires_at must be the time of the completion.
+-- clock_timestamp() changes from call to call within a statement.
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+    version    bigint NOT NULL PRIMARY KEY,
+    name       text   NOT NULL,
+    applied_at bigint NOT NULL
+);
+
+-- name: lock_schema
+-- Serialises migrations across connections and processes until the
+-- migration transaction ends; the key is an arbitrary constant of this
+-- package.
+SELECT pg_advisory_xact_lock(7307147133373130061);
+
+-- name: select_migrations
+SELECT version FROM idem_schema_migrations ORDER BY version;
+
+-- name: insert_migration
+-- params: version name
+INSERT INTO idem_schema_migrations (version, name, applied_at)
+VALUES ($1, $2, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint);
+
+-- name: acquire
+-- params: scope key fingerprint owner lease_ms retention_ms
+-- The whole of Acquire in one statement. held is the record if Acquire
+-- cannot take it (live and completed, processing under a live lease, or
+-- bound to another fingerprint), read from the statement's snapshot
+-- without a lock: a replay or a duplicate costs this read and nothing
+-- else (no row is locked, no transaction id is assigned, nothing is
+-- written or flushed). Otherwise ins inserts a new record, or replaces a
+-- record past its expiry, or takes over a processing record with the
+-- same fingerprint whose lease has ended. When the insert meets a row
+-- its snapshot did not show (committed since, or in progress: the insert
+-- waits for it) and the row is not ours to take, the DO UPDATE's WHERE
+-- is false (the row is locked, not updated) and the statement returns no
+-- row; the caller then reads the record with select_held, in a new
+-- statement and so a new snapshot. Replacing a processing record keeps
+-- created_at, so created_at <> lease_until - lease_ms tells a takeover.
+-- The first column says whether the row is ours (true) or held.
+WITH held AS (
+    SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+           lease_until, retention_ms, response_status, response_header,
+           response_body, body_omitted, created_at, completed_at, expires_at
+    FROM idem_records
+    WHERE scope = $1 AND idempotency_key = $2
+      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+), ins AS (
+    INSERT INTO idem_records AS r (
+        scope, idempotency_key, fingerprint, status, owner, fence,
+        lease_until, retention_ms, created_at, expires_at)
+    SELECT $1::text, $2::text, $3::text, 'processing', $4::text, 1,
+           floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5::bigint, $6::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+           floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5::bigint + $6::bigint
+    WHERE NOT EXISTS (SELECT 1 FROM held)
+    ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+        fingerprint     = excluded.fingerprint,
+        status          = 'processing',
+        owner           = excluded.owner,
+        fence           = r.fence + 1,
+        lease_until     = excluded.lease_until,
+        retention_ms    = excluded.retention_ms,
+        response_status = NULL,
+        response_header = NULL,
+        response_body   = NULL,
+        body_omitted    = false,
+        created_at      = CASE WHEN r.status = 'processing' THEN r.created_at ELSE excluded.created_at END,
+        completed_at    = NULL,
+        expires_at      = excluded.expires_at
+    WHERE r.expires_at <= excluded.created_at
+       OR (r.status = 'processing' AND r.fingerprint = excluded.fingerprint
+           AND r.lease_until <= excluded.created_at)
+    RETURNING r.scope, r.idempotency_key, r.fingerprint, r.status, r.owner, r.fence,
+              r.lease_until, r.retention_ms, r.response_status, r.response_header,
+              r.response_body, r.body_omitted, r.created_at, r.completed_at, r.expires_at
+)
+SELECT false, * FROM held
+UNION ALL
+SELECT true, * FROM ins;
+
+-- name: select_record
+-- params: scope key
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = $1 AND idempotency_key = $2;
+
+-- name: select_held
+-- params: scope key fingerprint
+-- The record, if Acquire cannot take it; read after acquire returned no
+-- row.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = $1 AND idempotency_key = $2
+  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+  AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint);
+
+-- name: complete
+-- params: scope key owner fence response_status response_header response_body body_omitted retention_ms
+UPDATE idem_records SET
+    status          = 'completed',
+    response_status = $5,
+    response_header = $6,
+    response_body   = $7,
+    body_omitted    = $8,
+    retention_ms    = $9,
+    completed_at    = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+    expires_at      = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $9
+WHERE scope = $1 AND idempotency_key = $2
+  AND status = 'processing' AND owner = $3 AND fence = $4;
+
+-- name: extend
+-- params: scope key owner fence lease_ms
+UPDATE idem_records SET
+    lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5,
+    expires_at  = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5 + retention_ms
+WHERE scope = $1 AND idempotency_key = $2
+  AND status = 'processing' AND owner = $3 AND fence = $4
+RETURNING lease_until;
+
+-- name: select_lease
+-- Not used: extend returns lease_until.
+
+-- name: release
+-- params: scope key owner fence
+DELETE FROM idem_records
+WHERE scope = $1 AND idempotency_key = $2
+  AND status = 'processing' AND owner = $3 AND fence = $4;
+
+-- name: delete
+-- params: scope key
+DELETE FROM idem_records WHERE scope = $1 AND idempotency_key = $2;
+
+-- name: sweep
+-- params: limit
+-- The inner query walks idem_records_expires_at; SKIP LOCKED leaves rows
+-- another transaction holds (a CompleteTx in progress, a concurrent
+-- sweep) to a later sweep instead of waiting for them, and the lock
+-- rechecks the conditions on the row's latest version. The status test
+-- is redundant (a processing record expires retention after its lease
+-- ends) and keeps a live lease safe whatever expires_at says.
+DELETE FROM idem_records WHERE ctid IN (
+    SELECT ctid FROM idem_records
+    WHERE expires_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+      AND (status = 'completed' OR lease_until <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED);

@@ -1,0 +1,456 @@
+package sqlstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/storetest"
+)
+
+// A server is a database server the store runs against in tests. The
+// servers share their database between test runs and packages: every
+// test isolates itself by a random scope (or, for Migrate, a schema or
+// database of its own).
+type server struct {
+	dialect sqlstore.Dialect
+	svc     testenv.Service
+	driver  string
+	// bizTable creates the business table of the CompleteTx tests, named
+	// by its argument, unless it exists.
+	bizTable string
+}
+
+var servers = []server{
+	{sqlstore.PostgreSQL, testenv.Postgres, "pgx", `CREATE TABLE IF NOT EXISTS %s (id text PRIMARY KEY, amount bigint NOT NULL)`},
+	{sqlstore.MySQL, testenv.MySQL, "mysql", `CREATE TABLE IF NOT EXISTS %s (id VARBINARY(255) PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB`},
+}
+
+// forServers runs f as a subtest for each server, in parallel.
+func forServers(t *testing.T, f func(t *testing.T, srv server)) {
+	for _, srv := range servers {
+		t.Run(srv.dialect.String(), func(t *testing.T) {
+			t.Parallel()
+			f(t, srv)
+		})
+	}
+}
+
+// rebind turns a statement written with ? placeholders into the server's.
+func (srv server) rebind(q string) string {
+	if srv.dialect != sqlstore.PostgreSQL {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// open opens the server's test database at addr (the service's address
+// when empty), or skips t if the server is unreachable.
+func (srv server) open(t testing.TB, addr string) *sql.DB {
+	t.Helper()
+	if addr == "" {
+		addr = srv.svc.Need(t)
+	}
+	db, err := sql.Open(srv.driver, addr)
+	if err != nil {
+		t.Fatalf("sql.Open(%s): %v", srv.driver, err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	// Below PostgreSQL's default of 100 connections even with the 4
+	// processes of TestMultiProcess and the parallel tests.
+	db.SetMaxOpenConns(10)
+	db.SetMaxIdleConns(10)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		testenv.Unavailable(t, srv.svc.Name, srv.svc.Var, err)
+	}
+	return db
+}
+
+// setup opens the server's test database and returns it with a migrated
+// store.
+func (srv server) setup(t testing.TB) (*sql.DB, *sqlstore.Store) {
+	t.Helper()
+	db := srv.open(t, "")
+	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return db, s
+}
+
+// table creates (once per database) the business table name.
+func (srv server) table(t testing.TB, db *sql.DB, name string) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), fmt.Sprintf(srv.bizTable, name)); err != nil {
+		t.Fatalf("create %s: %v", name, err)
+	}
+}
+
+// randomName returns prefix followed by 12 random hex digits.
+func randomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func TestServerConformance(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		db, s := srv.setup(t)
+		storetest.Run(t, func(*testing.T) idem.Store { return s }, storetest.Caps{
+			BeginTx:   func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+			Precision: time.Millisecond,
+		})
+	})
+}
+
+// TestServerAcquireRace: 200 goroutines race Acquire on one key, three
+// times over: exactly one is told Acquired each time, and none fails.
+func TestServerAcquireRace(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		acquireRace(t, s)
+	})
+}
+
+// TestServerCompleteTx: the completion commits with the business
+// transaction, or rolls back with it; a stale lease is refused inside it.
+func TestServerCompleteTx(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		db, s := srv.setup(t)
+		ctx := t.Context()
+		srv.table(t, db, "idem_test_orders")
+		scope := randomName("ctx-")
+		r := func(key string) idem.AcquireRequest {
+			return idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: "fp", Lease: long, Retention: long}
+		}
+		run := func(key string, commit bool) idem.Lease {
+			t.Helper()
+			l := mustAcquire(t, s, r(key), idem.Acquired).Lease
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, srv.rebind(`INSERT INTO idem_test_orders (id, amount) VALUES (?, 1)`), scope+key); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 201, Body: []byte("ok")}, long); err != nil {
+				t.Fatal(err)
+			}
+			if commit {
+				err = tx.Commit()
+			} else {
+				err = tx.Rollback()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+		count := func(key string) (n int) {
+			t.Helper()
+			if err := db.QueryRowContext(ctx, srv.rebind(`SELECT count(*) FROM idem_test_orders WHERE id = ?`), scope+key).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+
+		run("committed", true)
+		if rec, err := s.Get(ctx, scope, "committed"); err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "ok" {
+			t.Fatalf("after commit: %+v, %v", rec, err)
+		}
+		if count("committed") != 1 {
+			t.Fatal("business row missing after commit")
+		}
+
+		l := run("rolled back", false)
+		rec, err := s.Get(ctx, scope, "rolled back")
+		if err != nil || rec.Status != idem.StatusProcessing || rec.Response != nil || rec.Owner != l.Owner {
+			t.Fatalf("after rollback: %+v, %v", rec, err)
+		}
+		if count("rolled back") != 0 {
+			t.Fatal("business row present after rollback")
+		}
+		if err := s.Complete(ctx, l, idem.Response{StatusCode: 200}, long); err != nil {
+			t.Fatalf("Complete after rollback: %v", err)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteTx of a completed record = %v, want ErrLeaseLost", err)
+		}
+	})
+}
+
+// TestServerCompleteTxBlocksTakeover: while CompleteTx's transaction is
+// open, a takeover of the (ended) lease waits for it and then sees the
+// record completed.
+func TestServerCompleteTxBlocksTakeover(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		db, s := srv.setup(t)
+		ctx := t.Context()
+		r := idem.AcquireRequest{Scope: randomName("takeover-"), Key: "k", Fingerprint: "fp", Lease: short, Retention: long}
+		l := mustAcquire(t, s, r, idem.Acquired).Lease
+		time.Sleep(short + 20*time.Millisecond) // the lease ran out, nobody took over
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan idem.AcquireResult, 1)
+		go func() {
+			r := r
+			r.Lease = long
+			res, err := s.Acquire(context.Background(), r)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- res
+		}()
+		select {
+		case res := <-got:
+			t.Fatalf("Acquire did not wait for the transaction: %v", res.Outcome)
+		case <-time.After(200 * time.Millisecond):
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if res := <-got; res.Outcome != idem.Completed || res.Record.Fence != l.Fence {
+			t.Fatalf("Acquire after commit = %v (%+v), want completed", res.Outcome, res.Record)
+		}
+	})
+}
+
+// TestServerTakeover: a processing record whose lease ended is taken
+// over with fence + 1 and its created_at kept, and an expired completed
+// record is replaced, on each server (the upserts' conditional
+// assignments).
+func TestServerTakeover(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		r := idem.AcquireRequest{Scope: randomName("to-"), Key: "k", Fingerprint: "fp", Lease: short, Retention: long}
+		first := mustAcquire(t, s, r, idem.Acquired)
+		before, err := s.Get(t.Context(), r.Scope, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAcquire(t, s, r, idem.InFlight)
+		other := r
+		other.Fingerprint = "other"
+		mustAcquire(t, s, other, idem.Mismatch)
+		time.Sleep(short + 20*time.Millisecond)
+		mustAcquire(t, s, other, idem.Mismatch)
+		second := mustAcquire(t, s, r, idem.Acquired)
+		if !second.TookOver || second.Lease.Fence != first.Lease.Fence+1 {
+			t.Fatalf("takeover = %+v, want TookOver and fence %d", second, first.Lease.Fence+1)
+		}
+		after, err := s.Get(t.Context(), r.Scope, r.Key)
+		if err != nil || !after.CreatedAt.Equal(before.CreatedAt) || after.Owner != second.Lease.Owner || after.Status != idem.StatusProcessing {
+			t.Fatalf("after takeover: %+v, %v (before %+v)", after, err, before)
+		}
+		if err := s.Complete(t.Context(), first.Lease, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("stale Complete = %v", err)
+		}
+		if err := s.Complete(t.Context(), second.Lease, idem.Response{StatusCode: 200, Body: []byte("b")}, 50*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		mustAcquire(t, s, other, idem.Mismatch)
+		time.Sleep(70 * time.Millisecond)
+		third := mustAcquire(t, s, other, idem.Acquired)
+		if third.TookOver || third.Lease.Fence != second.Lease.Fence+1 {
+			t.Fatalf("replacement = %+v, want fence %d, not TookOver", third, second.Lease.Fence+1)
+		}
+		rec, err := s.Get(t.Context(), r.Scope, r.Key)
+		if err != nil || rec.Response != nil || rec.Fingerprint != "other" || rec.CompletedAt != (time.Time{}) || !rec.CreatedAt.After(before.CreatedAt) {
+			t.Fatalf("after replacement: %+v, %v", rec, err)
+		}
+		// Keys differing only by case or trailing space are distinct.
+		for _, k := range []string{"K", "k ", "k  "} {
+			r := r
+			r.Key = k
+			mustAcquire(t, s, r, idem.Acquired)
+		}
+	})
+}
+
+// TestServerMigrate: 8 goroutines migrate a new schema (PostgreSQL) or
+// database (MySQL) at once; then Migrate again is a no-op, the version is
+// recorded once, and a store that was never migrated says to migrate.
+func TestServerMigrate(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		admin := srv.open(t, "")
+		ctx := t.Context()
+		name := randomName("idem_migrate_")
+		var addr string
+		switch srv.dialect {
+		case sqlstore.PostgreSQL:
+			if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+name+" CASCADE") })
+			u, err := url.Parse(srv.svc.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := u.Query()
+			q.Set("search_path", name)
+			u.RawQuery = q.Encode()
+			addr = u.String()
+		case sqlstore.MySQL:
+			if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
+			cfg, err := mysql.ParseDSN(srv.svc.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.DBName = name
+			addr = cfg.FormatDSN()
+		}
+		db := srv.open(t, addr)
+		s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := idem.AcquireRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+		if _, err := s.Acquire(ctx, r); err == nil || !strings.Contains(err.Error(), "Migrate") {
+			t.Errorf("Acquire before Migrate = %v, want a hint to migrate", err)
+		}
+		race(8, func(i int) {
+			s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+			if err == nil {
+				err = s.Migrate(context.Background())
+			}
+			if err != nil {
+				t.Errorf("Migrate %d: %v", i, err)
+			}
+		})
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatalf("Migrate again: %v", err)
+		}
+		rows, err := db.QueryContext(ctx, `SELECT version, name, applied_at FROM idem_schema_migrations ORDER BY version`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var versions []string
+		for rows.Next() {
+			var v, at int64
+			var name string
+			if err := rows.Scan(&v, &name, &at); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(time.UnixMilli(at)); d < -time.Minute || d > time.Minute {
+				t.Errorf("version %d applied_at %v", v, time.UnixMilli(at))
+			}
+			versions = append(versions, fmt.Sprintf("%d_%s", v, name))
+		}
+		if strings.Join(versions, ",") != "1_create_idem_records" {
+			t.Fatalf("recorded versions = %v", versions)
+		}
+		mustAcquire(t, s, r, idem.Acquired)
+	})
+}
+
+// TestServerClock: the times a record holds are the database's, within
+// the test's tolerance of this machine's clock (both run here).
+func TestServerClock(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		before := time.Now()
+		res := mustAcquire(t, s, idem.AcquireRequest{Scope: randomName("clock-"), Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: long}, idem.Acquired)
+		if d := res.Lease.Until.Sub(before.Add(time.Minute)); d < -time.Second || d > time.Second {
+			t.Fatalf("lease until %v, want about %v", res.Lease.Until, before.Add(time.Minute))
+		}
+	})
+}
+
+// acquireRace: 200 goroutines race Acquire on one key of s, three times
+// over: exactly one is told Acquired each time, and none fails.
+func acquireRace(t *testing.T, s idem.Store) {
+	t.Helper()
+	scope := randomName("race-")
+	for round := range 3 {
+		key := fmt.Sprintf("race-%d", round)
+		var acquired, inFlight atomic.Int64
+		var errs []error
+		var mu sync.Mutex
+		race(200, func(int) {
+			res, err := s.Acquire(context.Background(), idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: "fp", Lease: long, Retention: long})
+			switch {
+			case err != nil:
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			case res.Outcome == idem.Acquired:
+				acquired.Add(1)
+			case res.Outcome == idem.InFlight:
+				inFlight.Add(1)
+			}
+		})
+		if len(errs) > 0 {
+			t.Fatalf("round %d: %d errors, first: %v", round, len(errs), errs[0])
+		}
+		if acquired.Load() != 1 || inFlight.Load() != 199 {
+			t.Fatalf("round %d: %d acquired, %d in flight; want 1 and 199", round, acquired.Load(), inFlight.Load())
+		}
+	}
+}
+
+// TestServerContextCanceled: a call whose context ended fails with an
+// error that matches the context's error.
+func TestServerContextCanceled(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		r := idem.AcquireRequest{Scope: randomName("cancel-"), Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+		if _, err := s.Acquire(ctx, r); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Acquire(canceled) = %v", err)
+		}
+		if _, err := s.Get(ctx, r.Scope, "k"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Get(canceled) = %v", err)
+		}
+		if err := s.Migrate(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Migrate(canceled) = %v", err)
+		}
+	})
+}
