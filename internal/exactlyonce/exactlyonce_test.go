@@ -51,6 +51,11 @@ type outcome struct {
 }
 
 func TestMain(m *testing.M) {
+	if raw := os.Getenv(killVar); raw != "" {
+		err := killedChild(raw)
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(2)
+	}
 	if raw := os.Getenv(childVar); raw != "" {
 		if err := child(raw); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
