@@ -17,6 +17,7 @@ const (
 	DefaultLease        = 30 * time.Second
 	DefaultMaxExecution = 5 * time.Minute
 	DefaultRetention    = 24 * time.Hour
+	DefaultStoreTimeout = 5 * time.Second
 )
 
 // GuardConfig configures a Guard. The zero value of each field means its
@@ -32,6 +33,13 @@ type GuardConfig struct {
 	// Retention is how long a completed record is replayed, and how long an
 	// abandoned processing record is kept after its lease ends. Default 24 h.
 	Retention time.Duration
+	// StoreTimeout bounds each store call the guard makes: the Acquire of
+	// Begin, and the Complete, Release and Get (of Committed) that end an
+	// execution; a call that runs out fails with context.DeadlineExceeded,
+	// like any store failure. (A renewal is bounded by a third of the lease;
+	// CompleteTx runs under the caller's context and transaction.) Default
+	// 5 s; negative means no bound beyond the caller's context.
+	StoreTimeout time.Duration
 	// Logger receives the watchdog's warnings. Nil discards them.
 	Logger *slog.Logger
 }
@@ -54,7 +62,7 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 		c = *cfg
 	}
 	switch {
-	case c.Lease < 0, c.MaxExecution < 0, c.Retention < 0:
+	case c.Lease < 0, c.MaxExecution < 0, c.Retention < 0: // a negative StoreTimeout means none
 		return nil, fmt.Errorf("idem: negative duration in GuardConfig (lease %v, max execution %v, retention %v)", c.Lease, c.MaxExecution, c.Retention)
 	case c.Lease > 0 && c.Lease < 3*time.Millisecond:
 		return nil, fmt.Errorf("idem: lease %v is shorter than 3ms", c.Lease)
@@ -67,6 +75,9 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -89,12 +100,16 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 	if err := req.Validate(); err != nil {
 		return nil, AcquireResult{}, err
 	}
+	// The execution is made first: its bounded context serves the Acquire.
+	e := &Execution{g: g}
 	sent := time.Now() // the lease is counted from no later than this
-	res, err := g.store.Acquire(ctx, req)
+	res, err := g.store.Acquire(e.bound(ctx), req)
+	e.unbound()
 	if err != nil || res.Outcome != Acquired {
 		return nil, res, err
 	}
-	return g.start(ctx, res.Lease, sent), res, nil
+	g.start(e, ctx, res.Lease, sent)
+	return e, res, nil
 }
 
 // Do runs work once for (scope, key). The first call runs work and stores
@@ -216,24 +231,56 @@ type Execution struct {
 	renewCancel context.CancelFunc // cancels the running renewal
 	validUntil  time.Time          // local, conservative estimate of the lease's end
 	maxUntil    time.Time          // end of the maximum execution time
+
+	// callMu serialises the store calls made under a bound (bound,
+	// unbound); call is the current one's.
+	callMu sync.Mutex
+	calls  int
+	call   *boundedContext
+	bounds [2]boundedContext
 }
 
-func (g *Guard) start(parent context.Context, l Lease, acquireSent time.Time) *Execution {
-	e := &Execution{
-		g:     g,
-		lease: l,
-		// The store counted the lease from no earlier than when the
-		// request was sent.
-		validUntil: acquireSent.Add(g.cfg.Lease),
-		maxUntil:   acquireSent.Add(g.cfg.MaxExecution),
-	}
+func (g *Guard) start(e *Execution, parent context.Context, l Lease, acquireSent time.Time) {
+	e.lease = l
+	// The store counted the lease from no earlier than when the request
+	// was sent.
+	e.validUntil = acquireSent.Add(g.cfg.Lease)
+	e.maxUntil = acquireSent.Add(g.cfg.MaxExecution)
 	cctx, cancel := context.WithCancelCause(parent)
 	e.ctx = execContext{Context: cctx, e: e}
 	e.cancel = cancel
 	e.mu.Lock()
 	e.timer = time.AfterFunc(e.nextWake(time.Now()), e.renew)
 	e.mu.Unlock()
-	return e
+}
+
+// bound returns ctx bounded by the guard's StoreTimeout, for one store
+// call; unbound must follow the call. Calls are serialised. The first two
+// bounds (the Acquire, and the call that ends the execution) live in the
+// Execution; any further one is allocated.
+func (e *Execution) bound(ctx context.Context) context.Context {
+	e.callMu.Lock()
+	if e.g.cfg.StoreTimeout < 0 {
+		e.call = nil
+		return ctx
+	}
+	switch e.calls++; e.calls {
+	case 1:
+		e.call = &e.bounds[0]
+	case 2:
+		e.call = &e.bounds[1]
+	default:
+		e.call = new(boundedContext)
+	}
+	e.call.init(ctx, e.g.cfg.StoreTimeout)
+	return e.call
+}
+
+func (e *Execution) unbound() {
+	if e.call != nil {
+		e.call.release()
+	}
+	e.callMu.Unlock()
 }
 
 // Context is the work's context. It is cancelled with cause ErrLeaseLost
@@ -376,7 +423,8 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 	if err != nil {
 		return err
 	}
-	err = e.g.store.Complete(ctx, l, resp, e.g.cfg.Retention)
+	err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
+	e.unbound()
 	e.end(err)
 	return err
 }
@@ -423,7 +471,8 @@ func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 	if pending == nil || finished {
 		return Response{}, false, nil
 	}
-	rec, err := e.g.store.Get(ctx, l.Scope, l.Key)
+	rec, err := e.g.store.Get(e.bound(ctx), l.Scope, l.Key)
+	e.unbound()
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return Response{}, false, err
 	}
@@ -448,7 +497,8 @@ func (e *Execution) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = e.g.store.Release(ctx, l)
+	err = e.g.store.Release(e.bound(ctx), l)
+	e.unbound()
 	e.end(err)
 	return err
 }

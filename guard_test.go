@@ -595,3 +595,34 @@ func TestGuardCommittedWithoutCompleteTx(t *testing.T) {
 		}
 	}
 }
+
+func TestGuardStoreTimeout(t *testing.T) {
+	// A store that hangs until its context ends: every call the guard makes
+	// is bounded by StoreTimeout.
+	t.Parallel()
+	hang := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	s := &hookStore{Store: memstore.New(nil), complete: func(ctx context.Context, _ idem.Lease, _ idem.Response, _ time.Duration) error {
+		return hang(ctx)
+	}}
+	g := newGuard(t, s, &idem.GuardConfig{StoreTimeout: 50 * time.Millisecond})
+	exec := begin(t, g, "k")
+	start := time.Now()
+	err := exec.Complete(context.Background(), idem.Response{StatusCode: 200})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Complete on a hanging store = %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Complete took %v with a 50ms store timeout", d)
+	}
+	exec.Abandon()
+
+	// A negative StoreTimeout leaves only the caller's context.
+	g2 := newGuard(t, s, &idem.GuardConfig{StoreTimeout: -1})
+	exec = begin(t, g2, "k2")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := exec.Complete(ctx, idem.Response{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Complete = %v, want the caller's deadline", err)
+	}
+	exec.Abandon()
+}

@@ -68,6 +68,14 @@ type Config struct {
 	// idem.DefaultMaxExecution (5 min) and idem.DefaultRetention (24 h).
 	Lease, MaxExecution, Retention time.Duration
 
+	// StoreTimeout bounds each store call that acquires or ends a request's
+	// execution (idem.GuardConfig.StoreTimeout): an Acquire that runs out
+	// is answered 503 STORE_UNAVAILABLE; a completion that runs out still
+	// sends the handler's response, and the record is left to its lease.
+	// Zero means idem.DefaultStoreTimeout (5 s); negative means no bound
+	// beyond the request's context.
+	StoreTimeout time.Duration
+
 	// MaxRequestBody is the largest request body accepted on a guarded
 	// request; a larger one is answered 413 BODY_TOO_LARGE before any
 	// record is created. Zero means DefaultMaxRequestBody (1 MiB).
@@ -228,6 +236,7 @@ func New(cfg *Config) (*Middleware, error) {
 		Lease:        c.Lease,
 		MaxExecution: c.MaxExecution,
 		Retention:    c.Retention,
+		StoreTimeout: c.StoreTimeout,
 		Logger:       logger,
 	})
 	if err != nil {

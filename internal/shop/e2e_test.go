@@ -45,17 +45,28 @@ func TestMain(m *testing.M) {
 }
 
 type shopd struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	base string
-	done chan error
+	t     *testing.T
+	cmd   *exec.Cmd
+	base  string
+	done  chan error
+	found chan string
 }
 
+// startShopd starts shopd on dataDir (-data) and waits until it listens.
 func startShopd(t *testing.T, dataDir string, extra ...string) *shopd {
 	t.Helper()
-	args, _ := json.Marshal(append([]string{"-addr", "127.0.0.1:0", "-data", dataDir, "-log-level", "warn"}, extra...))
+	s := spawnShopd(t, append([]string{"-data", dataDir}, extra...)...)
+	s.ready()
+	return s
+}
+
+// spawnShopd starts shopd with args (after -addr and -log-level); ready
+// waits until it listens.
+func spawnShopd(t *testing.T, args ...string) *shopd {
+	t.Helper()
+	raw, _ := json.Marshal(append([]string{"-addr", "127.0.0.1:0", "-log-level", "warn"}, args...))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "SHOPD_CHILD_ARGS="+string(args))
+	cmd.Env = append(os.Environ(), "SHOPD_CHILD_ARGS="+string(raw))
 	cmd.Stderr = &lockedWriter{w: os.Stderr}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -64,25 +75,16 @@ func startShopd(t *testing.T, dataDir string, extra ...string) *shopd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1)}
+	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1), found: make(chan string, 1)}
 	lines := bufio.NewScanner(out)
-	found := make(chan string, 1)
 	go func() {
 		for lines.Scan() {
 			if rest, ok := strings.CutPrefix(lines.Text(), "shopd listening on "); ok {
-				found <- strings.Fields(rest)[0]
+				s.found <- strings.Fields(rest)[0]
 			}
 		}
 		s.done <- cmd.Wait()
 	}()
-	select {
-	case s.base = <-found:
-	case err := <-s.done:
-		t.Fatalf("shopd exited before listening: %v", err)
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("shopd did not start within 20s")
-	}
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
@@ -90,6 +92,19 @@ func startShopd(t *testing.T, dataDir string, extra ...string) *shopd {
 		}
 	})
 	return s
+}
+
+// ready waits until shopd listens, and sets s.base.
+func (s *shopd) ready() {
+	s.t.Helper()
+	select {
+	case s.base = <-s.found:
+	case err := <-s.done:
+		s.t.Fatalf("shopd exited before listening: %v", err)
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill()
+		s.t.Fatal("shopd did not start within 20s")
+	}
 }
 
 // stop sends SIGTERM and waits for a clean exit.

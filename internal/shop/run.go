@@ -9,25 +9,32 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // shutdownTimeout bounds how long in-flight requests may run after a stop
 // signal.
 const shutdownTimeout = 30 * time.Second
 
-// Run is shopd's main: it parses args, opens the data directory, serves
-// until ctx is cancelled (SIGINT/SIGTERM in shopd), then lets in-flight
-// requests finish and closes the database.
+// Run is shopd's main: it parses args, opens the database (and Redis,
+// with -redis), serves until ctx is cancelled (SIGINT/SIGTERM in shopd),
+// then lets in-flight requests finish and closes the database. Bad flags
+// return an error before anything is opened or created.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shopd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on")
-	dataDir := fs.String("data", "./shopdata", "directory of the embedded SQLite database")
+	dataDir := fs.String("data", "./shopdata", "directory of the SQLite database when -db is not given (short for -db sqlite:DIR/shop.db)")
+	dbFlag := fs.String("db", "", "database of the orders and the idempotency records: sqlite:PATH, postgres://user:pass@host:port/db, "+
+		"mysql://user:pass@host:port/db or mysql:DSN (a go-sql-driver DSN) (default sqlite:DATA/shop.db)")
+	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -43,27 +50,63 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("shopd: -log-level: %w", err)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	rawDB := *dbFlag
+	switch {
+	case set["db"] && set["data"]:
+		return errors.New("shopd: give -db or -data, not both (-data DIR is short for -db sqlite:DIR/shop.db)")
+	case !set["db"]:
+		if *dataDir == "" {
+			return errors.New("shopd: -data must not be empty")
+		}
+		rawDB = "sqlite:" + filepath.Join(*dataDir, "shop.db")
+	}
+	target, err := parseDB(rawDB)
+	if err != nil {
+		return fmt.Errorf("shopd: -db: %w", err)
+	}
+	var redisOpts *redis.Options
+	redisDisplay := ""
+	if *redisFlag != "" {
+		if redisOpts, redisDisplay, err = parseRedis(*redisFlag); err != nil {
+			return fmt.Errorf("shopd: %w", err)
+		}
+	} else if set["redis"] {
+		return errors.New("shopd: -redis must not be empty (leave it out to run without Redis)")
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	if err := os.MkdirAll(*dataDir, 0o755); err != nil {
-		return fmt.Errorf("shopd: data directory: %w", err)
-	}
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(*dataDir, "shop.db"))
+	db, err := target.open(ctx)
 	if err != nil {
 		return fmt.Errorf("shopd: open database: %w", err)
 	}
 	defer db.Close()
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite, Logger: log})
+	sqlStore, err := sqlstore.New(db, &sqlstore.Config{Dialect: target.dialect, Logger: log})
 	if err != nil {
 		return err
 	}
-	if err := store.Migrate(ctx); err != nil {
+	if err := sqlStore.Migrate(ctx); err != nil {
 		return fmt.Errorf("shopd: migrate idempotency store: %w", err)
 	}
-	if err := Migrate(ctx, db); err != nil {
+	if err := Migrate(ctx, db, target.dialect); err != nil {
 		return fmt.Errorf("shopd: %w", err)
 	}
-	shop, err := New(Config{DB: db, Store: store, Wait: *wait, Logger: log})
+	var store idem.Store = sqlStore
+	if redisOpts != nil {
+		rdb := redis.NewClient(redisOpts)
+		defer rdb.Close()
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			// The tiered store runs on the database alone while Redis is away.
+			log.Warn("shopd: Redis does not answer; serving from the database until it does", "redis", redisDisplay, "error", err)
+		}
+		cancel()
+		if store, err = tieredstore.New(rdb, sqlStore, &tieredstore.Config{Logger: log}); err != nil {
+			return fmt.Errorf("shopd: %w", err)
+		}
+	}
+	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -78,11 +121,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(stdout, "shopd listening on %s (data in %s)\n\nTry it:\n"+
+	where := target.display
+	if redisDisplay != "" {
+		where += ", cache " + redisDisplay
+	}
+	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\n\nTry it:\n"+
 		"  curl -i -X POST %s/orders -H 'X-User-ID: 1' -H 'Idempotency-Key: order-1' \\\n"+
 		"       -H 'Content-Type: application/json' -d '{\"sku\":\"BOOK-1\",\"quantity\":2}'\n"+
 		"  (run it again: the same order comes back with Idempotent-Replayed: true)\n"+
-		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, *dataDir, base, base)
+		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, base, base)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

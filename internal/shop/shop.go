@@ -19,12 +19,16 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // Config configures a Shop.
 type Config struct {
 	// DB holds the shop's rows; it must be migrated with Migrate.
 	DB *sql.DB
+	// Dialect is DB's SQL dialect: sqlstore.SQLite (the default, when
+	// nil), sqlstore.PostgreSQL or sqlstore.MySQL.
+	Dialect sqlstore.Dialect
 	// Store keeps the idempotency records. To keep orders and their stored
 	// responses in one transaction it must complete in DB's transactions
 	// (idem.TxCompleter on the same database).
@@ -40,8 +44,22 @@ type Config struct {
 // Shop serves the shop's HTTP API.
 type Shop struct {
 	db      *sql.DB
+	q       queries
 	log     *slog.Logger
 	handler http.Handler
+}
+
+// queries are the shop's statements in its database's placeholder style.
+type queries struct {
+	insertOrder, getOrder, listOrders string
+}
+
+func newQueries(d sqlstore.Dialect) queries {
+	return queries{
+		insertOrder: rebind(d, `INSERT INTO shop_orders (order_no, user_id, sku, quantity, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		getOrder:    rebind(d, `SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE order_no = ? AND user_id = ?`),
+		listOrders:  rebind(d, `SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`),
+	}
 }
 
 // New returns a Shop over cfg.
@@ -55,7 +73,14 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Shop{db: cfg.DB, log: cfg.Logger}
+	switch cfg.Dialect {
+	case nil:
+		cfg.Dialect = sqlstore.SQLite
+	case sqlstore.SQLite, sqlstore.PostgreSQL, sqlstore.MySQL:
+	default:
+		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
+	}
+	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger}
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -196,8 +221,7 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx,
-		`INSERT INTO shop_orders (order_no, user_id, sku, quantity, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+	if _, err := tx.ExecContext(ctx, s.q.insertOrder,
 		order.OrderNo, order.UserID, order.SKU, order.Quantity, order.Status, order.CreatedAt); err != nil {
 		s.fail(w, r, "insert order", err)
 		return
@@ -226,8 +250,7 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	no := r.PathValue("order_no")
 	var o Order
-	err := s.db.QueryRowContext(r.Context(),
-		`SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE order_no = ? AND user_id = ?`,
+	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such order")
@@ -257,8 +280,7 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	rows, err := s.db.QueryContext(r.Context(),
-		`SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`,
+	rows, err := s.db.QueryContext(r.Context(), s.q.listOrders,
 		userFrom(r.Context()), limit)
 	if err != nil {
 		s.fail(w, r, "list orders", err)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,28 +13,25 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-func newShop(t *testing.T) (*shop.Shop, *sql.DB) {
+// newShop returns a shop over a fresh, migrated database of backend b.
+func newShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "shop.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	db, _ := b.fresh(t)
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: b.dialect})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db); err != nil {
+	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db); err != nil {
+	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Store: store})
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +67,11 @@ func problemCode(t *testing.T, rec *httptest.ResponseRecorder) string {
 }
 
 func TestCreateOrderRejectsBadInput(t *testing.T) {
-	s, db := newShop(t)
+	forBackends(t, testCreateOrderRejectsBadInput)
+}
+
+func testCreateOrderRejectsBadInput(t *testing.T, b backend) {
+	s, db := newShop(t, b)
 	cases := []struct {
 		name   string
 		header map[string]string
@@ -121,7 +121,11 @@ func TestCreateOrderRejectsBadInput(t *testing.T) {
 }
 
 func TestCreateThenReadOrders(t *testing.T) {
-	s, db := newShop(t)
+	forBackends(t, testCreateThenReadOrders)
+}
+
+func testCreateThenReadOrders(t *testing.T, b backend) {
+	s, db := newShop(t, b)
 	h := map[string]string{"X-User-ID": "5", "Idempotency-Key": "first", "Content-Type": "application/json"}
 	rec := serve(s, "POST", "/orders", h, `{"sku":"BOOK-1","quantity":3}`)
 	if rec.Code != http.StatusCreated {
@@ -177,7 +181,7 @@ func TestCreateThenReadOrders(t *testing.T) {
 }
 
 func TestUnknownRoutesAnswerProblems(t *testing.T) {
-	s, _ := newShop(t)
+	s, _ := newShop(t, sqliteBackend)
 	for _, c := range []struct {
 		method, target string
 		status         int

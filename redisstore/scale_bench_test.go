@@ -1,0 +1,161 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/redisstore"
+)
+
+// The scale benchmarks measure the store under load and with many
+// records, each against PING in the same run:
+//
+//	go test -run '^$' -bench 'Throughput|Scale' -benchmem -benchtime 1s -count 3 ./redisstore/
+//
+// BenchmarkThroughput: 64 goroutines at once (SetParallelism(64 /
+// GOMAXPROCS)), each operation Acquire on a new key then Complete, against
+// 64 goroutines sending PING; the client's pool holds 64 connections.
+//
+// BenchmarkScale: Acquire on a new key, and a replay of a random completed
+// key, with 10 thousand and 100 thousand completed records under the
+// store's prefix. The records are written through the store's own Acquire
+// and Complete (32 goroutines), not by mimicking its encoding, which is
+// why the larger size is 100 thousand and not a million; -short skips it.
+
+var scaleResp = idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 256)}
+
+// scaleSeq numbers the new keys of the scale benchmarks.
+var scaleSeq atomic.Int64
+
+// parallel64 runs op on 64 goroutines (64 / GOMAXPROCS per processor, at
+// least one) until b.N operations are done, and reports operations per
+// second. op receives a number unique within the process.
+func parallel64(b *testing.B, op func(ctx context.Context, n int64) error) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(ctx, scaleSeq.Add(1)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+func scaleReq(key string) idem.AcquireRequest {
+	return idem.AcquireRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+}
+
+// acquireComplete acquires the new key and completes it with scaleResp.
+func acquireComplete(ctx context.Context, s *redisstore.Store, key string) error {
+	res, err := s.Acquire(ctx, scaleReq(key))
+	if err != nil {
+		return err
+	}
+	if res.Outcome != idem.Acquired {
+		return fmt.Errorf("acquire %q: outcome %v", key, res.Outcome)
+	}
+	return s.Complete(ctx, res.Lease, scaleResp, time.Hour)
+}
+
+func BenchmarkThroughput(b *testing.B) {
+	c := singleClient(b)
+	s := newStore(b, c, nil)
+	b.Run("ping", func(b *testing.B) {
+		parallel64(b, func(ctx context.Context, _ int64) error { return c.Ping(ctx).Err() })
+	})
+	b.Run("acquire-complete", func(b *testing.B) {
+		parallel64(b, func(ctx context.Context, n int64) error {
+			return acquireComplete(ctx, s, "t"+strconv.FormatInt(n, 10))
+		})
+	})
+}
+
+func BenchmarkScale(b *testing.B) {
+	c := singleClient(b)
+	s := newStore(b, c, nil)
+	ctx := context.Background()
+	filled := 0
+	for _, size := range []struct {
+		name string
+		n    int
+	}{{"records=10k", 10_000}, {"records=100k", 100_000}} {
+		b.Run(size.name, func(b *testing.B) {
+			if testing.Short() && size.n > 10_000 {
+				b.Skip("-short: no 100 thousand records")
+			}
+			t0 := time.Now()
+			fill(b, s, filled, size.n)
+			b.Logf("filled %d records in %v", size.n-filled, time.Since(t0).Round(time.Millisecond))
+			filled = size.n
+			b.Run("ping", func(b *testing.B) {
+				for b.Loop() {
+					if err := c.Ping(ctx).Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("acquire-new", func(b *testing.B) {
+				for b.Loop() {
+					res, err := s.Acquire(ctx, scaleReq("new"+strconv.FormatInt(scaleSeq.Add(1), 10)))
+					if err != nil || res.Outcome != idem.Acquired {
+						b.Fatal(res.Outcome, err)
+					}
+				}
+			})
+			b.Run("replay", func(b *testing.B) {
+				for b.Loop() {
+					res, err := s.Acquire(ctx, scaleReq("k"+strconv.Itoa(rand.IntN(size.n))))
+					if err != nil || res.Outcome != idem.Completed {
+						b.Fatal(res.Outcome, err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// fill completes the records "k<from>" … "k<to-1>" of s on 32 goroutines.
+func fill(b *testing.B, s *redisstore.Store, from, to int) {
+	b.Helper()
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	next.Store(int64(from))
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(to) {
+					return
+				}
+				if err := acquireComplete(context.Background(), s, "k"+strconv.FormatInt(i, 10)); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		b.Fatalf("fill: %v", first)
+	}
+}

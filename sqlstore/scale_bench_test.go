@@ -1,0 +1,241 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// The scale benchmarks measure the store under load and with many
+// records, each against a baseline of the same database in the same run:
+//
+//	go test -run '^$' -bench 'Throughput|Scale' -benchmem -benchtime 2s -count 3 ./sqlstore/
+//
+// BenchmarkThroughput: 64 goroutines at once (SetParallelism(64 /
+// GOMAXPROCS)), each operation Acquire on a new key then Complete, against
+// 64 goroutines running a prepared SELECT 1. The servers' pools hold
+// scalePool connections; SQLite keeps OpenSQLite's single connection.
+//
+// BenchmarkScale: Acquire on a new key, and a replay of a random completed
+// key, with 10 thousand and 1 million completed records in the scope,
+// against SELECT 1 and a raw one-row INSERT. The records are written by
+// one INSERT … SELECT per batch (generate_series on PostgreSQL, a
+// recursive CTE elsewhere), and deleted when the benchmark ends. -short
+// skips the million.
+
+// scalePool is the connection pool of the servers in the scale
+// benchmarks: enough for 64 callers to queue on without exhausting
+// PostgreSQL's default 100 connections next to other test processes.
+const scalePool = 32
+
+// parallel64 runs op on 64 goroutines (64 / GOMAXPROCS per processor, at
+// least one) until b.N operations are done, and reports operations per
+// second. op receives a number unique within the process.
+func parallel64(b *testing.B, op func(ctx context.Context, n int64) error) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(ctx, scaleSeq.Add(1)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// scaleSeq numbers the new keys of the scale benchmarks.
+var scaleSeq atomic.Int64
+
+func BenchmarkThroughput(b *testing.B) {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		if bt.srv != nil {
+			bt.db.SetMaxOpenConns(scalePool)
+			bt.db.SetMaxIdleConns(scalePool)
+		}
+		ctx := context.Background()
+		stmt, err := bt.db.PrepareContext(ctx, "SELECT 1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer stmt.Close()
+		b.Run("select1", func(b *testing.B) {
+			parallel64(b, func(ctx context.Context, _ int64) error {
+				var one int
+				return stmt.QueryRowContext(ctx).Scan(&one)
+			})
+		})
+		b.Run("acquire-complete", func(b *testing.B) {
+			parallel64(b, func(ctx context.Context, n int64) error {
+				res, err := bt.s.Acquire(ctx, bt.req("t"+strconv.FormatInt(n, 10)))
+				if err != nil {
+					return err
+				}
+				if res.Outcome != idem.Acquired {
+					return fmt.Errorf("outcome %v", res.Outcome)
+				}
+				return bt.s.Complete(ctx, res.Lease, benchResp, long)
+			})
+		})
+	})
+}
+
+func BenchmarkScale(b *testing.B) {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ctx := context.Background()
+		sel, err := bt.db.PrepareContext(ctx, "SELECT 1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sel.Close()
+		ins := prepareRawInsert(b, bt)
+		defer ins.Close()
+		insPrefix := randomName("scale-")
+		filled := 0
+		for _, size := range []struct {
+			name string
+			n    int
+		}{{"records=10k", 10_000}, {"records=1M", 1_000_000}} {
+			b.Run(size.name, func(b *testing.B) {
+				if testing.Short() && size.n > 10_000 {
+					b.Skip("-short: no million records")
+				}
+				t0 := time.Now()
+				fillCompleted(b, bt, filled, size.n)
+				b.Logf("filled %d records in %v", size.n-filled, time.Since(t0).Round(time.Millisecond))
+				filled = size.n
+				b.Run("baseline-select1", func(b *testing.B) {
+					var one int
+					for b.Loop() {
+						if err := sel.QueryRowContext(ctx).Scan(&one); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+				b.Run("baseline-insert", func(b *testing.B) {
+					for b.Loop() {
+						if _, err := ins.ExecContext(ctx, insPrefix+strconv.FormatInt(scaleSeq.Add(1), 10), benchResp.Body); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+				b.Run("acquire-new", func(b *testing.B) {
+					for b.Loop() {
+						res, err := bt.s.Acquire(ctx, bt.req("new"+strconv.FormatInt(scaleSeq.Add(1), 10)))
+						if err != nil || res.Outcome != idem.Acquired {
+							b.Fatal(res.Outcome, err)
+						}
+					}
+				})
+				b.Run("replay", func(b *testing.B) {
+					for b.Loop() {
+						res, err := bt.s.Acquire(ctx, bt.req("k"+strconv.Itoa(rand.IntN(size.n))))
+						if err != nil || res.Outcome != idem.Completed {
+							b.Fatal(res.Outcome, err)
+						}
+					}
+				})
+			})
+		}
+		if bt.srv != nil {
+			b.Cleanup(func() {
+				_, _ = bt.db.ExecContext(context.Background(), bt.srv.rebind(`DELETE FROM idem_bench_insert WHERE k LIKE ?`), insPrefix+"%")
+			})
+		}
+	})
+}
+
+// prepareRawInsert prepares the one-row INSERT of BenchmarkBaselineInsert
+// (creating its table unless it exists).
+func prepareRawInsert(b *testing.B, bt benchTarget) *sql.Stmt {
+	b.Helper()
+	ctx := context.Background()
+	ddl, table := `CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v BLOB)`, "t"
+	if bt.srv != nil {
+		table = "idem_bench_insert"
+		ddl = map[string]string{
+			"postgres": `CREATE TABLE IF NOT EXISTS idem_bench_insert (k text PRIMARY KEY, v bytea)`,
+			"mysql":    `CREATE TABLE IF NOT EXISTS idem_bench_insert (k VARBINARY(255) PRIMARY KEY, v LONGBLOB) ENGINE = InnoDB`,
+		}[bt.srv.dialect.String()]
+	}
+	if _, err := bt.db.ExecContext(ctx, ddl); err != nil {
+		b.Fatal(err)
+	}
+	q := `INSERT INTO ` + table + ` (k, v) VALUES (?, ?)`
+	if bt.srv != nil {
+		q = bt.srv.rebind(q)
+	}
+	st, err := bt.db.PrepareContext(ctx, q)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// fillCompleted inserts the completed records "k<from>" … "k<to-1>" of
+// bt.scope, as Complete would leave them with benchResp, in batches of
+// 100,000 rows: one INSERT … SELECT each.
+func fillCompleted(b *testing.B, bt benchTarget, from, to int) {
+	b.Helper()
+	const cols = `scope, idempotency_key, fingerprint, status, owner, fence,
+		lease_until, retention_ms, response_status, response_header,
+		response_body, body_omitted, created_at, completed_at, expires_at`
+	var q string
+	switch {
+	case bt.srv == nil: // SQLite
+		q = `WITH RECURSIVE g(n) AS (SELECT ? UNION ALL SELECT n + 1 FROM g WHERE n + 1 < ?)
+			INSERT INTO idem_records (` + cols + `)
+			SELECT ?, 'k' || n, 'fp', 'completed', 'bench-owner', 1,
+			       ?, ?, 201, ?, ?, 0, ?, ?, ?
+			FROM g`
+	case bt.srv.dialect.String() == "postgres":
+		q = `INSERT INTO idem_records (` + cols + `)
+			SELECT $3::text, 'k' || n, 'fp', 'completed', 'bench-owner', 1,
+			       $4::bigint, $5::bigint, 201, $6::text, $7::bytea, false, $8::bigint, $9::bigint, $10::bigint
+			FROM generate_series($1::bigint, $2::bigint - 1) n`
+	default: // MySQL: a recursive CTE of 1000 rows (MySQL's default depth), squared
+		q = `INSERT INTO idem_records (` + cols + `)
+			WITH RECURSIVE d(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM d WHERE n < 999)
+			SELECT ?, CONCAT('k', ? + a.n * 1000 + b.n), 'fp', 'completed', 'bench-owner', 1,
+			       ?, ?, 201, ?, ?, FALSE, ?, ?, ?
+			FROM d a CROSS JOIN d b WHERE a.n * 1000 + b.n < ? - ?`
+	}
+	header, err := json.Marshal(benchResp.Header)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	retention := long.Milliseconds()
+	const batch = 100_000
+	for lo := from; lo < to; lo += batch {
+		hi := min(lo+batch, to)
+		var args []any
+		rest := []any{now, retention, string(header), benchResp.Body, now, now, now + retention}
+		switch {
+		case bt.srv == nil:
+			args = append([]any{lo, hi, bt.scope}, rest...)
+		case bt.srv.dialect.String() == "postgres":
+			args = append([]any{lo, hi, bt.scope}, rest...)
+		default:
+			args = append(append([]any{bt.scope, lo}, rest...), hi, lo)
+		}
+		res, err := bt.db.ExecContext(context.Background(), q, args...)
+		if err != nil {
+			b.Fatalf("fill %d…%d: %v", lo, hi, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n != int64(hi-lo) {
+			b.Fatalf("fill %d…%d: %d rows, %v", lo, hi, n, err)
+		}
+	}
+}
