@@ -69,9 +69,10 @@ func newFailureRig(t *testing.T) *failureRig {
 	}
 	r := &failureRig{t: t, proxy: proxy, direct: direct, run: fmt.Sprintf("fail-%d", time.Now().UnixNano())}
 	mw, err := idemhttp.New(&idemhttp.Config{
-		Store: store,
-		Lease: rigLease,
-		Scope: func(*http.Request) (string, error) { return r.run, nil },
+		Store:        store,
+		Lease:        rigLease,
+		StoreTimeout: 300 * time.Millisecond,
+		Scope:        func(*http.Request) (string, error) { return r.run, nil },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +85,9 @@ func newFailureRig(t *testing.T) *failureRig {
 			r.hook("before")
 		}
 		fail := func(err error) { http.Error(w, err.Error(), http.StatusInternalServerError) }
+		// The handler bounds its own transaction, as a handler should.
+		ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
 		tx, err := viaProxy.BeginTx(ctx, nil)
 		if err != nil {
 			fail(err)
@@ -98,6 +102,9 @@ func newFailureRig(t *testing.T) *failureRig {
 		if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
 			fail(err)
 			return
+		}
+		if r.hook != nil {
+			r.hook("commit")
 		}
 		if err := tx.Commit(); err != nil {
 			fail(err)
@@ -242,4 +249,41 @@ func TestStoreDroppedAfterCommit(t *testing.T) {
 	if n := r.effects("k3"); n != 1 || r.calls.Load() != 1 {
 		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
 	}
+}
+
+// The store stalls while the effect and its completion commit: the commit
+// times out in the handler, the middleware's check of the outcome times out
+// (StoreTimeout), and the client gets the handler's real answer instead of
+// hanging. Whether the stalled COMMIT reached the database or not, retries
+// end with exactly one effect and one definite 201.
+func TestStoreStallsOnCommit(t *testing.T) {
+	r := newFailureRig(t)
+	r.hook = func(where string) {
+		if where == "commit" && r.calls.Load() == 1 {
+			r.proxy.Stall()
+		}
+	}
+	w := r.post("k4")
+	if w.Code != http.StatusInternalServerError {
+		t.Fatalf("first: %d %s; want the handler's 500 after its commit timed out", w.Code, w.Body)
+	}
+	r.proxy.Resume()
+	deadline := time.Now().Add(rigLease + 3*time.Second)
+	for {
+		w = r.post("k4")
+		if w.Code == http.StatusCreated {
+			break
+		}
+		if w.Code != http.StatusConflict || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %s", w.Code, w.Body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if w := r.post("k4"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("final retry: %d %v; want a replay", w.Code, w.Header())
+	}
+	if n := r.effects("k4"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	t.Logf("the handler ran %d times", r.calls.Load())
 }
