@@ -18,7 +18,7 @@ import (
 // The scale benchmarks measure the store under load and with many
 // records, each against a baseline of the same database in the same run:
 //
-//	go test -run '^$' -bench 'Throughput|Scale' -benchmem -benchtime 2s -count 3 ./sqlstore/
+//	go test -run '^$' -bench 'Throughput|Scale' -benchmem -benchtime 0.5s -count 3 ./sqlstore/
 //
 // BenchmarkThroughput: 64 goroutines at once (SetParallelism(64 /
 // GOMAXPROCS)), each operation Acquire on a new key then Complete, against

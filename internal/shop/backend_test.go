@@ -1,0 +1,108 @@
+package shop
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/sqlstore"
+)
+
+func TestParseDB(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		raw     string
+		dialect sqlstore.Dialect
+		// dsn is the go-sql-driver DSN a MySQL value turns into.
+		dsn string
+	}{
+		{"sqlite:shopdata/shop.db", sqlstore.SQLite, ""},
+		{"sqlite:/var/lib/shop/shop.db", sqlstore.SQLite, ""},
+		{"postgres://app:pw@db:5432/shop?sslmode=disable", sqlstore.PostgreSQL, ""},
+		{"postgresql://app@db/shop", sqlstore.PostgreSQL, ""},
+		{"mysql://app:pw@db:3307/shop", sqlstore.MySQL, "app:pw@tcp(db:3307)/shop"},
+		{"mysql://app@db/shop", sqlstore.MySQL, "app@tcp(db:3306)/shop"},
+		{"mysql://app:p%40ss@db/shop?tls=skip-verify&timeout=5s", sqlstore.MySQL, "app:p@ss@tcp(db:3306)/shop?timeout=5s&tls=skip-verify"},
+		{"mysql://app@[::1]:3306/shop", sqlstore.MySQL, "app@tcp([::1]:3306)/shop"},
+		{"mysql:app:pw@tcp(db:3306)/shop", sqlstore.MySQL, "app:pw@tcp(db:3306)/shop"},
+		{"mysql:app@unix(/run/mysqld/mysqld.sock)/shop", sqlstore.MySQL, "app@unix(/run/mysqld/mysqld.sock)/shop"},
+	} {
+		got, err := parseDB(c.raw)
+		if err != nil {
+			t.Errorf("%s: %v", c.raw, err)
+			continue
+		}
+		if got.dialect != c.dialect {
+			t.Errorf("%s: dialect %v, want %v", c.raw, got.dialect, c.dialect)
+		}
+		if c.dsn != "" {
+			if dsn := got.mysql.FormatDSN(); dsn != c.dsn {
+				t.Errorf("%s: DSN %q, want %q", c.raw, dsn, c.dsn)
+			}
+		}
+		if strings.Contains(got.display, "pw") {
+			t.Errorf("%s: display %q shows the password", c.raw, got.display)
+		}
+	}
+}
+
+func TestParseDBRejects(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"",
+		"shop.db",
+		"sqlite:",
+		"sqlite://x/shop.db",
+		"sqlite::memory:",
+		"sqlite:file:x.db",
+		"sqlite:x.db?mode=ro",
+		"postgres://app:secretpw@db:notaport/shop",
+		"postgres://app:secretpw@db/shop?sslmode=bogus",
+		"mysql://app:secretpw@db:3306/",
+		"mysql://app:secretpw@/shop",
+		"mysql://app:secretpw@db/a/b",
+		"mysql://app:secretpw@db/shop?tls=bogus",
+		"mysql:app:secretpw@tcp(db:3306)",
+		"mysqlx://app:secretpw@db/shop",
+		"redis://app:secretpw@db/0",
+	} {
+		_, err := parseDB(raw)
+		if err == nil {
+			t.Errorf("%q: accepted", raw)
+			continue
+		}
+		if strings.Contains(err.Error(), "secretpw") {
+			t.Errorf("%q: the error shows the password: %v", raw, err)
+		}
+	}
+}
+
+func TestParseRedis(t *testing.T) {
+	t.Parallel()
+	opts, display, err := parseRedis("redis://u:secretpw@cache:6380/2")
+	if err != nil || opts.Addr != "cache:6380" || opts.DB != 2 || opts.Password != "secretpw" || !opts.ContextTimeoutEnabled {
+		t.Fatalf("%+v, %v", opts, err)
+	}
+	if strings.Contains(display, "secretpw") {
+		t.Errorf("display %q shows the password", display)
+	}
+	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon"} {
+		_, _, err := parseRedis(raw)
+		if err == nil {
+			t.Errorf("%q: accepted", raw)
+		} else if strings.Contains(err.Error(), "secretpw") {
+			t.Errorf("%q: the error shows the password: %v", raw, err)
+		}
+	}
+}
+
+func FuzzParseDB(f *testing.F) {
+	for _, s := range []string{"sqlite:x.db", "postgres://a@b/c", "mysql://a:b@c/d?tls=true", "mysql:a@tcp(b)/c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		got, err := parseDB(raw)
+		if err == nil && got.dialect == nil {
+			t.Fatalf("%q: no error and no dialect", raw)
+		}
+	})
+}

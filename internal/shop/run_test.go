@@ -1,0 +1,76 @@
+package shop_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/shop"
+)
+
+// Bad flag values are refused before anything starts: no listener, no
+// data directory, no database connection.
+func TestRunRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-db", "shop.db"}, "-db"},
+		{[]string{"-db", "sqlite:"}, "-db"},
+		{[]string{"-db", "postgres://app:secretpw@db:notaport/shop"}, "-db"},
+		{[]string{"-db", "mysql://app:secretpw@db:3306/"}, "-db"},
+		{[]string{"-db", "mysql:app:secretpw@tcp(db:3306)"}, "-db"},
+		{[]string{"-db", "sqlite:DATA/shop.db", "-data", "DATA"}, "not both"},
+		{[]string{"-redis", "http://cache:6379/0"}, "-redis"},
+		{[]string{"-redis", "redis://u:secretpw@cache:6379/x"}, "-redis"},
+		{[]string{"-redis", ""}, "-redis"},
+		{[]string{"-data", ""}, "-data"},
+		{[]string{"-wait", "-1s"}, "-wait"},
+		{[]string{"extra"}, "unexpected"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "data")
+			args := []string{"-addr", "127.0.0.1:0"}
+			for _, a := range c.args {
+				args = append(args, strings.ReplaceAll(a, "DATA", dir))
+			}
+			if !hasFlag(args, "-data") && !hasFlag(args, "-db") {
+				args = append(args, "-data", dir)
+			}
+			var stdout, stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := shop.Run(ctx, args, &stdout, &stderr)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not mention %q", err, c.want)
+			}
+			if strings.Contains(err.Error(), "secretpw") {
+				t.Errorf("error %q shows the password", err)
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("printed %q", stdout.String())
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("data directory created (%v)", err)
+			}
+		})
+	}
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name {
+			return true
+		}
+	}
+	return false
+}
