@@ -29,6 +29,9 @@ type failureRig struct {
 	h      http.Handler
 	run    string
 	calls  atomic.Int64
+	// plain makes the handler commit its effect alone and leave the
+	// completion to the middleware (no CompleteTx).
+	plain bool
 	// hook, when set, runs inside the handler: before its transaction
 	// (where == "before") or after its commit (where == "after").
 	hook func(where string)
@@ -99,9 +102,11 @@ func newFailureRig(t *testing.T) *failureRig {
 			return
 		}
 		resp, _ := idemhttp.JSONResponse(http.StatusCreated, map[string]string{"key": key, "n": fmt.Sprint(r.calls.Load())})
-		if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
-			fail(err)
-			return
+		if !r.plain {
+			if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
+				fail(err)
+				return
+			}
 		}
 		if r.hook != nil {
 			r.hook("commit")
@@ -286,4 +291,35 @@ func TestStoreStallsOnCommit(t *testing.T) {
 		t.Fatalf("%d effects, want 1", n)
 	}
 	t.Logf("the handler ran %d times", r.calls.Load())
+}
+
+// The store stalls when the middleware completes a record after the
+// handler's effect committed on its own (no CompleteTx): the completion
+// times out (StoreTimeout), the client still gets the handler's real 201,
+// and the record is left processing to its lease, so a retry within the
+// lease gets 409 and the effect is not run again. (After the lease a retry
+// runs the handler again: an effect outside the record's transaction must
+// be idempotent itself; that is why the shop uses CompleteTx.)
+func TestStoreStallsOnComplete(t *testing.T) {
+	r := newFailureRig(t)
+	r.plain = true
+	r.hook = func(where string) {
+		if where == "after" && r.calls.Load() == 1 {
+			r.proxy.Stall()
+		}
+	}
+	w := r.post("k5")
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %s; want the handler's real 201", w.Code, w.Body)
+	}
+	if s := r.status("k5"); s != "processing" {
+		t.Fatalf("record is %s; want processing, left to its lease", s)
+	}
+	r.proxy.Resume()
+	if w := r.post("k5"); w.Code != http.StatusConflict || problem(w) != "PROCESSING" {
+		t.Fatalf("retry within the lease: %d %s; want 409 PROCESSING", w.Code, w.Body)
+	}
+	if n := r.effects("k5"); n != 1 || r.calls.Load() != 1 {
+		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
+	}
 }
