@@ -21,6 +21,8 @@ const (
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultCooldown is how long Redis is skipped after it failed.
 	DefaultCooldown = time.Second
+	// DefaultMarkerTTL is Config.MarkerTTL's default.
+	DefaultMarkerTTL = time.Second
 )
 
 // Config configures a Store. A nil Config, and the zero value of each
@@ -37,6 +39,12 @@ type Config struct {
 	// Cooldown is how long Redis is skipped after a failed call; then one
 	// call probes it again. Default 1 s.
 	Cooldown time.Duration
+	// MarkerTTL caps how long an in-flight entry lives in Redis (never
+	// longer than the lease). It bounds how long a marker whose deletion
+	// failed (Redis slow or down when the execution ended) keeps answering
+	// 409 to retries; duplicates that arrive after it go to the truth.
+	// Default 1 s.
+	MarkerTTL time.Duration
 	// Logger receives a warning when Redis fails and the circuit opens, and
 	// a message when Redis answers again (at most one of each per
 	// cooldown). Nil discards them.
@@ -63,6 +71,7 @@ type Store struct {
 	truth    idem.Store
 	prefix   string
 	timeout  time.Duration
+	marker   time.Duration
 	log      *slog.Logger
 	circuit  *circuit
 	counters counters
@@ -94,8 +103,11 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 	if err := validatePrefix(c.Prefix); err != nil {
 		return nil, err
 	}
-	if c.Timeout < 0 || c.Cooldown < 0 {
-		return nil, fmt.Errorf("tieredstore: negative duration in Config (timeout %v, cooldown %v)", c.Timeout, c.Cooldown)
+	if c.Timeout < 0 || c.Cooldown < 0 || c.MarkerTTL < 0 {
+		return nil, fmt.Errorf("tieredstore: negative duration in Config (timeout %v, cooldown %v, marker TTL %v)", c.Timeout, c.Cooldown, c.MarkerTTL)
+	}
+	if c.MarkerTTL == 0 {
+		c.MarkerTTL = DefaultMarkerTTL
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
@@ -111,6 +123,7 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 		truth:   truth,
 		prefix:  c.Prefix,
 		timeout: c.Timeout,
+		marker:  c.MarkerTTL,
 		log:     c.Logger,
 		circuit: newCircuit(c.Cooldown),
 	}, nil
@@ -160,7 +173,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	}
 	switch {
 	case res.Outcome == idem.Acquired:
-		s.refill(ctx, name, res.Lease, idem.StatusProcessing, req.Lease, sent)
+		s.refill(ctx, name, res.Lease, idem.StatusProcessing, min(req.Lease, s.marker), sent)
 	case res.Record.Status == idem.StatusCompleted: // Completed, or Mismatch on a completed record
 		s.fillCompleted(ctx, name, res.Record)
 	}
@@ -239,7 +252,7 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	if err != nil {
 		return nl, err
 	}
-	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusProcessing, ttl, sent)
+	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusProcessing, min(ttl, s.marker), sent)
 	return nl, nil
 }
 

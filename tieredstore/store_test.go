@@ -3,6 +3,7 @@ package tieredstore_test
 import (
 	"context"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"sync"
 	"testing"
@@ -249,5 +250,27 @@ func TestPrefixIsolation(t *testing.T) {
 	}
 	if res, err := b.Acquire(ctx, req("k", "fp")); err != nil || res.Outcome != idem.Acquired {
 		t.Fatalf("second store's Acquire = %v, %v; want acquired", res.Outcome, err)
+	}
+}
+
+func TestMarkerTTLCapsInFlightEntries(t *testing.T) {
+	// An in-flight entry lives at most MarkerTTL in Redis, however long the
+	// lease: a marker whose deletion failed answers 409 no longer than that.
+	rc := redisClient(t)
+	_, truth := newTruth(t)
+	prefix := randomPrefix()
+	s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: prefix, MarkerTTL: 200 * time.Millisecond})
+	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
+	res, err := s.Acquire(t.Context(), req)
+	if err != nil || res.Outcome != idem.Acquired {
+		t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+	}
+	name := prefix + ":{" + base64.RawURLEncoding.EncodeToString([]byte("t")) + "." + base64.RawURLEncoding.EncodeToString([]byte("k")) + "}"
+	ttl, err := rc.PTTL(t.Context(), name).Result()
+	if err != nil || ttl <= 0 || ttl > 200*time.Millisecond {
+		t.Fatalf("PTTL of the in-flight entry = %v, %v; want (0, 200ms]", ttl, err)
+	}
+	if _, err := tieredstore.New(rc, truth, &tieredstore.Config{MarkerTTL: -1}); err == nil {
+		t.Fatal("New accepted a negative MarkerTTL")
 	}
 }
