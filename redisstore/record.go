@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,26 +9,12 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/rediskey"
 )
 
-// recordKey names the hash that holds the record of (scope, key):
-//
-//	PREFIX:{B64(scope).B64(key)}
-//
-// where B64 is unpadded base64url (RFC 4648 §5). Its alphabet has neither
-// '.' nor '}', so the name decodes to exactly one (scope, key) — distinct
-// pairs never meet — and the hash tag, the text between the braces, is the
-// whole identity: every key of one record would share a cluster slot.
+// recordKey names the record of (scope, key) (see internal/rediskey).
 func (s *Store) recordKey(scope, key string) string {
-	enc := base64.RawURLEncoding
-	b := make([]byte, 0, len(s.prefix)+4+enc.EncodedLen(len(scope))+enc.EncodedLen(len(key)))
-	b = append(b, s.prefix...)
-	b = append(b, ":{"...)
-	b = enc.AppendEncode(b, []byte(scope))
-	b = append(b, '.')
-	b = enc.AppendEncode(b, []byte(key))
-	b = append(b, '}')
-	return string(b)
+	return rediskey.Name(s.prefix, scope, key)
 }
 
 // recordFields are the hash's fields in the order read (lib.lua) returns

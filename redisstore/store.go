@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/rediskey"
 )
 
 // Defaults of Config.
@@ -108,7 +109,7 @@ func New(client Client, cfg *Config) (*Store, error) {
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
 	}
-	if err := validatePrefix(c.Prefix); err != nil {
+	if err := rediskey.ValidatePrefix("redisstore", c.Prefix); err != nil {
 		return nil, err
 	}
 	switch {
@@ -121,18 +122,6 @@ func New(client Client, cfg *Config) (*Store, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Store{client: client, prefix: c.Prefix, graceMS: millis(c.Grace), log: c.Logger}, nil
-}
-
-func validatePrefix(p string) error {
-	if len(p) > 64 {
-		return fmt.Errorf("redisstore: prefix is %d bytes, more than 64", len(p))
-	}
-	for i, r := range p {
-		if r == '{' || r == '}' || r == ' ' || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return fmt.Errorf("redisstore: prefix %q has %q at byte %d: no braces, spaces or control characters", p, r, i)
-		}
-	}
-	return nil
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see idem.Store.

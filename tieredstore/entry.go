@@ -1,7 +1,6 @@
 package tieredstore
 
 import (
-	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,25 +8,12 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/rediskey"
 )
 
-// entryKey names the cache entry of (scope, key):
-//
-//	PREFIX:{B64(scope).B64(key)}
-//
-// where B64 is unpadded base64url (RFC 4648 §5). The alphabet has neither
-// '.' nor '}', so a name decodes to exactly one (scope, key), and the text
-// between the braces is a Redis Cluster hash tag.
+// entryKey names the record of (scope, key) (see internal/rediskey).
 func (s *Store) entryKey(scope, key string) string {
-	enc := base64.RawURLEncoding
-	b := make([]byte, 0, len(s.prefix)+4+enc.EncodedLen(len(scope))+enc.EncodedLen(len(key)))
-	b = append(b, s.prefix...)
-	b = append(b, ":{"...)
-	b = enc.AppendEncode(b, []byte(scope))
-	b = append(b, '.')
-	b = enc.AppendEncode(b, []byte(key))
-	b = append(b, '}')
-	return string(b)
+	return rediskey.Name(s.prefix, scope, key)
 }
 
 // entryVersion is the first byte of every entry. An entry of another

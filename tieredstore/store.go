@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/rediskey"
 )
 
 // Defaults of Config.
@@ -100,7 +101,7 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
 	}
-	if err := validatePrefix(c.Prefix); err != nil {
+	if err := rediskey.ValidatePrefix("tieredstore", c.Prefix); err != nil {
 		return nil, err
 	}
 	if c.Timeout < 0 || c.Cooldown < 0 || c.MarkerTTL < 0 {
@@ -127,18 +128,6 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 		log:     c.Logger,
 		circuit: newCircuit(c.Cooldown),
 	}, nil
-}
-
-func validatePrefix(p string) error {
-	if len(p) > 64 {
-		return fmt.Errorf("tieredstore: prefix is %d bytes, more than 64", len(p))
-	}
-	for i, r := range p {
-		if r == '{' || r == '}' || r == ' ' || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return fmt.Errorf("tieredstore: prefix %q has %q at byte %d: no braces, spaces or control characters", p, r, i)
-		}
-	}
-	return nil
 }
 
 // Truth returns the store that decides every acquisition and completion.
