@@ -56,7 +56,10 @@
 //
 //   - A stale in-flight entry (Release's or Complete's Redis write failed
 //     or timed out, or a write that timed out landed late) answers 409 to
-//     retries until its TTL, at most the lease (30 s by default).
+//     retries until its TTL: in-flight entries live at most
+//     Config.MarkerTTL (1 s by default; never longer than the lease), after
+//     which duplicates of a still-running execution are answered by the
+//     truth.
 //   - A stale completed entry exists only after [Store.Delete] (operator
 //     eviction) whose Redis delete failed, or raced a Get or Acquire that
 //     read the record just before the delete and cached it just after: the
