@@ -69,9 +69,10 @@ type Config struct {
 	Lease, MaxExecution, Retention time.Duration
 
 	// StoreTimeout bounds each store call that acquires or ends a request's
-	// execution (idem.GuardConfig.StoreTimeout): an Acquire that runs out
-	// is answered 503 STORE_UNAVAILABLE; a completion that runs out still
-	// sends the handler's response, and the record is left to its lease.
+	// execution (idem.GuardConfig.StoreTimeout), and each read of the Wait
+	// mode: an Acquire or a read that runs out is answered 503
+	// STORE_UNAVAILABLE; a completion that runs out still sends the
+	// handler's response, and the record is left to its lease.
 	// Zero means idem.DefaultStoreTimeout (5 s); negative means no bound
 	// beyond the request's context.
 	StoreTimeout time.Duration

@@ -322,7 +322,7 @@ func (m *Middleware) poll(ctx context.Context, scope, key string, fp idem.Finger
 			return idem.Record{}, pollTimeout, nil
 		case <-timer.C:
 		}
-		rec, err := m.store.Get(ctx, scope, key)
+		rec, err := m.get(ctx, scope, key)
 		switch {
 		case errors.Is(err, idem.ErrNotFound):
 			return idem.Record{}, pollAcquire, nil // released: a retry may run it
@@ -342,6 +342,17 @@ func (m *Middleware) poll(ctx context.Context, scope, key string, fp idem.Finger
 		}
 		delay = min(delay*2, maxPoll)
 	}
+}
+
+// get reads the record for the Wait mode, bounded by the guard's
+// StoreTimeout like the guard's own calls.
+func (m *Middleware) get(ctx context.Context, scope, key string) (idem.Record, error) {
+	if t := m.guard.Config().StoreTimeout; t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	return m.store.Get(ctx, scope, key)
 }
 
 // run runs the handler under exec and ends the execution.

@@ -997,3 +997,40 @@ func TestEarlyHintsAndTrailers(t *testing.T) {
 		t.Fatalf("record %+v", rec.Response)
 	}
 }
+
+// hangingGetStore answers Get only when its context ends: a store that
+// stalls while a retry waits.
+type hangingGetStore struct{ idem.Store }
+
+func (s hangingGetStore) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	<-ctx.Done()
+	return idem.Record{}, ctx.Err()
+}
+
+// Wait mode: a store that stalls while a retry polls it is bounded by
+// StoreTimeout, and the retry is answered 503, not held for the whole Wait.
+func TestWaitStoreStalls(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{})
+	e := setup(t, &idemhttp.Config{Store: hangingGetStore{memstore.New(nil)}, Wait: time.Minute, StoreTimeout: 50 * time.Millisecond},
+		func(w http.ResponseWriter, r *http.Request) {
+			close(started)
+			<-release
+			w.WriteHeader(http.StatusCreated)
+		})
+	done := make(chan struct{})
+	go func() { defer close(done); e.do(http.MethodPost, "/things", "k", `{}`) }()
+	<-started
+	finished := make(chan *httptest.ResponseRecorder)
+	go func() { finished <- e.do(http.MethodPost, "/things", "k", `{}`) }()
+	select {
+	case w := <-finished:
+		wantProblem(t, w, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting retry was held far past StoreTimeout")
+	}
+	close(release)
+	<-done
+	e.wantCalls(1)
+}
