@@ -38,31 +38,7 @@ func isLocked(err error) bool {
 func TestAcquireRace(t *testing.T) {
 	t.Parallel()
 	_, s := setup(t)
-	for round := range 3 {
-		key := fmt.Sprintf("race-%d", round)
-		var acquired, inFlight atomic.Int64
-		var errs []error
-		var mu sync.Mutex
-		race(200, func(int) {
-			res, err := s.Acquire(context.Background(), req(key, "fp", long))
-			switch {
-			case err != nil:
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			case res.Outcome == idem.Acquired:
-				acquired.Add(1)
-			case res.Outcome == idem.InFlight:
-				inFlight.Add(1)
-			}
-		})
-		if len(errs) > 0 {
-			t.Fatalf("round %d: %d errors, first: %v", round, len(errs), errs[0])
-		}
-		if acquired.Load() != 1 || inFlight.Load() != 199 {
-			t.Fatalf("round %d: %d acquired, %d in flight; want 1 and 199", round, acquired.Load(), inFlight.Load())
-		}
-	}
+	acquireRace(t, s)
 }
 
 // TestCompleteTxUnderLoad: 50 goroutines each run a business transaction
