@@ -1,13 +1,11 @@
 package idemhttp_test
 
 import (
-	"context"
 	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/sqlitetest"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -22,23 +21,7 @@ import (
 // a business table "orders" next to the records.
 func newSQLite(t testing.TB) (*sql.DB, *sqlstore.Store) {
 	t.Helper()
-	ctx := context.Background()
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "idem.db"))
-	if err != nil {
-		t.Fatalf("OpenSQLite: %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
-	if err != nil {
-		t.Fatalf("sqlstore.New: %v", err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatalf("Migrate: %v", err)
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	return db, store
+	return sqlitetest.Open(t, `CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT NOT NULL)`)
 }
 
 func countOrders(t *testing.T, db *sql.DB) int {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/throughput"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -31,27 +31,6 @@ import (
 // why the larger size is 100 thousand and not a million; -short skips it.
 
 var scaleResp = idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 256)}
-
-// scaleSeq numbers the new keys of the scale benchmarks.
-var scaleSeq atomic.Int64
-
-// parallel64 runs op on 64 goroutines (64 / GOMAXPROCS per processor, at
-// least one) until b.N operations are done, and reports operations per
-// second. op receives a number unique within the process.
-func parallel64(b *testing.B, op func(ctx context.Context, n int64) error) {
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := op(ctx, scaleSeq.Add(1)); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-}
 
 func scaleReq(key string) idem.AcquireRequest {
 	return idem.AcquireRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
@@ -73,10 +52,10 @@ func BenchmarkThroughput(b *testing.B) {
 	c := singleClient(b)
 	s := newStore(b, c, nil)
 	b.Run("ping", func(b *testing.B) {
-		parallel64(b, func(ctx context.Context, _ int64) error { return c.Ping(ctx).Err() })
+		throughput.Run(b, func(ctx context.Context, _ int64) error { return c.Ping(ctx).Err() })
 	})
 	b.Run("acquire-complete", func(b *testing.B) {
-		parallel64(b, func(ctx context.Context, n int64) error {
+		throughput.Run(b, func(ctx context.Context, n int64) error {
 			return acquireComplete(ctx, s, "t"+strconv.FormatInt(n, 10))
 		})
 	})
@@ -108,7 +87,7 @@ func BenchmarkScale(b *testing.B) {
 			})
 			b.Run("acquire-new", func(b *testing.B) {
 				for b.Loop() {
-					res, err := s.Acquire(ctx, scaleReq("new"+strconv.FormatInt(scaleSeq.Add(1), 10)))
+					res, err := s.Acquire(ctx, scaleReq("new"+strconv.FormatInt(throughput.Next(), 10)))
 					if err != nil || res.Outcome != idem.Acquired {
 						b.Fatal(res.Outcome, err)
 					}

@@ -32,15 +32,6 @@ func isLocked(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "database is locked") || strings.Contains(err.Error(), "SQLITE_BUSY"))
 }
 
-// TestAcquireRace: 200 goroutines race Acquire on one key of a file
-// database, three times over: exactly one is told Acquired each time, and
-// none fails.
-func TestAcquireRace(t *testing.T) {
-	t.Parallel()
-	_, s := setup(t)
-	acquireRace(t, s)
-}
-
 // TestCompleteTxUnderLoad: 50 goroutines each run a business transaction
 // (insert a row, CompleteTx, commit) on keys of their own, while 20 others
 // acquire, extend and complete keys outside any transaction. No call may
@@ -218,115 +209,6 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 		t.Errorf("%d executions of 30 lost their lease (%d runs in all)", lost, runs.Load())
 	}
 	t.Logf("30 payments, %d runs, %v", runs.Load(), time.Since(started))
-}
-
-// TestCompleteTx: the completion commits with the business transaction,
-// or rolls back with it.
-func TestCompleteTx(t *testing.T) {
-	t.Parallel()
-	db, s := setup(t)
-	ctx := t.Context()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	run := func(key string, commit bool) idem.Lease {
-		t.Helper()
-		l := mustAcquire(t, s, req(key, "fp", long), idem.Acquired).Lease
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id) VALUES (?)`, key); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 201, Body: []byte("ok")}, long); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			err = tx.Commit()
-		} else {
-			err = tx.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	count := func(key string) (n int) {
-		t.Helper()
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM orders WHERE id = ?`, key).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-
-	run("committed", true)
-	if rec, err := s.Get(ctx, "tenant", "committed"); err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "ok" {
-		t.Fatalf("after commit: %+v, %v", rec, err)
-	}
-	if count("committed") != 1 {
-		t.Fatal("business row missing after commit")
-	}
-
-	l := run("rolled back", false)
-	rec, err := s.Get(ctx, "tenant", "rolled back")
-	if err != nil || rec.Status != idem.StatusProcessing || rec.Response != nil || rec.Owner != l.Owner {
-		t.Fatalf("after rollback: %+v, %v", rec, err)
-	}
-	if count("rolled back") != 0 {
-		t.Fatal("business row present after rollback")
-	}
-	// The lease is still held: it completes now.
-	if err := s.Complete(ctx, l, idem.Response{StatusCode: 200}, long); err != nil {
-		t.Fatalf("Complete after rollback: %v", err)
-	}
-
-	// A stale lease is refused inside the transaction too, and the caller
-	// rolls the effect back.
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("CompleteTx of a completed record = %v, want ErrLeaseLost", err)
-	}
-}
-
-// TestCompleteTxBlocksTakeover: while CompleteTx's transaction is open a
-// takeover waits for it and then sees its outcome.
-func TestCompleteTxBlocksTakeover(t *testing.T) {
-	t.Parallel()
-	db, s := setup(t)
-	ctx := t.Context()
-	l := mustAcquire(t, s, req("k", "fp", short), idem.Acquired).Lease
-	time.Sleep(short + 20*time.Millisecond) // the lease ran out, nobody took over
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan idem.AcquireResult, 1)
-	go func() {
-		res, err := s.Acquire(context.Background(), req("k", "fp", long))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- res
-	}()
-	select {
-	case res := <-got:
-		t.Fatalf("Acquire did not wait for the transaction: %v", res.Outcome)
-	case <-time.After(100 * time.Millisecond):
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if res := <-got; res.Outcome != idem.Completed {
-		t.Fatalf("Acquire after commit = %v, want completed", res.Outcome)
-	}
 }
 
 // TestMigrate: Migrate is idempotent, safe from many goroutines and

@@ -6,13 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/throughput"
 )
 
 // The scale benchmarks measure the store under load and with many
@@ -37,27 +36,6 @@ import (
 // PostgreSQL's default 100 connections next to other test processes.
 const scalePool = 32
 
-// parallel64 runs op on 64 goroutines (64 / GOMAXPROCS per processor, at
-// least one) until b.N operations are done, and reports operations per
-// second. op receives a number unique within the process.
-func parallel64(b *testing.B, op func(ctx context.Context, n int64) error) {
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := op(ctx, scaleSeq.Add(1)); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-}
-
-// scaleSeq numbers the new keys of the scale benchmarks.
-var scaleSeq atomic.Int64
-
 func BenchmarkThroughput(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
 		if bt.srv != nil {
@@ -71,13 +49,13 @@ func BenchmarkThroughput(b *testing.B) {
 		}
 		defer stmt.Close()
 		b.Run("select1", func(b *testing.B) {
-			parallel64(b, func(ctx context.Context, _ int64) error {
+			throughput.Run(b, func(ctx context.Context, _ int64) error {
 				var one int
 				return stmt.QueryRowContext(ctx).Scan(&one)
 			})
 		})
 		b.Run("acquire-complete", func(b *testing.B) {
-			parallel64(b, func(ctx context.Context, n int64) error {
+			throughput.Run(b, func(ctx context.Context, n int64) error {
 				res, err := bt.s.Acquire(ctx, bt.req("t"+strconv.FormatInt(n, 10)))
 				if err != nil {
 					return err
@@ -125,14 +103,14 @@ func BenchmarkScale(b *testing.B) {
 				})
 				b.Run("baseline-insert", func(b *testing.B) {
 					for b.Loop() {
-						if _, err := ins.ExecContext(ctx, insPrefix+strconv.FormatInt(scaleSeq.Add(1), 10), benchResp.Body); err != nil {
+						if _, err := ins.ExecContext(ctx, insPrefix+strconv.FormatInt(throughput.Next(), 10), benchResp.Body); err != nil {
 							b.Fatal(err)
 						}
 					}
 				})
 				b.Run("acquire-new", func(b *testing.B) {
 					for b.Loop() {
-						res, err := bt.s.Acquire(ctx, bt.req("new"+strconv.FormatInt(scaleSeq.Add(1), 10)))
+						res, err := bt.s.Acquire(ctx, bt.req("new"+strconv.FormatInt(throughput.Next(), 10)))
 						if err != nil || res.Outcome != idem.Acquired {
 							b.Fatal(res.Outcome, err)
 						}

@@ -44,7 +44,20 @@ var servers = []server{
 
 // forServers runs f as a subtest for each server, in parallel.
 func forServers(t *testing.T, f func(t *testing.T, srv server)) {
-	for _, srv := range servers {
+	forEach(t, servers, f)
+}
+
+// sqlite is SQLite in the shape of a server: setup opens a fresh file in
+// the test's temporary directory.
+var sqlite = server{dialect: sqlstore.SQLite, bizTable: `CREATE TABLE IF NOT EXISTS %s (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`}
+
+// forDialects runs f on SQLite and on each server.
+func forDialects(t *testing.T, f func(t *testing.T, srv server)) {
+	forEach(t, append([]server{sqlite}, servers...), f)
+}
+
+func forEach(t *testing.T, list []server, f func(t *testing.T, srv server)) {
+	for _, srv := range list {
 		t.Run(srv.dialect.String(), func(t *testing.T) {
 			t.Parallel()
 			f(t, srv)
@@ -98,6 +111,9 @@ func (srv server) open(t testing.TB, addr string) *sql.DB {
 // store.
 func (srv server) setup(t testing.TB) (*sql.DB, *sqlstore.Store) {
 	t.Helper()
+	if srv.dialect == sqlstore.SQLite {
+		return setup(t)
+	}
 	db := srv.open(t, "")
 	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
 	if err != nil {
@@ -136,17 +152,19 @@ func TestServerConformance(t *testing.T) {
 
 // TestServerAcquireRace: 200 goroutines race Acquire on one key, three
 // times over: exactly one is told Acquired each time, and none fails.
-func TestServerAcquireRace(t *testing.T) {
-	forServers(t, func(t *testing.T, srv server) {
+// TestAcquireRace: 200 goroutines race Acquire on one key, three times
+// over, on every dialect: exactly one is told Acquired each time.
+func TestAcquireRace(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
 		_, s := srv.setup(t)
 		acquireRace(t, s)
 	})
 }
 
-// TestServerCompleteTx: the completion commits with the business
+// TestCompleteTx: the completion commits with the business
 // transaction, or rolls back with it; a stale lease is refused inside it.
-func TestServerCompleteTx(t *testing.T) {
-	forServers(t, func(t *testing.T, srv server) {
+func TestCompleteTx(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
 		db, s := srv.setup(t)
 		ctx := t.Context()
 		srv.table(t, db, "idem_test_orders")
@@ -216,11 +234,11 @@ func TestServerCompleteTx(t *testing.T) {
 	})
 }
 
-// TestServerCompleteTxBlocksTakeover: while CompleteTx's transaction is
+// TestCompleteTxBlocksTakeover: while CompleteTx's transaction is
 // open, a takeover of the (ended) lease waits for it and then sees the
 // record completed.
-func TestServerCompleteTxBlocksTakeover(t *testing.T) {
-	forServers(t, func(t *testing.T, srv server) {
+func TestCompleteTxBlocksTakeover(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
 		db, s := srv.setup(t)
 		ctx := t.Context()
 		r := idem.AcquireRequest{Scope: randomName("takeover-"), Key: "k", Fingerprint: "fp", Lease: short, Retention: long}

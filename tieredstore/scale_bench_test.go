@@ -5,10 +5,8 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/throughput"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -52,16 +51,16 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 	defer stmt.Close()
 	b.Run("postgres-select1", func(b *testing.B) {
-		parallel64(b, func(ctx context.Context, _ int64) error {
+		throughput.Run(b, func(ctx context.Context, _ int64) error {
 			var one int
 			return stmt.QueryRowContext(ctx).Scan(&one)
 		})
 	})
 	b.Run("redis-ping", func(b *testing.B) {
-		parallel64(b, func(ctx context.Context, _ int64) error { return c.Ping(ctx).Err() })
+		throughput.Run(b, func(ctx context.Context, _ int64) error { return c.Ping(ctx).Err() })
 	})
-	b.Run("truth-acquire-complete", func(b *testing.B) { parallel64(b, acquireComplete(truth)) })
-	b.Run("tiered-acquire-complete", func(b *testing.B) { parallel64(b, acquireComplete(s)) })
+	b.Run("truth-acquire-complete", func(b *testing.B) { throughput.Run(b, acquireComplete(truth)) })
+	b.Run("tiered-acquire-complete", func(b *testing.B) { throughput.Run(b, acquireComplete(s)) })
 	if st := s.Stats(); st.Errors != 0 {
 		b.Fatalf("stats %+v", st)
 	}
@@ -90,25 +89,4 @@ func postgresTruth(b *testing.B) (*sql.DB, *sqlstore.Store) {
 		b.Fatal(err)
 	}
 	return db, s
-}
-
-// scaleSeq numbers the new keys of BenchmarkThroughput.
-var scaleSeq atomic.Int64
-
-// parallel64 runs op on 64 goroutines (64 / GOMAXPROCS per processor, at
-// least one) until b.N operations are done, and reports operations per
-// second. op receives a number unique within the process.
-func parallel64(b *testing.B, op func(ctx context.Context, n int64) error) {
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := op(ctx, scaleSeq.Add(1)); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
