@@ -141,7 +141,9 @@ func (r AcquireRequest) Validate() error {
 }
 
 // AcquireResult is the answer of Acquire. Lease is set when Outcome is
-// Acquired; Record is set for the other outcomes.
+// Acquired. Record is set for every outcome: for Acquired it is the
+// processing record the lease now holds, as the store wrote it (what Get
+// would return), so that a caller that caches records needs no read back.
 type AcquireResult struct {
 	Outcome Outcome
 	Lease   Lease

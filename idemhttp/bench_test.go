@@ -73,15 +73,22 @@ const (
 	sameKey         // one key, completed before the timer starts: every request is a replay
 )
 
-// benchServe serves b.N requests with the 1 KiB body through h, each into
-// a fresh httptest.ResponseRecorder; the request is reused (its body
+// replayKey is the key of the sameKey requests.
+var replayKey = []string{"bench-replay"}
+
+// newServe returns a function that serves a request with the 1 KiB body
+// through h, into a fresh httptest.ResponseRecorder, with the
+// Idempotency-Key key (none if nil). The request is reused (its body
 // reset), so its construction is not measured.
-func benchServe(b *testing.B, h http.Handler, method string, mode keyMode, want int) {
+func newServe(h http.Handler, method string) func(key []string) *httptest.ResponseRecorder {
 	rd := bytes.NewReader(benchBody)
 	r := httptest.NewRequest(method, "/orders", nil)
 	r.Header.Set("Content-Type", "application/json")
 	body := readCloser{rd}
-	serve := func() *httptest.ResponseRecorder {
+	return func(key []string) *httptest.ResponseRecorder {
+		if key != nil {
+			r.Header[idemhttp.HeaderIdempotencyKey] = key
+		}
 		rd.Reset(benchBody)
 		r.Body = body
 		r.ContentLength = int64(len(benchBody))
@@ -89,6 +96,11 @@ func benchServe(b *testing.B, h http.Handler, method string, mode keyMode, want 
 		h.ServeHTTP(w, r)
 		return w
 	}
+}
+
+// benchServe serves b.N requests through h with newServe.
+func benchServe(b *testing.B, h http.Handler, method string, mode keyMode, want int) {
+	serve := newServe(h, method)
 	var keys []string
 	switch mode {
 	case newKey:
@@ -97,18 +109,18 @@ func benchServe(b *testing.B, h http.Handler, method string, mode keyMode, want 
 			keys[i] = "bench-" + strconv.Itoa(i)
 		}
 	case sameKey:
-		r.Header.Set(idemhttp.HeaderIdempotencyKey, "bench-replay")
-		if w := serve(); w.Code != want {
+		if w := serve(replayKey); w.Code != want {
 			b.Fatalf("priming: status %d: %s", w.Code, w.Body)
 		}
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		var key []string
 		if keys != nil {
-			r.Header[idemhttp.HeaderIdempotencyKey] = keys[i : i+1]
+			key = keys[i : i+1]
 		}
-		if w := serve(); w.Code != want {
+		if w := serve(key); w.Code != want {
 			b.Fatalf("status %d: %s", w.Code, w.Body)
 		}
 	}

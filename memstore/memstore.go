@@ -91,7 +91,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		taken.Retention = req.Retention
 		taken.ExpiresAt = taken.LeaseUntil.Add(req.Retention)
 		s.records[id] = &taken
-		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&taken.Record), TookOver: true}, nil
+		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&taken.Record), Record: taken.Record, TookOver: true}, nil
 	}
 	rec.Fingerprint = req.Fingerprint
 	rec.Status = idem.StatusProcessing
@@ -101,7 +101,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	rec.Retention = req.Retention
 	rec.ExpiresAt = rec.LeaseUntil.Add(req.Retention)
 	s.records[id] = rec
-	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&rec.Record), TookOver: tookOver}, nil
+	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&rec.Record), Record: rec.Record, TookOver: tookOver}, nil
 }
 
 // Complete stores resp (a deep copy) and marks the record completed, kept

@@ -1,8 +1,10 @@
 -- acquire.lua claims the lease on a record.
 -- KEYS[1]: the record. ARGV: fingerprint, lease ms, retention ms, new owner,
 -- grace ms.
--- Returns {1 (acquired), took over 0/1, fence, lease_until}, or
--- {2 (in flight) | 3 (completed) | 4 (mismatch), record fields}.
+-- Returns {1 (acquired), took over 0/1, fence, lease_until, created_at,
+-- retention, expires_at} (the record it wrote, with the request's
+-- fingerprint and the new owner), or {2 (in flight) | 3 (completed) |
+-- 4 (mismatch), record fields}.
 local key = KEYS[1]
 local fp, lease, retention, owner, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
@@ -34,7 +36,7 @@ if r[1] then
     redis.call('HSET', key, 'owner', owner, 'fence', int(fence), 'lease_until', int(lease_until),
       'retention', int(retention), 'expires_at', int(expires))
     expire_at(key, expires, grace)
-    return {1, 1, fence, lease_until}
+    return {1, 1, fence, lease_until, tonumber(redis.call('HGET', key, 'created_at')), retention, expires}
   end
 end
 
@@ -44,4 +46,4 @@ redis.call('HSET', key, 'status', 'processing', 'fp', fp, 'owner', owner, 'fence
   'lease_until', int(lease_until), 'retention', int(retention), 'created_at', int(now),
   'expires_at', int(expires))
 expire_at(key, expires, grace)
-return {1, took, fence, lease_until}
+return {1, took, fence, lease_until, now, retention, expires}

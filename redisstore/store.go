@@ -152,18 +152,29 @@ func decodeAcquire(v []any, req idem.AcquireRequest, owner string) (idem.Acquire
 	code, _ := v[0].(int64)
 	switch code {
 	case 1:
-		if len(v) != 4 {
+		if len(v) != 7 {
 			return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
 		}
-		took, _ := v[1].(int64)
-		fence, ok1 := v[2].(int64)
-		until, ok2 := v[3].(int64)
-		if !ok1 || !ok2 {
-			return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+		var n [6]int64
+		for i := range n {
+			x, ok := v[i+1].(int64)
+			if !ok {
+				return idem.AcquireResult{}, fmt.Errorf("unexpected reply %v", v)
+			}
+			n[i] = x
 		}
+		took, fence, until, created, retention, expires := n[0], n[1], n[2], n[3], n[4], n[5]
 		return idem.AcquireResult{
-			Outcome:  idem.Acquired,
-			Lease:    idem.Lease{Scope: req.Scope, Key: req.Key, Owner: owner, Fence: fence, Until: time.UnixMilli(until)},
+			Outcome: idem.Acquired,
+			Lease:   idem.Lease{Scope: req.Scope, Key: req.Key, Owner: owner, Fence: fence, Until: time.UnixMilli(until)},
+			Record: idem.Record{
+				Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
+				Status: idem.StatusProcessing, Owner: owner, Fence: fence,
+				LeaseUntil: time.UnixMilli(until),
+				Retention:  time.Duration(retention) * time.Millisecond,
+				CreatedAt:  time.UnixMilli(created),
+				ExpiresAt:  time.UnixMilli(expires),
+			},
 			TookOver: took == 1,
 		}, nil
 	case 2, 3, 4:

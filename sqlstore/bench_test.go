@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchpair"
+	"github.com/idemkit/idem/internal/throughput"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -27,6 +29,11 @@ import (
 // database.
 //
 //	go test -run '^$' -bench 'AcquireNew|Complete$|Replay|Baseline' -benchmem -count 3 ./sqlstore/
+//
+// Separate benchmarks run minutes apart on a machine whose round trip
+// drifts, so their ratios swing; BenchmarkVsRoundTrip measures each
+// operation interleaved with its baselines in one loop (see
+// internal/benchpair) and reports the ratios of the same run.
 
 var benchResp = idem.Response{
 	StatusCode: 201,
@@ -78,38 +85,56 @@ func BenchmarkAcquireNew(b *testing.B) {
 func BenchmarkComplete(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
 		ctx := context.Background()
-		leases := make([]idem.Lease, 0, 1024)
-		for i := 0; b.Loop(); i++ {
-			if len(leases) == 0 {
-				b.StopTimer()
-				for j := range cap(leases) {
-					res, err := bt.s.Acquire(ctx, bt.req(fmt.Sprint("k", i, "-", j)))
-					if err != nil {
-						b.Fatal(err)
-					}
-					leases = append(leases, res.Lease)
-				}
-				b.StartTimer()
-			}
-			l := leases[len(leases)-1]
-			leases = leases[:len(leases)-1]
-			if err := bt.s.Complete(ctx, l, benchResp, long); err != nil {
+		next := leaseBatches(b, bt)
+		for b.Loop() {
+			if err := bt.s.Complete(ctx, next(), benchResp, long); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 }
 
+// leaseBatches returns a function that hands out a lease of a new key of
+// bt at each call. It acquires them 1024 at a time, with b's timer
+// stopped, and hands out the last acquired first.
+func leaseBatches(b *testing.B, bt benchTarget) func() idem.Lease {
+	ctx := context.Background()
+	leases := make([]idem.Lease, 0, 1024)
+	return func() idem.Lease {
+		if len(leases) == 0 {
+			b.StopTimer()
+			for range cap(leases) {
+				res, err := bt.s.Acquire(ctx, bt.req("lease"+strconv.FormatInt(throughput.Next(), 10)))
+				if err != nil || res.Outcome != idem.Acquired {
+					b.Fatal(res.Outcome, err)
+				}
+				leases = append(leases, res.Lease)
+			}
+			b.StartTimer()
+		}
+		l := leases[len(leases)-1]
+		leases = leases[:len(leases)-1]
+		return l
+	}
+}
+
+// completed acquires key of bt and completes it with benchResp.
+func completed(b *testing.B, bt benchTarget, key string) {
+	b.Helper()
+	ctx := context.Background()
+	res, err := bt.s.Acquire(ctx, bt.req(key))
+	if err != nil || res.Outcome != idem.Acquired {
+		b.Fatal(res.Outcome, err)
+	}
+	if err := bt.s.Complete(ctx, res.Lease, benchResp, long); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func BenchmarkReplay(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
 		ctx := context.Background()
-		res, err := bt.s.Acquire(ctx, bt.req("k"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := bt.s.Complete(ctx, res.Lease, benchResp, long); err != nil {
-			b.Fatal(err)
-		}
+		completed(b, bt, "k")
 		for b.Loop() {
 			res, err := bt.s.Acquire(ctx, bt.req("k"))
 			if err != nil || res.Outcome != idem.Completed {
@@ -121,52 +146,170 @@ func BenchmarkReplay(b *testing.B) {
 
 func BenchmarkBaselineSelect1(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
-		ctx := context.Background()
-		stmt, err := bt.db.PrepareContext(ctx, "SELECT 1")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer stmt.Close()
-		var one int
+		sel := select1(b, bt)
 		for b.Loop() {
-			if err := stmt.QueryRowContext(ctx).Scan(&one); err != nil {
-				b.Fatal(err)
-			}
+			sel()
 		}
 	})
 }
 
 func BenchmarkBaselineInsert(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
+		ins := rawInsert(b, bt)
+		for b.Loop() {
+			ins()
+		}
+	})
+}
+
+// select1 prepares SELECT 1 on bt's database and returns a call of it,
+// which fails b on an error.
+func select1(b *testing.B, bt benchTarget) func() {
+	b.Helper()
+	ctx := context.Background()
+	stmt, err := bt.db.PrepareContext(ctx, "SELECT 1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = stmt.Close() })
+	var one int
+	return func() {
+		if err := stmt.QueryRowContext(ctx).Scan(&one); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// rawInsert prepares the raw one-row INSERT (prepareRawInsert) and returns
+// a call of it that inserts a new row each time, and fails b on an error.
+// The rows are deleted when b ends.
+func rawInsert(b *testing.B, bt benchTarget) func() {
+	b.Helper()
+	ctx := context.Background()
+	stmt := prepareRawInsert(b, bt)
+	b.Cleanup(func() { _ = stmt.Close() })
+	prefix := randomName("")
+	if bt.srv != nil {
+		b.Cleanup(func() {
+			_, _ = bt.db.ExecContext(context.Background(), bt.srv.rebind(`DELETE FROM idem_bench_insert WHERE k LIKE ?`), prefix+"%")
+		})
+	}
+	i := 0
+	return func() {
+		i++
+		if _, err := stmt.ExecContext(ctx, prefix+strconv.Itoa(i), benchResp.Body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// prepareRawInsert prepares a raw one-row INSERT of a key and a value, in
+// its own transaction, into a table of its own (created unless it
+// exists): one round trip and one durable commit.
+func prepareRawInsert(b *testing.B, bt benchTarget) *sql.Stmt {
+	b.Helper()
+	ctx := context.Background()
+	ddl, table := `CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v BLOB)`, "t"
+	if bt.srv != nil {
+		table = "idem_bench_insert"
+		ddl = map[string]string{
+			"postgres": `CREATE TABLE IF NOT EXISTS idem_bench_insert (k text PRIMARY KEY, v bytea)`,
+			"mysql":    `CREATE TABLE IF NOT EXISTS idem_bench_insert (k VARBINARY(255) PRIMARY KEY, v LONGBLOB) ENGINE = InnoDB`,
+		}[bt.srv.dialect.String()]
+	}
+	if _, err := bt.db.ExecContext(ctx, ddl); err != nil {
+		b.Fatal(err)
+	}
+	q := `INSERT INTO ` + table + ` (k, v) VALUES (?, ?)`
+	if bt.srv != nil {
+		q = bt.srv.rebind(q)
+	}
+	st, err := bt.db.PrepareContext(ctx, q)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// BenchmarkVsRoundTrip measures the store's operations each interleaved
+// with its baselines on the same database, in one loop (benchpair.Run):
+// the means of every call as "<name>-ns", and the operation's ratio to
+// SELECT 1 (x-select1) or to the raw INSERT (x-insert) of the same run.
+//
+//   - replay: Acquire of a completed key, against SELECT 1;
+//   - get: Get of that key, against SELECT 1;
+//   - acquire-new: Acquire of a new key, against the raw INSERT and
+//     SELECT 1;
+//   - complete: Complete of a lease acquired beforehand (untimed, in
+//     batches as in BenchmarkComplete), against the raw INSERT.
+//
+// The benchmark's ns/op is the whole iteration, baselines included.
+//
+//	go test -run '^$' -bench VsRoundTrip -benchtime 2000x -count 3 ./sqlstore/
+func BenchmarkVsRoundTrip(b *testing.B) {
+	forTargets(b, func(b *testing.B, bt benchTarget) {
 		ctx := context.Background()
-		ddl, table := `CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB)`, "t"
-		if bt.srv != nil {
-			table = "idem_bench_insert"
-			ddl = map[string]string{
-				"postgres": `CREATE TABLE IF NOT EXISTS idem_bench_insert (k text PRIMARY KEY, v bytea)`,
-				"mysql":    `CREATE TABLE IF NOT EXISTS idem_bench_insert (k VARBINARY(255) PRIMARY KEY, v LONGBLOB) ENGINE = InnoDB`,
-			}[bt.srv.dialect.String()]
-		}
-		if _, err := bt.db.ExecContext(ctx, ddl); err != nil {
-			b.Fatal(err)
-		}
-		insert, prefix := `INSERT INTO `+table+` (k, v) VALUES (?, ?)`, randomName("")
-		if bt.srv != nil {
-			insert = bt.srv.rebind(insert)
-			b.Cleanup(func() {
-				_, _ = bt.db.ExecContext(context.Background(), bt.srv.rebind(`DELETE FROM idem_bench_insert WHERE k LIKE ?`), prefix+"%")
-			})
-		}
-		stmt, err := bt.db.PrepareContext(ctx, insert)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer stmt.Close()
-		for i := 0; b.Loop(); i++ {
-			if _, err := stmt.ExecContext(ctx, prefix+strconv.Itoa(i), benchResp.Body); err != nil {
-				b.Fatal(err)
-			}
-		}
+		completed(b, bt, "k")
+		b.Run("replay", func(b *testing.B) {
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "select1", F: select1(b, bt)},
+				benchpair.Func{Name: "replay", F: func() {
+					res, err := bt.s.Acquire(ctx, bt.req("k"))
+					if err != nil || res.Outcome != idem.Completed {
+						b.Fatal(res.Outcome, err)
+					}
+				}},
+			)
+			benchpair.Ratio(b, "x-select1", m[1], m[0])
+		})
+		b.Run("get", func(b *testing.B) {
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "select1", F: select1(b, bt)},
+				benchpair.Func{Name: "get", F: func() {
+					rec, err := bt.s.Get(ctx, bt.scope, "k")
+					if err != nil || rec.Status != idem.StatusCompleted {
+						b.Fatal(rec.Status, err)
+					}
+				}},
+			)
+			benchpair.Ratio(b, "x-select1", m[1], m[0])
+		})
+		b.Run("acquire-new", func(b *testing.B) {
+			var key string
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "select1", F: select1(b, bt)},
+				benchpair.Func{Name: "insert", F: rawInsert(b, bt)},
+				benchpair.Func{
+					Name:   "acquire",
+					Before: func() { key = "new" + strconv.FormatInt(throughput.Next(), 10) },
+					F: func() {
+						res, err := bt.s.Acquire(ctx, bt.req(key))
+						if err != nil || res.Outcome != idem.Acquired {
+							b.Fatal(res.Outcome, err)
+						}
+					},
+				},
+			)
+			benchpair.Ratio(b, "x-insert", m[2], m[1])
+			benchpair.Ratio(b, "x-select1", m[2], m[0])
+		})
+		b.Run("complete", func(b *testing.B) {
+			next := leaseBatches(b, bt)
+			var l idem.Lease
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "insert", F: rawInsert(b, bt)},
+				benchpair.Func{
+					Name:   "complete",
+					Before: func() { l = next() },
+					F: func() {
+						if err := bt.s.Complete(ctx, l, benchResp, long); err != nil {
+							b.Fatal(err)
+						}
+					},
+				},
+			)
+			benchpair.Ratio(b, "x-insert", m[1], m[0])
+		})
 	})
 }
 
@@ -303,13 +446,7 @@ func BenchmarkContention(b *testing.B) {
 func BenchmarkGet(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
 		ctx := context.Background()
-		res, err := bt.s.Acquire(ctx, bt.req("k"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := bt.s.Complete(ctx, res.Lease, benchResp, long); err != nil {
-			b.Fatal(err)
-		}
+		completed(b, bt, "k")
 		for b.Loop() {
 			if _, err := bt.s.Get(ctx, bt.scope, "k"); err != nil {
 				b.Fatal(err)

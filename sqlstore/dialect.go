@@ -37,6 +37,11 @@ type Dialect interface {
 	// missingTable reports whether err says that a table does not exist,
 	// which means Migrate was not run.
 	missingTable(err error) bool
+	// completeReturns reports whether the complete statement returns the
+	// record's fingerprint, lease_until, created_at, completed_at and
+	// expires_at (RETURNING); if not, it is an UPDATE whose affected rows
+	// say whether the lease held (MySQL).
+	completeReturns() bool
 	// acquireMode says how Store.Acquire runs on the dialect.
 	acquireMode() acquireMode
 	// retryable reports whether err aborted a statement that may simply
@@ -54,10 +59,9 @@ const (
 	// it returns no row, select_record under the same lock (SQLite).
 	acquireInTx acquireMode = iota + 1
 	// acquireOneStatement: the acquire statement answers everything,
-	// returning (acquired, record columns…); when it returns no row (it
-	// met a record its snapshot did not see), select_held in a new
-	// statement, and again from the top if that finds nothing
-	// (PostgreSQL).
+	// returning the record, which is ours if it carries our owner, and no
+	// row only when the record it met vanished before it could read it:
+	// then it runs again (PostgreSQL).
 	acquireOneStatement
 	// acquireUpsertRead: select_held; then the acquire upsert, which
 	// returns nothing, and select_record, whose owner tells whether the
@@ -332,8 +336,8 @@ func loadMigrations(fsys fs.FS, dir string) ([]migration, error) {
 }
 
 // splitStatements splits a migration file into statements: each ends with
-// a semicolon at the end of a line. (Our files hold no semicolon-terminated
-// line inside a statement.) Comment-only chunks are dropped.
+// a semicolon at the end of a line outside a dollar-quoted body ($$ … $$,
+// a PostgreSQL function's). Comment-only chunks are dropped.
 func splitStatements(src string) []string {
 	var out, cur []string
 	flush := func() {
@@ -346,10 +350,17 @@ func splitStatements(src string) []string {
 			}
 		}
 	}
+	quoted := false
 	for _, line := range strings.Split(src, "\n") {
 		cur = append(cur, line)
 		t := strings.TrimSpace(line)
-		if strings.HasSuffix(t, ";") && !strings.HasPrefix(t, "--") {
+		if strings.HasPrefix(t, "--") {
+			continue
+		}
+		if strings.Count(t, "$$")%2 == 1 {
+			quoted = !quoted
+		}
+		if !quoted && strings.HasSuffix(t, ";") {
 			flush()
 		}
 	}

@@ -98,15 +98,27 @@
 //
 // # Acquire on PostgreSQL
 //
-// One statement in the common case, whatever the outcome: a CTE reads
-// the held record (live and completed, in flight, or another
-// fingerprint) from the statement's snapshot, and, only if there is
-// none, INSERT … ON CONFLICT (scope, idempotency_key) DO UPDATE … WHERE
-// <expired, or lease ended with the same fingerprint> RETURNING. The
-// statement returns the held record, or the record it wrote, with a flag
-// telling which. A replay or a duplicate thus costs one round trip that
-// locks and writes nothing (no transaction id, no WAL flush); a new,
-// replaced or taken-over key costs one round trip and one commit.
+// One statement, whatever the outcome. Its first branch reads the held
+// record (live and completed, in flight, or another fingerprint) from
+// the statement's snapshot; its second branch, which runs only if there
+// is none, calls idem_acquire_write (a PL/pgSQL function that migration 2
+// creates): INSERT … ON CONFLICT (scope, idempotency_key) DO UPDATE …
+// WHERE <expired, or lease ended with the same fingerprint> RETURNING.
+// The statement returns the held record or the record it wrote, which is
+// ours if and only if it carries the random owner Acquire passed. A
+// replay or a duplicate thus costs one round trip that locks and writes
+// nothing (no transaction id, no WAL flush); a new, replaced or
+// taken-over key costs one round trip and one commit.
+//
+// Why a function: the statement must not prepare an insert it will not
+// run. A data-modifying WITH clause (the earlier form of this statement)
+// costs every call the executor set-up of an INSERT … ON CONFLICT even
+// when it inserts nothing; a function scan that is never executed costs
+// about half as much (measured on PostgreSQL 15: a replay 10 µs above a
+// plain primary-key read with the WITH clause, 5 µs with the function).
+// A read first and the write second would make a replay exactly a
+// primary-key read, at the price of a second round trip on every new
+// key, the common case.
 //
 // Concurrency: the insert's arbiter index makes concurrent inserts of one
 // key wait for each other; the DO UPDATE re-reads the latest version of
@@ -115,29 +127,27 @@
 // a record that may be taken (one at a time, each under the row lock) or
 // finds the WHERE false. In that last case the row is one the
 // statement's snapshot did not show (a concurrent insert committed after
-// the statement began) and the statement returns no row; Acquire then
-// runs select_held, a new statement with a new snapshot, which sees that
-// committed row and reports it. If the row changed again in between (it
-// was released, or its lease ended), the round starts over, at most 8
-// times. The store's statements run outside any transaction of the
-// caller (autocommit); under the default READ COMMITTED that is all it
-// needs. If the server's default_transaction_isolation is REPEATABLE READ
-// or SERIALIZABLE, the upsert fails with a serialization failure
-// (SQLSTATE 40001) instead of waiting, and Acquire retries it: the next
-// statement has a new snapshot. The transactions the dialect begins
-// itself (Migrate) are READ COMMITTED explicitly.
+// the statement began), and the function reads it in a new statement
+// with a new snapshot (a volatile function's statements each take one
+// under READ COMMITTED) and returns it: a conflict is never reported as
+// "no record". If the row changed again in between (it was released, or
+// its lease ended), the statement returns nothing and Acquire runs it
+// again, at most 8 times. The store's statements run outside any
+// transaction of the caller (autocommit); under the default READ
+// COMMITTED that is all it needs. If the server's
+// default_transaction_isolation is REPEATABLE READ or SERIALIZABLE, the
+// upsert fails with a serialization failure (SQLSTATE 40001) instead of
+// waiting, and Acquire retries it: the next statement has a new
+// snapshot. The transactions the dialect begins itself (Migrate) are READ
+// COMMITTED explicitly.
 //
-// Upsert-first rather than read-first: a read first (the plain
-// select_held, then the statement above) made replays about 20-30 %
-// faster (the statement plans and starts an insert even when it inserts
-// nothing) and new keys about 30 % slower (a second round trip). Most keys
-// an idempotency store sees are new, so PostgreSQL runs the statement
-// first; BenchmarkReplay and BenchmarkAcquireNew measure both paths.
+// A database that an older build migrated lacks the function: Acquire
+// then fails with "has Store.Migrate run?", and Migrate adds it.
 //
 // # Acquire on MySQL and MariaDB
 //
-// MySQL has no RETURNING for INSERT … ON DUPLICATE KEY UPDATE (MariaDB's
-// INSERT … RETURNING excludes it too), so Acquire runs:
+// MySQL has no RETURNING (MariaDB 10.5 and later has INSERT … RETURNING,
+// also on an upsert, but one dialect serves both), so Acquire runs:
 //
 //  1. select_held, a consistent read that locks nothing: a replay, a
 //     duplicate or a mismatch ends here (one round trip);
@@ -147,21 +157,31 @@
 //     assignment, whether it may take it (owner = IF(expired or lease
 //     ended with the same fingerprint, our owner, owner)); every later
 //     assignment is conditional on owner being ours, since MySQL applies
-//     them left to right and each sees the values assigned before it;
-//  3. select_record: the record is ours if and only if it carries our
-//     owner, a random 128-bit token no other caller has. Nobody but the
-//     owner changes a record under a live lease, so it then holds the
-//     fence and lease our upsert wrote. Another owner means the upsert
-//     found the record not ours to take, and it is reported.
+//     them left to right and each sees the values assigned before it.
+//     The statement reports what it did in its OK packet: the inserted
+//     created_at is LAST_INSERT_ID(now), so the insert id is the
+//     database's now, and the update branch resets it with
+//     LAST_INSERT_ID(0). An insert id above 0 with one affected row is a
+//     new record: fence 1, created at now, ours, and Acquire is done;
+//  3. otherwise select_record: the record is ours if and only if it
+//     carries our owner, a random 128-bit token no other caller has.
+//     Nobody but the owner changes a record under a live lease, so it
+//     then holds the fence and lease our upsert wrote. Another owner
+//     means the upsert found the record not ours to take, and it is
+//     reported.
 //
-// A new, replaced or taken-over key costs three round trips and one
-// commit. Two concurrent upserts of a new key can deadlock on InnoDB's gap
-// and insert-intention locks; InnoDB rolls one back (error 1213), and
-// Acquire runs it again after a short pause, at most 8 times. A lock wait
-// timeout (1205) is not retried. The statements run on autocommit
-// connections, so the session's isolation level does not matter: each
-// read is a fresh consistent read, and the upsert always reads the
-// latest committed row.
+// A new key costs two round trips and one commit; a replaced or
+// taken-over key three. One statement for every outcome is not to be had
+// on MySQL without making replays dearer: the upsert first would lock the
+// row of every replay and need a read after it, and a stored procedure
+// doing the read and then the upsert cost a replay 1.46× a SELECT 1
+// where the plain read costs 1.1-1.3× (measured on MariaDB 10.11). Two
+// concurrent upserts of a new key can deadlock on InnoDB's gap and
+// insert-intention locks; InnoDB rolls one back (error 1213), and Acquire
+// runs it again after a short pause, at most 8 times. A lock wait timeout
+// (1205) is not retried. The statements run on autocommit connections, so
+// the session's isolation level does not matter: each read is a fresh
+// consistent read, and the upsert always reads the latest committed row.
 //
 // Extend on MySQL is an UPDATE and then a read of the lease (no
 // RETURNING): MySQL's affected-rows count says "changed", not "matched",

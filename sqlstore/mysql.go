@@ -30,6 +30,7 @@ var mysqlStatements, mysqlMigrations = mustLoad("mysql")
 func (mysqlDialect) String() string           { return "mysql" }
 func (mysqlDialect) statements() *statements  { return mysqlStatements }
 func (mysqlDialect) migrations() []migration  { return mysqlMigrations }
+func (mysqlDialect) completeReturns() bool    { return false }
 func (mysqlDialect) acquireMode() acquireMode { return acquireUpsertRead }
 
 // missingTable: ER_NO_SUCH_TABLE.

@@ -22,11 +22,21 @@ type postgresDialect struct{}
 
 var postgresStatements, postgresMigrations = mustLoad("postgres")
 
-func (postgresDialect) String() string              { return "postgres" }
-func (postgresDialect) statements() *statements     { return postgresStatements }
-func (postgresDialect) migrations() []migration     { return postgresMigrations }
-func (postgresDialect) acquireMode() acquireMode    { return acquireOneStatement }
-func (postgresDialect) missingTable(err error) bool { return sqlState(err) == "42P01" }
+func (postgresDialect) String() string           { return "postgres" }
+func (postgresDialect) statements() *statements  { return postgresStatements }
+func (postgresDialect) migrations() []migration  { return postgresMigrations }
+func (postgresDialect) completeReturns() bool    { return true }
+func (postgresDialect) acquireMode() acquireMode { return acquireOneStatement }
+
+// missingTable: undefined_table, or undefined_function (idem_acquire_write
+// comes with migration 2: a database migrated by an older build).
+func (postgresDialect) missingTable(err error) bool {
+	switch sqlState(err) {
+	case "42P01", "42883":
+		return true
+	}
+	return false
+}
 
 // retryable: serialization_failure (the session's default isolation is
 // REPEATABLE READ or SERIALIZABLE and the upsert met a row its snapshot

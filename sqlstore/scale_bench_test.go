@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -24,17 +23,22 @@ import (
 // 64 goroutines running a prepared SELECT 1. The servers' pools hold
 // scalePool connections; SQLite keeps OpenSQLite's single connection.
 //
-// BenchmarkScale: Acquire on a new key, and a replay of a random completed
-// key, with 10 thousand and 1 million completed records in the scope,
-// against SELECT 1 and a raw one-row INSERT. The records are written by
-// one INSERT … SELECT per batch (generate_series on PostgreSQL, a
-// recursive CTE elsewhere), and deleted when the benchmark ends. -short
-// skips the million.
+// BenchmarkScale: Acquire on a new key, a replay of a random completed
+// key, and a replay of a recent one (among the last recentKeys written:
+// retries come seconds after the first request), with 10 thousand and 1
+// million completed records in the scope, against SELECT 1 and a raw
+// one-row INSERT. The records are written by one INSERT … SELECT per
+// batch (generate_series on PostgreSQL, a recursive CTE elsewhere), and
+// deleted when the benchmark ends. -short skips the million.
 
 // scalePool is the connection pool of the servers in the scale
 // benchmarks: enough for 64 callers to queue on without exhausting
 // PostgreSQL's default 100 connections next to other test processes.
 const scalePool = 32
+
+// recentKeys is how many of the last completed records BenchmarkScale's
+// replay-recent picks from.
+const recentKeys = 1000
 
 func BenchmarkThroughput(b *testing.B) {
 	forTargets(b, func(b *testing.B, bt benchTarget) {
@@ -124,6 +128,15 @@ func BenchmarkScale(b *testing.B) {
 						}
 					}
 				})
+				b.Run("replay-recent", func(b *testing.B) {
+					// fillCompleted wrote "k<n-1>" last.
+					for b.Loop() {
+						res, err := bt.s.Acquire(ctx, bt.req("k"+strconv.Itoa(size.n-1-rand.IntN(min(recentKeys, size.n)))))
+						if err != nil || res.Outcome != idem.Completed {
+							b.Fatal(res.Outcome, err)
+						}
+					}
+				})
 			})
 		}
 		if bt.srv != nil {
@@ -132,33 +145,6 @@ func BenchmarkScale(b *testing.B) {
 			})
 		}
 	})
-}
-
-// prepareRawInsert prepares the one-row INSERT of BenchmarkBaselineInsert
-// (creating its table unless it exists).
-func prepareRawInsert(b *testing.B, bt benchTarget) *sql.Stmt {
-	b.Helper()
-	ctx := context.Background()
-	ddl, table := `CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v BLOB)`, "t"
-	if bt.srv != nil {
-		table = "idem_bench_insert"
-		ddl = map[string]string{
-			"postgres": `CREATE TABLE IF NOT EXISTS idem_bench_insert (k text PRIMARY KEY, v bytea)`,
-			"mysql":    `CREATE TABLE IF NOT EXISTS idem_bench_insert (k VARBINARY(255) PRIMARY KEY, v LONGBLOB) ENGINE = InnoDB`,
-		}[bt.srv.dialect.String()]
-	}
-	if _, err := bt.db.ExecContext(ctx, ddl); err != nil {
-		b.Fatal(err)
-	}
-	q := `INSERT INTO ` + table + ` (k, v) VALUES (?, ?)`
-	if bt.srv != nil {
-		q = bt.srv.rebind(q)
-	}
-	st, err := bt.db.PrepareContext(ctx, q)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return st
 }
 
 // fillCompleted inserts the completed records "k<from>" … "k<to-1>" of

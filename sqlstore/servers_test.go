@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -328,6 +330,54 @@ func TestServerTakeover(t *testing.T) {
 	})
 }
 
+// TestCompleteRecord: CompleteRecord completes as Complete does and
+// returns what Get then returns, with a response that shares nothing with
+// the caller's; a stale lease gets ErrLeaseLost and changes nothing.
+func TestCompleteRecord(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		ctx := t.Context()
+		r := idem.AcquireRequest{Scope: randomName("cr-"), Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+		res := mustAcquire(t, s, r, idem.Acquired)
+		resp := idem.Response{StatusCode: 201, Header: map[string][]string{"Location": {"/o/1"}}, Body: []byte("created")}
+		stale := res.Lease
+		stale.Fence++
+		if _, err := s.CompleteRecord(ctx, stale, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteRecord with a stale fence = %v, want ErrLeaseLost", err)
+		}
+		if rec, err := s.Get(ctx, r.Scope, r.Key); err != nil || rec.Status != idem.StatusProcessing {
+			t.Fatalf("after the stale completion: %+v, %v", rec, err)
+		}
+		rec, err := s.CompleteRecord(ctx, res.Lease, resp, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body[0] = 'X'
+		resp.Header["Location"][0] = "changed"
+		got, err := s.Get(ctx, r.Scope, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(rec.Response, got.Response) || string(rec.Response.Body) != "created" || rec.Response.Header["Location"][0] != "/o/1" {
+			t.Fatalf("CompleteRecord response %+v, Get's %+v", rec.Response, got.Response)
+		}
+		rec.Response, got.Response = nil, nil
+		for _, f := range [][2]time.Time{{rec.LeaseUntil, got.LeaseUntil}, {rec.CreatedAt, got.CreatedAt}, {rec.CompletedAt, got.CompletedAt}, {rec.ExpiresAt, got.ExpiresAt}} {
+			if !f[0].Equal(f[1]) {
+				t.Fatalf("CompleteRecord = %+v, Get = %+v", rec, got)
+			}
+		}
+		rec.LeaseUntil, rec.CreatedAt, rec.CompletedAt, rec.ExpiresAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		got.LeaseUntil, got.CreatedAt, got.CompletedAt, got.ExpiresAt = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		if rec != got || got.Status != idem.StatusCompleted || got.Retention != time.Hour {
+			t.Fatalf("CompleteRecord = %+v, Get = %+v", rec, got)
+		}
+		if _, err := s.CompleteRecord(ctx, res.Lease, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("second CompleteRecord = %v, want ErrLeaseLost", err)
+		}
+	})
+}
+
 // TestServerMigrate: 8 goroutines migrate a new schema (PostgreSQL) or
 // database (MySQL) at once; then Migrate again is a no-op, the version is
 // recorded once, and a store that was never migrated says to migrate.
@@ -401,10 +451,35 @@ func TestServerMigrate(t *testing.T) {
 			}
 			versions = append(versions, fmt.Sprintf("%d_%s", v, name))
 		}
-		if strings.Join(versions, ",") != "1_create_idem_records" {
-			t.Fatalf("recorded versions = %v", versions)
+		if want := sqlstore.MigrationNames(srv.dialect); !slices.Equal(versions, want) {
+			t.Fatalf("recorded versions = %v, want %v", versions, want)
 		}
 		mustAcquire(t, s, r, idem.Acquired)
+
+		if srv.dialect != sqlstore.PostgreSQL {
+			return
+		}
+		// A database that an older build migrated to version 1 only: the
+		// new Acquire says to migrate, and Migrate adds version 2 alone.
+		if _, err := db.ExecContext(ctx, `DROP FUNCTION idem_acquire_write; DELETE FROM idem_schema_migrations WHERE version = 2`); err != nil {
+			t.Fatal(err)
+		}
+		old, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Key = "k2"
+		if _, err := old.Acquire(ctx, r); err == nil || !strings.Contains(err.Error(), "Migrate") {
+			t.Errorf("Acquire on a version-1 database = %v, want a hint to migrate", err)
+		}
+		if err := old.Migrate(ctx); err != nil {
+			t.Fatalf("Migrate from version 1: %v", err)
+		}
+		mustAcquire(t, old, r, idem.Acquired)
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations`).Scan(&n); err != nil || n != len(sqlstore.MigrationNames(srv.dialect)) {
+			t.Fatalf("versions recorded after the upgrade: %d, %v", n, err)
+		}
 	})
 }
 

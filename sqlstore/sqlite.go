@@ -28,6 +28,7 @@ func (sqliteDialect) migrations() []migration { return sqliteMigrations }
 func (sqliteDialect) missingTable(err error) bool {
 	return strings.Contains(err.Error(), "no such table")
 }
+func (sqliteDialect) completeReturns() bool    { return true }
 func (sqliteDialect) acquireMode() acquireMode { return acquireInTx }
 func (sqliteDialect) retryable(error) bool     { return false }
 

@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -173,16 +175,31 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 // key; a handful is never reached in practice.
 const maxAcquireAttempts = 8
 
-// acquired is the Acquired result for the lease v.owner now holds.
-// leaseUntil - leaseMS is the database's now at the write: a new or
-// replaced record is created then, and a takeover keeps the older
-// created_at.
+// acquired is the Acquired result for the lease v.owner now holds, with
+// the record every dialect's acquire statement writes: lease_until = now +
+// lease_ms and expires_at = lease_until + retention_ms. leaseUntil -
+// leaseMS is the database's now at the write: a new or replaced record is
+// created then, and a takeover keeps the older created_at (the
+// fingerprint is the request's in every case: a takeover requires it).
 func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64) idem.AcquireResult {
+	until := fromMS(leaseUntil)
 	return idem.AcquireResult{
 		Outcome: idem.Acquired,
 		Lease: idem.Lease{
 			Scope: req.Scope, Key: req.Key, Owner: v.owner, Fence: fence,
-			Until: fromMS(leaseUntil),
+			Until: until,
+		},
+		Record: idem.Record{
+			Scope:       req.Scope,
+			Key:         req.Key,
+			Fingerprint: req.Fingerprint,
+			Status:      idem.StatusProcessing,
+			Owner:       v.owner,
+			Fence:       fence,
+			LeaseUntil:  until,
+			Retention:   time.Duration(v.retentionMS) * time.Millisecond,
+			CreatedAt:   fromMS(createdAt),
+			ExpiresAt:   fromMS(leaseUntil + v.retentionMS),
 		},
 		TookOver: fence > 1 && createdAt != leaseUntil-v.leaseMS,
 	}
@@ -237,46 +254,38 @@ func (s *Store) acquireInTx(ctx context.Context, req idem.AcquireRequest, v *val
 }
 
 // acquireOneStatement: one statement reads the held record or takes the
-// key (PostgreSQL). It returns no row only when its insert met a row that
-// its snapshot did not show and that is not ours to take; select_held, a
-// new statement with a new snapshot, then reports that row. If the row
-// changed again in between so that select_held finds nothing, the round
-// starts over.
+// key (PostgreSQL). It returns no row only when the record its write met
+// vanished before it could be read; the round then starts over.
 func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
 	var err error
 	for range maxAcquireAttempts {
-		var (
-			rec   idem.Record
-			taken bool
-		)
-		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v, &taken)
+		var rec idem.Record
+		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v)
 		switch {
-		case err == nil && taken:
+		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
 			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
 		case err == nil:
 			return held(req, rec), nil
-		case errors.Is(err, idem.ErrNotFound):
-			rec, err = s.scanRecord(ctx, nil, s.st.selectHeld, v)
-			if err == nil {
-				return held(req, rec), nil
-			}
-			if !errors.Is(err, idem.ErrNotFound) {
-				return idem.AcquireResult{}, err
-			}
-		case !s.d.retryable(err):
+		case errors.Is(err, idem.ErrNotFound), s.d.retryable(err):
+		default:
 			return idem.AcquireResult{}, err
 		}
 	}
 	return idem.AcquireResult{}, fmt.Errorf("key still contended after %d attempts: %w", maxAcquireAttempts, err)
 }
 
-// acquireUpsertRead: select_held; then the upsert, which returns nothing,
-// and select_record (MySQL). The upsert took the key if and only if the
-// record read back carries v.owner, a random token no other caller has:
-// the record then holds the fence and lease the upsert wrote, since
-// nobody but v.owner changes a record under a live lease (Delete aside,
-// after which the round starts over). Another owner means the upsert
-// found a record it could not take, as of the moment it ran.
+// acquireUpsertRead: select_held; then the upsert (MySQL). A new key
+// costs these two statements: the upsert reports the database's now as
+// its insert id (LAST_INSERT_ID(now) among the values it inserts, which
+// the update branch resets to 0), and a record it inserted has fence 1,
+// a lease from now, and v.owner. Anything else (the upsert replaced or
+// took over a record, or met one it could not take) reads the record
+// back with select_record: the upsert took the key if and only if that
+// record carries v.owner, a random token no other caller has; it then
+// holds the fence and lease the upsert wrote, since nobody but v.owner
+// changes a record under a live lease (Delete aside, after which the
+// round starts over). Another owner means the upsert found a record it
+// could not take, as of the moment it ran.
 func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
 	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, v); {
 	case err == nil:
@@ -286,7 +295,8 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 	}
 	var err error
 	for attempt := range maxAcquireAttempts {
-		if _, err = s.exec(ctx, nil, s.st.acquire, v); err != nil {
+		var res sql.Result
+		if res, err = s.exec(ctx, nil, s.st.acquire, v); err != nil {
 			if !s.d.retryable(err) {
 				return idem.AcquireResult{}, err
 			}
@@ -296,6 +306,13 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 				return idem.AcquireResult{}, err
 			}
 			continue
+		}
+		// A driver that does not report the insert id (err != nil) or a
+		// server that reports 0 takes the read below: slower, as correct.
+		if now, ierr := res.LastInsertId(); ierr == nil && now > 0 {
+			if n, rerr := res.RowsAffected(); rerr == nil && n == 1 {
+				return acquired(req, v, 1, now+v.leaseMS, now), nil
+			}
 		}
 		var rec idem.Record
 		rec, err = s.get(ctx, nil, req.Scope, req.Key)
@@ -341,7 +358,7 @@ func held(req idem.AcquireRequest, rec idem.Record) idem.AcquireResult {
 // retention; see [idem.Store]. It errs with [idem.ErrLeaseLost] unless the
 // record is processing under l's owner and fence.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
-	return s.complete(ctx, "complete", nil, l, resp, retention)
+	return s.complete(ctx, "complete", nil, l, resp, retention, nil)
 }
 
 // CompleteTx is Complete run in tx, the caller's transaction on the same
@@ -356,10 +373,54 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 	if tx == nil {
 		return errors.New("sqlstore: complete in tx: nil *sql.Tx")
 	}
-	return s.complete(ctx, "complete in tx", tx, l, resp, retention)
+	return s.complete(ctx, "complete in tx", tx, l, resp, retention, nil)
 }
 
-func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+// CompleteRecord is Complete that also returns the completed record, as
+// Get would return it after the completion, without reading it back on
+// SQLite and PostgreSQL (the completing statement returns its columns;
+// on MySQL it is Complete followed by a read). The record's Response is a
+// copy of resp. tieredstore uses it to cache what it completes.
+func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
+	const op = "complete"
+	if !s.d.completeReturns() {
+		if err := s.complete(ctx, op, nil, l, resp, retention, nil); err != nil {
+			return idem.Record{}, err
+		}
+		rec, err := s.get(ctx, nil, l.Scope, l.Key)
+		if err != nil {
+			return idem.Record{}, s.fail(ctx, op+": read back", err)
+		}
+		return rec, nil
+	}
+	rec := idem.Record{
+		Scope: l.Scope, Key: l.Key, Status: idem.StatusCompleted,
+		Owner: l.Owner, Fence: l.Fence,
+		Retention: time.Duration(ceilMS(retention)) * time.Millisecond,
+	}
+	if err := s.complete(ctx, op, nil, l, resp, retention, &rec); err != nil {
+		return idem.Record{}, err
+	}
+	stored := resp
+	stored.Body = nil
+	if len(resp.Body) > 0 {
+		stored.Body = bytes.Clone(resp.Body)
+	}
+	stored.Header = nil
+	if len(resp.Header) > 0 {
+		stored.Header = make(map[string][]string, len(resp.Header))
+		for k, v := range resp.Header {
+			stored.Header[k] = slices.Clone(v)
+		}
+	}
+	rec.Response = &stored
+	return rec, nil
+}
+
+// complete runs complete in tx (nil: on its own). If the statement
+// returns the record's columns (completeReturns), they fill rec when rec
+// is not nil.
+func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration, rec *idem.Record) error {
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -382,6 +443,26 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 			return fmt.Errorf("sqlstore: %s: encode header: %w", op, err)
 		}
 		v.responseHeader = string(h)
+	}
+	if s.d.completeReturns() {
+		var fingerprint string
+		var leaseUntil, createdAt, completedAt, expiresAt int64
+		err := s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, tx, l))
+		case err != nil:
+			return s.fail(ctx, op, err)
+		}
+		if rec == nil {
+			return nil
+		}
+		rec.Fingerprint = idem.Fingerprint(fingerprint)
+		rec.LeaseUntil = fromMS(leaseUntil)
+		rec.CreatedAt = fromMS(createdAt)
+		rec.CompletedAt = fromMS(completedAt)
+		rec.ExpiresAt = fromMS(expiresAt)
+		return nil
 	}
 	res, err := s.exec(ctx, tx, s.st.complete, &v)
 	if err != nil {

@@ -36,7 +36,7 @@ var acquireCases = []testCase{
 		if res.Record.Status != idem.StatusProcessing || res.Record.Owner != l.Owner || res.Record.Fence != l.Fence || res.Record.Fingerprint != "fp" || res.Record.Key != "k" || res.Record.Scope != h.scope {
 			h.Fatalf("InFlight record = %s, want the processing record of fence %d", fmtRecord(res.Record), l.Fence)
 		}
-		if d := diffRecord(res.Record, before); d != "" {
+		if d := DiffRecord(res.Record, before); d != "" {
 			h.Fatalf("InFlight record differs from Get: %s", d)
 		}
 		h.unchanged("k", before, "an InFlight Acquire")
@@ -78,7 +78,7 @@ var acquireCases = []testCase{
 		l := h.lease(req)
 		before := h.get("k")
 		res := h.expect(h.req("k", "fp-2", longLease), idem.Mismatch)
-		if d := diffRecord(res.Record, before); d != "" {
+		if d := DiffRecord(res.Record, before); d != "" {
 			h.Fatalf("Mismatch record differs from the stored one: %s", d)
 		}
 		h.checkHeld(res.Record, req, l)

@@ -144,8 +144,27 @@ func (h *harness) expect(req idem.AcquireRequest, want idem.Outcome) idem.Acquir
 	}
 	if want == idem.Acquired {
 		h.checkLease(res.Lease, req)
+		h.checkAcquiredRecord(res, req)
 	}
 	return res
+}
+
+// checkAcquiredRecord checks the Record of an Acquired result: the
+// processing record the lease holds, field for field what Get returns.
+func (h *harness) checkAcquiredRecord(res idem.AcquireResult, req idem.AcquireRequest) {
+	h.Helper()
+	rec := res.Record
+	h.checkHeld(rec, req, res.Lease)
+	if !rec.LeaseUntil.Equal(res.Lease.Until) {
+		h.Fatalf("Acquired record LeaseUntil = %v, lease Until = %v", rec.LeaseUntil, res.Lease.Until)
+	}
+	got, err := h.store.Get(h.ctx, req.Scope, req.Key)
+	if err != nil {
+		h.Fatalf("Get(%q, %q) after Acquired: %v", req.Scope, req.Key, err)
+	}
+	if d := DiffRecord(got, rec); d != "" {
+		h.Fatalf("Acquired result's record differs from Get's: %s", d)
+	}
 }
 
 // lease acquires a key that must be free.
@@ -193,7 +212,7 @@ func (h *harness) leaseLost(op string, err error) {
 func (h *harness) unchanged(key string, before idem.Record, after string) {
 	h.Helper()
 	rec := h.get(key)
-	if d := diffRecord(rec, before); d != "" {
+	if d := DiffRecord(rec, before); d != "" {
 		h.Fatalf("record changed after %s: %s", after, d)
 	}
 }
@@ -337,8 +356,11 @@ func firstDiff(a, b []byte) int {
 	return min(len(a), len(b))
 }
 
-// diffRecord describes how got differs from want; "" if it does not.
-func diffRecord(got, want idem.Record) string {
+// DiffRecord describes how got differs from want, field by field, or
+// returns "" if they are the same record: times are compared with
+// time.Time.Equal, responses by content (nil and empty bodies and headers
+// are the same). Stores and caches built on them use it in their tests.
+func DiffRecord(got, want idem.Record) string {
 	var d []string
 	add := func(field string, g, w any) { d = append(d, fmt.Sprintf("%s %v, want %v", field, g, w)) }
 	if got.Scope != want.Scope || got.Key != want.Key {

@@ -119,6 +119,13 @@ func (c *countingStore) Complete(ctx context.Context, l idem.Lease, resp idem.Re
 	return c.Store.Complete(ctx, l, resp, retention)
 }
 
+// CompleteRecord counts as a completion; the wrapped store must be a
+// tieredstore.RecordCompleter (sqlstore is).
+func (c *countingStore) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
+	c.complete.Add(1)
+	return c.Store.(tieredstore.RecordCompleter).CompleteRecord(ctx, l, resp, retention)
+}
+
 func (c *countingStore) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	c.get.Add(1)
 	return c.Store.Get(ctx, scope, key)

@@ -162,7 +162,12 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	}
 	switch {
 	case res.Outcome == idem.Acquired:
-		s.refill(ctx, name, res.Lease, idem.StatusProcessing, min(req.Lease, s.marker), sent)
+		d := min(req.Lease, s.marker)
+		if rec := res.Record; rec.Status == idem.StatusProcessing && rec.Owner == res.Lease.Owner && rec.Fence == res.Lease.Fence {
+			s.put(ctx, name, rec, d-time.Since(sent)) // the record as the truth wrote it
+		} else {
+			s.refill(ctx, name, res.Lease, idem.StatusProcessing, d, sent)
+		}
 	case res.Record.Status == idem.StatusCompleted: // Completed, or Mismatch on a completed record
 		s.fillCompleted(ctx, name, res.Record)
 	}
@@ -196,14 +201,35 @@ func answer(rec idem.Record, fp idem.Fingerprint, now time.Time) (idem.AcquireRe
 	return idem.AcquireResult{Outcome: idem.Mismatch, Record: rec}, true
 }
 
+// RecordCompleter is a truth store that can return the record it
+// completes, as Get would return it, at less cost than Complete and Get
+// ([github.com/idemkit/idem/sqlstore.Store] is one). The tiered store then caches that record
+// instead of reading it back.
+type RecordCompleter interface {
+	CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error)
+}
+
 // Complete stores resp in the truth, then replaces the key's in-flight
 // entry by the completed record; see idem.Store.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	sent := time.Now()
+	name := s.entryKey(l.Scope, l.Key)
+	if rc, ok := s.truth.(RecordCompleter); ok {
+		rec, err := rc.CompleteRecord(ctx, l, resp, retention)
+		if err != nil {
+			return err
+		}
+		if rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
+			s.put(ctx, name, rec, retention-time.Since(sent))
+		} else {
+			s.del(ctx, name)
+		}
+		return nil
+	}
 	if err := s.truth.Complete(ctx, l, resp, retention); err != nil {
 		return err
 	}
-	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusCompleted, retention, sent)
+	s.refill(ctx, name, l, idem.StatusCompleted, retention, sent)
 	return nil
 }
 

@@ -148,6 +148,57 @@ func TestHotPath(t *testing.T) {
 	}
 }
 
+// A first execution costs the truth one Acquire and one completion and no
+// read back: the cache is filled with the records the truth returned, and
+// they are the truth's records field for field.
+func TestWriteWithoutReadBack(t *testing.T) {
+	t.Parallel()
+	c := redisClient(t)
+	_, sql := newTruth(t)
+	truth := &countingStore{Store: sql}
+	s := newTiered(t, c, c, truth, nil)
+	ctx := t.Context()
+	res, err := s.Acquire(ctx, req("k", "fp"))
+	if err != nil || res.Outcome != idem.Acquired {
+		t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+	}
+	dup, err := s.Acquire(ctx, req("k", "fp"))
+	if err != nil || dup.Outcome != idem.InFlight {
+		t.Fatalf("duplicate = %v, %v", dup.Outcome, err)
+	}
+	want, err := sql.Get(ctx, "tenant", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := storetest.DiffRecord(dup.Record, want); d != "" {
+		t.Fatalf("in-flight record from the cache differs from the truth's: %s", d)
+	}
+	resp := idem.Response{StatusCode: 201, Header: map[string][]string{"Location": {"/x/1"}}, Body: []byte("created")}
+	if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body[0] = 'X' // the cache keeps no reference to the caller's body
+	if a, cm, g := truth.acquire.Load(), truth.complete.Load(), truth.get.Load(); a != 1 || cm != 1 || g != 0 {
+		t.Fatalf("truth saw %d Acquire, %d completions, %d Get; want 1, 1, 0", a, cm, g)
+	}
+	replay, err := s.Acquire(ctx, req("k", "fp"))
+	if err != nil || replay.Outcome != idem.Completed {
+		t.Fatalf("replay = %v, %v", replay.Outcome, err)
+	}
+	if truth.acquire.Load() != 1 {
+		t.Fatal("the replay reached the truth")
+	}
+	if want, err = sql.Get(ctx, "tenant", "k"); err != nil {
+		t.Fatal(err)
+	}
+	if d := storetest.DiffRecord(replay.Record, want); d != "" {
+		t.Fatalf("completed record from the cache differs from the truth's: %s", d)
+	}
+	if string(replay.Record.Response.Body) != "created" {
+		t.Fatalf("replayed body %q", replay.Record.Response.Body)
+	}
+}
+
 // A completed record the cache has never seen (completed by another
 // process, or while Redis was away) is cached by the first replay.
 func TestFillFromTruth(t *testing.T) {

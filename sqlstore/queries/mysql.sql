@@ -37,10 +37,14 @@ VALUES (?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3
 -- params: scope key fingerprint owner lease_ms retention_ms lease_ms retention_ms
 -- Inserts a new record or, in the same statement, replaces a record past
 -- its expiry (whatever its status and fingerprint) or takes over a
--- processing record with the same fingerprint whose lease has ended. It
--- returns nothing (MySQL has no RETURNING with ON DUPLICATE KEY UPDATE):
--- the caller reads the record back, and it is ours if its owner is the
--- random owner we wrote.
+-- processing record with the same fingerprint whose lease has ended.
+-- MySQL has no RETURNING (MariaDB 10.5's would do, but the dialect
+-- serves both), so the statement says what it did through its OK packet: created_at is written as LAST_INSERT_ID(now), which makes the
+-- insert id the database's now, and the update branch's first
+-- assignment evaluates LAST_INSERT_ID(0). An insert id above 0 with one
+-- affected row is therefore a new record: fence 1, created at now, ours.
+-- Anything else the caller reads back; the record is ours if its owner
+-- is the random owner we wrote.
 --
 -- ON DUPLICATE KEY UPDATE assigns left to right and each assignment sees
 -- the values assigned before it. So the decision is taken once, by the
@@ -55,11 +59,11 @@ INSERT INTO idem_records (
     lease_until, retention_ms, created_at, expires_at)
 VALUES (
     ?, ?, ?, 'processing', ?, 1,
-    (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ?)
+    (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ?)
 ON DUPLICATE KEY UPDATE
-    owner           = IF(expires_at <= VALUES(created_at)
+    owner           = IF(LAST_INSERT_ID(0) = 0 AND (expires_at <= VALUES(created_at)
                          OR (status = 'processing' AND fingerprint = VALUES(fingerprint)
-                             AND lease_until <= VALUES(created_at)),
+                             AND lease_until <= VALUES(created_at))),
                          VALUES(owner), owner),
     fence           = IF(owner = VALUES(owner), fence + 1, fence),
     created_at      = IF(owner = VALUES(owner) AND status <> 'processing', VALUES(created_at), created_at),

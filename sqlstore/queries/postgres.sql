@@ -37,61 +37,36 @@ VALUES ($1, $2, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
 
 -- name: acquire
 -- params: scope key fingerprint owner lease_ms retention_ms
--- The whole of Acquire in one statement. held is the record if Acquire
--- cannot take it (live and completed, processing under a live lease, or
--- bound to another fingerprint), read from the statement's snapshot
--- without a lock: a replay or a duplicate costs this read and nothing
--- else (no row is locked, no transaction id is assigned, nothing is
--- written or flushed). Otherwise ins inserts a new record, or replaces a
--- record past its expiry, or takes over a processing record with the
--- same fingerprint whose lease has ended. When the insert meets a row
--- its snapshot did not show (committed since, or in progress: the insert
--- waits for it) and the row is not ours to take, the DO UPDATE's WHERE
--- is false (the row is locked, not updated) and the statement returns no
--- row; the caller then reads the record with select_held, in a new
--- statement and so a new snapshot. Replacing a processing record keeps
--- created_at, so created_at <> lease_until - lease_ms tells a takeover.
--- The first column says whether the row is ours (true) or held.
-WITH held AS (
-    SELECT scope, idempotency_key, fingerprint, status, owner, fence,
-           lease_until, retention_ms, response_status, response_header,
-           response_body, body_omitted, created_at, completed_at, expires_at
-    FROM idem_records
+-- The whole of Acquire in one statement. The first branch is the record
+-- if Acquire cannot take it (live and completed, processing under a live
+-- lease, or bound to another fingerprint), read from the statement's
+-- snapshot without a lock: a replay or a duplicate costs this read and
+-- nothing else (no row is locked, no transaction id is assigned, nothing
+-- is written or flushed, and idem_acquire_write is never called).
+-- Otherwise idem_acquire_write (migration 2) inserts a new record, or
+-- replaces a record past its expiry, or takes over a processing record
+-- with the same fingerprint whose lease has ended; when its insert meets
+-- a row this statement's snapshot did not show and that is not ours to
+-- take, it returns that row, read in a new snapshot. The record is ours
+-- if and only if its owner is the owner we passed. No row means the
+-- record met vanished in between: the caller runs the statement again.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = $1 AND idempotency_key = $2
+  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+  AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+UNION ALL
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_acquire_write($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint)
+WHERE NOT EXISTS (
+    SELECT 1 FROM idem_records
     WHERE scope = $1 AND idempotency_key = $2
       AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
-), ins AS (
-    INSERT INTO idem_records AS r (
-        scope, idempotency_key, fingerprint, status, owner, fence,
-        lease_until, retention_ms, created_at, expires_at)
-    SELECT $1::text, $2::text, $3::text, 'processing', $4::text, 1,
-           floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5::bigint, $6::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
-           floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5::bigint + $6::bigint
-    WHERE NOT EXISTS (SELECT 1 FROM held)
-    ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-        fingerprint     = excluded.fingerprint,
-        status          = 'processing',
-        owner           = excluded.owner,
-        fence           = r.fence + 1,
-        lease_until     = excluded.lease_until,
-        retention_ms    = excluded.retention_ms,
-        response_status = NULL,
-        response_header = NULL,
-        response_body   = NULL,
-        body_omitted    = false,
-        created_at      = CASE WHEN r.status = 'processing' THEN r.created_at ELSE excluded.created_at END,
-        completed_at    = NULL,
-        expires_at      = excluded.expires_at
-    WHERE r.expires_at <= excluded.created_at
-       OR (r.status = 'processing' AND r.fingerprint = excluded.fingerprint
-           AND r.lease_until <= excluded.created_at)
-    RETURNING r.scope, r.idempotency_key, r.fingerprint, r.status, r.owner, r.fence,
-              r.lease_until, r.retention_ms, r.response_status, r.response_header,
-              r.response_body, r.body_omitted, r.created_at, r.completed_at, r.expires_at
-)
-SELECT false, * FROM held
-UNION ALL
-SELECT true, * FROM ins;
+      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint));
 
 -- name: select_record
 -- params: scope key
@@ -103,8 +78,8 @@ WHERE scope = $1 AND idempotency_key = $2;
 
 -- name: select_held
 -- params: scope key fingerprint
--- The record, if Acquire cannot take it; read after acquire returned no
--- row.
+-- The record, if Acquire cannot take it. Not used by Acquire, whose
+-- statement reads it (and idem_acquire_write when it must).
 SELECT scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
@@ -115,6 +90,8 @@ WHERE scope = $1 AND idempotency_key = $2
 
 -- name: complete
 -- params: scope key owner fence response_status response_header response_body body_omitted retention_ms
+-- It returns the record's other columns, so that Store.CompleteRecord
+-- needs no read; no row means the lease is lost.
 UPDATE idem_records SET
     status          = 'completed',
     response_status = $5,
@@ -125,7 +102,8 @@ UPDATE idem_records SET
     completed_at    = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
     expires_at      = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $9
 WHERE scope = $1 AND idempotency_key = $2
-  AND status = 'processing' AND owner = $3 AND fence = $4;
+  AND status = 'processing' AND owner = $3 AND fence = $4
+RETURNING fingerprint, lease_until, created_at, completed_at, expires_at;
 
 -- name: extend
 -- params: scope key owner fence lease_ms

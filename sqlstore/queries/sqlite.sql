@@ -86,6 +86,8 @@ WHERE scope = ?1 AND idempotency_key = ?2
 
 -- name: complete
 -- params: scope key owner fence response_status response_header response_body body_omitted retention_ms
+-- It returns the record's other columns, so that Store.CompleteRecord
+-- needs no read; no row means the lease is lost.
 UPDATE idem_records SET
     status          = 'completed',
     response_status = ?5,
@@ -96,7 +98,8 @@ UPDATE idem_records SET
     completed_at    = CAST(unixepoch('subsec') * 1000 AS INTEGER),
     expires_at      = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?9
 WHERE scope = ?1 AND idempotency_key = ?2
-  AND status = 'processing' AND owner = ?3 AND fence = ?4;
+  AND status = 'processing' AND owner = ?3 AND fence = ?4
+RETURNING fingerprint, lease_until, created_at, completed_at, expires_at;
 
 -- name: extend
 -- params: scope key owner fence lease_ms
