@@ -9,11 +9,13 @@ local key = KEYS[1]
 local fp, lease, retention, owner, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 
-local r = redis.call('HMGET', key, 'status', 'fp', 'fence', 'lease_until', 'expires_at')
+-- One read of every field: a replay, a duplicate or a mismatch returns
+-- it as it is (see read in lib.lua for the order).
+local r = read(key)
 local fence, took = 1, 0
 if r[1] then
-  local status, fence_was = r[1], tonumber(r[3])
-  if now >= tonumber(r[5]) then
+  local status, fence_was = r[1], tonumber(r[4])
+  if now >= tonumber(r[9]) then
     -- Past its ExpiresAt (completed, or processing and abandoned): a new
     -- record replaces it whatever its fingerprint; the fence keeps counting.
     fence = fence_was + 1
@@ -22,11 +24,11 @@ if r[1] then
     end
     redis.call('DEL', key)
   elseif r[2] ~= fp then
-    return {4, read(key)}
+    return {4, r}
   elseif status == 'completed' then
-    return {3, read(key)}
-  elseif now < tonumber(r[4]) then
-    return {2, read(key)}
+    return {3, r}
+  elseif now < tonumber(r[5]) then
+    return {2, r}
   else
     -- A processing record whose lease ended: take it over. It keeps its
     -- fingerprint and created_at.
@@ -36,7 +38,7 @@ if r[1] then
     redis.call('HSET', key, 'owner', owner, 'fence', int(fence), 'lease_until', int(lease_until),
       'retention', int(retention), 'expires_at', int(expires))
     expire_at(key, expires, grace)
-    return {1, 1, fence, lease_until, tonumber(redis.call('HGET', key, 'created_at')), retention, expires}
+    return {1, 1, fence, lease_until, tonumber(r[7]), retention, expires}
   end
 end
 

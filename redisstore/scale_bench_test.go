@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchpair"
 	"github.com/idemkit/idem/internal/throughput"
 	"github.com/idemkit/idem/redisstore"
 )
@@ -84,38 +85,37 @@ func BenchmarkScale(b *testing.B) {
 			fill(b, s, filled, size.n)
 			b.Logf("filled %d records in %v", size.n-filled, time.Since(t0).Round(time.Millisecond))
 			filled = size.n
-			b.Run("ping", func(b *testing.B) {
-				for b.Loop() {
+			// One loop (benchpair), so that the ratios of one size
+			// compare with those of the other.
+			replay := func(key func() string) func() {
+				return func() {
+					res, err := s.Acquire(ctx, scaleReq(key()))
+					if err != nil || res.Outcome != idem.Completed {
+						b.Fatal(res.Outcome, err)
+					}
+				}
+			}
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "ping", F: func() {
 					if err := c.Ping(ctx).Err(); err != nil {
 						b.Fatal(err)
 					}
-				}
-			})
-			b.Run("acquire-new", func(b *testing.B) {
-				for b.Loop() {
+				}},
+				benchpair.Func{Name: "acquire-new", F: func() {
 					res, err := s.Acquire(ctx, scaleReq("new"+strconv.FormatInt(throughput.Next(), 10)))
 					if err != nil || res.Outcome != idem.Acquired {
 						b.Fatal(res.Outcome, err)
 					}
-				}
-			})
-			b.Run("replay", func(b *testing.B) {
-				for b.Loop() {
-					res, err := s.Acquire(ctx, scaleReq("k"+strconv.Itoa(rand.IntN(size.n))))
-					if err != nil || res.Outcome != idem.Completed {
-						b.Fatal(res.Outcome, err)
-					}
-				}
-			})
-			b.Run("replay-recent", func(b *testing.B) {
+				}},
+				benchpair.Func{Name: "replay", F: replay(func() string { return "k" + strconv.Itoa(rand.IntN(size.n)) })},
 				// fill hands out its keys in order: "k<n-1>" is among the last.
-				for b.Loop() {
-					res, err := s.Acquire(ctx, scaleReq("k"+strconv.Itoa(size.n-1-rand.IntN(min(recentKeys, size.n)))))
-					if err != nil || res.Outcome != idem.Completed {
-						b.Fatal(res.Outcome, err)
-					}
-				}
-			})
+				benchpair.Func{Name: "replay-recent", F: replay(func() string {
+					return "k" + strconv.Itoa(size.n-1-rand.IntN(min(recentKeys, size.n)))
+				})},
+			)
+			benchpair.Ratio(b, "acquire-x-ping", m[1], m[0])
+			benchpair.Ratio(b, "replay-x-ping", m[2], m[0])
+			benchpair.Ratio(b, "recent-x-ping", m[3], m[0])
 		})
 	}
 }

@@ -196,20 +196,23 @@
 //
 // # Cost, measured
 //
-// BenchmarkAcquireNew, BenchmarkComplete, BenchmarkReplay, BenchmarkGet
-// and the baselines (a prepared SELECT 1; a raw one-row INSERT, one
-// durable commit) run on each dialect; docs/benchmarks.md keeps the
-// figures. On the project's 2-core machine, with PostgreSQL 15 and
-// MariaDB 10.11 on the same host (medians of three runs, busy machine):
+// BenchmarkVsRoundTrip measures each operation interleaved, in one loop,
+// with the cheapest round trip of the same database (a prepared SELECT
+// 1) and, for writes, a raw one-row INSERT (one durable commit), so that
+// the ratios hold whatever the machine's load; docs/benchmarks.md keeps
+// the figures. On the project's 2-core machine, with PostgreSQL 15 and
+// MariaDB 10.11 on the same host (medians of five runs):
 //
-//	              AcquireNew  Complete  Replay  Get    SELECT 1  INSERT
-//	PostgreSQL    246µs       219µs     82µs    56µs   49µs      173µs
-//	MariaDB       481µs       218µs     62µs    54µs   54µs      151µs
+//	                 replay        Get (floor)   Acquire, new key  Complete
+//	                 × SELECT 1    × SELECT 1    × INSERT          × INSERT
+//	PostgreSQL       1.57          1.34          1.34              1.23
+//	MariaDB          1.62          1.41          1.60              1.23
+//	SQLite           10.9          9.1           1.54              1.17
 //
-// A replay costs one round trip and a primary-key read: about a Get
-// (1.1-1.7× a SELECT 1). A new key costs 1.4× a raw INSERT on PostgreSQL
-// (one statement) and 3.2× on MariaDB (a read, the upsert with its
-// commit, and the read-back).
+// A replay costs one round trip and a primary-key read of the row with
+// its stored response; Get, the plain read of the same row, is the floor
+// of any answer that carries the record. A new key costs one statement
+// and one commit on PostgreSQL, two round trips and one commit on MySQL.
 //
 // # SQLite: settings, and how they were chosen
 //

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchpair"
 	"github.com/idemkit/idem/internal/throughput"
 )
 
@@ -27,7 +28,12 @@ import (
 // key, and a replay of a recent one (among the last recentKeys written:
 // retries come seconds after the first request), with 10 thousand and 1
 // million completed records in the scope, against SELECT 1 and a raw
-// one-row INSERT. The records are written by one INSERT … SELECT per
+// one-row INSERT, all five interleaved in one loop (benchpair) so that
+// the ratios of the two sizes compare:
+//
+//	go test -run '^$' -bench Scale -benchmem -benchtime 3000x ./sqlstore/
+//
+// The records are written by one INSERT … SELECT per
 // batch (generate_series on PostgreSQL, a recursive CTE elsewhere), and
 // deleted when the benchmark ends. -short skips the million.
 
@@ -97,46 +103,46 @@ func BenchmarkScale(b *testing.B) {
 				fillCompleted(b, bt, filled, size.n)
 				b.Logf("filled %d records in %v", size.n-filled, time.Since(t0).Round(time.Millisecond))
 				filled = size.n
-				b.Run("baseline-select1", func(b *testing.B) {
-					var one int
-					for b.Loop() {
+				// One loop (benchpair), so that the ratios of one size
+				// compare with those of the other whatever the machine
+				// did in between.
+				replay := func(key func() string) func() {
+					return func() {
+						res, err := bt.s.Acquire(ctx, bt.req(key()))
+						if err != nil || res.Outcome != idem.Completed {
+							b.Fatal(res.Outcome, err)
+						}
+					}
+				}
+				m := benchpair.Run(b,
+					benchpair.Func{Name: "select1", F: func() {
+						var one int
 						if err := sel.QueryRowContext(ctx).Scan(&one); err != nil {
 							b.Fatal(err)
 						}
-					}
-				})
-				b.Run("baseline-insert", func(b *testing.B) {
-					for b.Loop() {
+					}},
+					benchpair.Func{Name: "insert", F: func() {
 						if _, err := ins.ExecContext(ctx, insPrefix+strconv.FormatInt(throughput.Next(), 10), benchResp.Body); err != nil {
 							b.Fatal(err)
 						}
-					}
-				})
-				b.Run("acquire-new", func(b *testing.B) {
-					for b.Loop() {
+					}},
+					benchpair.Func{Name: "acquire-new", F: func() {
 						res, err := bt.s.Acquire(ctx, bt.req("new"+strconv.FormatInt(throughput.Next(), 10)))
 						if err != nil || res.Outcome != idem.Acquired {
 							b.Fatal(res.Outcome, err)
 						}
-					}
-				})
-				b.Run("replay", func(b *testing.B) {
-					for b.Loop() {
-						res, err := bt.s.Acquire(ctx, bt.req("k"+strconv.Itoa(rand.IntN(size.n))))
-						if err != nil || res.Outcome != idem.Completed {
-							b.Fatal(res.Outcome, err)
-						}
-					}
-				})
-				b.Run("replay-recent", func(b *testing.B) {
-					// fillCompleted wrote "k<n-1>" last.
-					for b.Loop() {
-						res, err := bt.s.Acquire(ctx, bt.req("k"+strconv.Itoa(size.n-1-rand.IntN(min(recentKeys, size.n)))))
-						if err != nil || res.Outcome != idem.Completed {
-							b.Fatal(res.Outcome, err)
-						}
-					}
-				})
+					}},
+					// A key drawn uniformly from all the records.
+					benchpair.Func{Name: "replay", F: replay(func() string { return "k" + strconv.Itoa(rand.IntN(size.n)) })},
+					// One of the last recentKeys records written
+					// (fillCompleted wrote "k<n-1>" last).
+					benchpair.Func{Name: "replay-recent", F: replay(func() string {
+						return "k" + strconv.Itoa(size.n-1-rand.IntN(min(recentKeys, size.n)))
+					})},
+				)
+				benchpair.Ratio(b, "acquire-x-insert", m[2], m[1])
+				benchpair.Ratio(b, "replay-x-select1", m[3], m[0])
+				benchpair.Ratio(b, "recent-x-select1", m[4], m[0])
 			})
 		}
 		if bt.srv != nil {

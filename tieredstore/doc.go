@@ -35,10 +35,13 @@
 //     ExpiresAt − now (the application's clock), capped at the record's
 //     retention.
 //
-// The entry is read back from the truth (one Get) after Acquire,
-// Complete and Extend succeed, so that cached records are the truth's,
-// field for field (times included). If that read fails, or shows a record
-// that is no longer the lease's, the entry is deleted instead.
+// Cached records are the truth's, field for field (times included),
+// without reading the truth again: an Acquired result carries the record
+// the truth wrote ([idem.AcquireResult]), and a truth that implements
+// [RecordCompleter] (sqlstore does) returns the record it completed. A
+// truth that does not is read back (one Get) after Complete, and after
+// Extend in every case; if that read fails, or shows a record that is no
+// longer the lease's, the entry is deleted instead.
 //
 // Acquire reads the entry first (one GET). A completed entry answers
 // Completed, or Mismatch for another fingerprint; an in-flight entry
@@ -117,9 +120,11 @@
 //
 // # What it does not guarantee
 //
-//   - Redis does not take load off writes: Acquire of a new key, Complete
-//     and Extend cost the truth's write plus one truth read (the read-back)
-//     plus one Redis write.
+//   - Redis does not take load off writes: Acquire of a new key costs a
+//     Redis read, the truth's write and a Redis write; Complete the truth's
+//     write and a Redis write; Extend the truth's write, a truth read and
+//     a Redis write. With 64 clients on a PostgreSQL truth this is about
+//     0.84× the throughput of the truth alone (docs/benchmarks.md).
 //   - On SQLite in the same process, a replay read from the truth is about
 //     as fast as a Redis round trip (see BenchmarkReplay): the cache pays
 //     off with a database across the network, or when the database is busy
