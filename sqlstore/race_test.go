@@ -133,7 +133,7 @@ func TestCompleteTxUnderLoad(t *testing.T) {
 // OpenSQLite, the one connection) that the handler's own transaction
 // holds. A watchdog that waited for its renewal instead stalled each such
 // handler for Lease/3 with the lock held, and lost 13 to 27 leases of 30
-// in this test. Executions that fail are retried, so that the exactly-once
+// in this test (then with a 120 ms lease). Executions that fail are retried, so that the exactly-once
 // check holds either way.
 func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	t.Parallel()
@@ -142,7 +142,11 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	const lease = 120 * time.Millisecond
+	// The lease is long enough for 30 serialised commits on a slow disk
+	// (120 ms lost up to 21 of 30 legitimately under the race detector),
+	// and short enough that a completion stalled Lease/3 behind each
+	// renewal would lose most of them.
+	const lease = 400 * time.Millisecond
 	g, err := idem.NewGuard(s, &idem.GuardConfig{Lease: lease})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +155,7 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	pay := func(key string) error {
 		_, _, err := g.Do(ctx, "tenant", key, "fp", func(ctx context.Context) (idem.Response, error) {
 			runs.Add(1)
-			time.Sleep(50 * time.Millisecond) // outside the transaction: the watchdog renews meanwhile
+			time.Sleep(lease/3 + 20*time.Millisecond) // outside the transaction: the watchdog renews meanwhile
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				return idem.Response{}, err
@@ -201,7 +205,7 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 		}
 	}
 	// Under load (the race detector, parallel tests) a renewal can wait
-	// for the one connection past a 120 ms lease, so a few losses are
+	// for the one connection past the lease, so a few losses are
 	// legitimate: the checks above hold regardless. A completion that
 	// stalls behind a blocked renewal (the regression this guards) lost
 	// 13 to 27 of 30.
