@@ -33,7 +33,13 @@
 // PostgreSQL bigint/text/bytea/integer/boolean; MySQL BIGINT, VARBINARY(255)
 // for scope, key and fingerprint (compared byte for byte: utf8mb4_bin is a
 // PAD SPACE collation, under which "k" and "k " would be one key), LONGBLOB
-// for the body, LONGTEXT for the headers.
+// for the body, LONGTEXT for the headers. On PostgreSQL, migration 2 also
+// creates the PL/pgSQL function idem_acquire_write (see "Acquire on
+// PostgreSQL"): the role that runs Migrate needs CREATE on the schema, as
+// for the table, and the roles that use the store need EXECUTE on the
+// function, which PostgreSQL grants to PUBLIC by default. Everything is
+// created in the first schema of the connection's search_path, and found
+// there by the store's statements.
 //
 // # Guarantees
 //

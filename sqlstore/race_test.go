@@ -133,8 +133,8 @@ func TestCompleteTxUnderLoad(t *testing.T) {
 // OpenSQLite, the one connection) that the handler's own transaction
 // holds. A watchdog that waited for its renewal instead stalled each such
 // handler for Lease/3 with the lock held, and lost 13 to 27 leases of 30
-// in this test (then with a 120 ms lease). Executions that fail are retried, so that the exactly-once
-// check holds either way.
+// in this test (then with a 120 ms lease). Executions that fail are
+// retried, so that the exactly-once check holds either way.
 func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	t.Parallel()
 	db, s := setup(t)

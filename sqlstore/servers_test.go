@@ -330,6 +330,69 @@ func TestServerTakeover(t *testing.T) {
 	})
 }
 
+// TestReadOnlyAnswers: a replay, a duplicate in flight and a mismatch
+// write nothing: a store whose sessions are read-only answers them, and
+// fails only where Acquire must write (a new key). On PostgreSQL this
+// proves that the acquire statement never executes its write branch for
+// a key it cannot take.
+func TestReadOnlyAnswers(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		_, s := srv.setup(t)
+		var addr string
+		switch srv.dialect {
+		case sqlstore.PostgreSQL:
+			u, err := url.Parse(srv.svc.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			q := u.Query()
+			q.Set("default_transaction_read_only", "on")
+			u.RawQuery = q.Encode()
+			addr = u.String()
+		case sqlstore.MySQL:
+			cfg, err := mysql.ParseDSN(srv.svc.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Params == nil {
+				cfg.Params = map[string]string{}
+			}
+			cfg.Params["tx_read_only"] = "1"
+			addr = cfg.FormatDSN()
+		}
+		ro, err := sqlstore.New(srv.open(t, addr), &sqlstore.Config{Dialect: srv.dialect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		r := idem.AcquireRequest{Scope: randomName("ro-"), Key: "done", Fingerprint: "fp", Lease: long, Retention: long}
+		done := mustAcquire(t, s, r, idem.Acquired)
+		if err := s.Complete(ctx, done.Lease, idem.Response{StatusCode: 201, Body: []byte("ok")}, long); err != nil {
+			t.Fatal(err)
+		}
+		running := r
+		running.Key = "running"
+		mustAcquire(t, s, running, idem.Acquired)
+		other := r
+		other.Fingerprint = "other"
+		for range 3 {
+			if res := mustAcquire(t, ro, r, idem.Completed); string(res.Record.Response.Body) != "ok" {
+				t.Fatalf("read-only replay = %+v", res.Record.Response)
+			}
+			mustAcquire(t, ro, running, idem.InFlight)
+			mustAcquire(t, ro, other, idem.Mismatch)
+		}
+		fresh := r
+		fresh.Key = "new"
+		if res, err := ro.Acquire(ctx, fresh); err == nil {
+			t.Fatalf("Acquire of a new key on a read-only session = %v; want the server's read-only error", res.Outcome)
+		}
+		if _, err := s.Get(ctx, r.Scope, "new"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("the read-only session wrote a record: %v", err)
+		}
+	})
+}
+
 // TestCompleteRecord: CompleteRecord completes as Complete does and
 // returns what Get then returns, with a response that shares nothing with
 // the caller's; a stale lease gets ErrLeaseLost and changes nothing.
