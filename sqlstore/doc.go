@@ -113,8 +113,10 @@
 // The statement returns the held record or the record it wrote, which is
 // ours if and only if it carries the random owner Acquire passed. A
 // replay or a duplicate thus costs one round trip that locks and writes
-// nothing (no transaction id, no WAL flush); a new, replaced or
-// taken-over key costs one round trip and one commit.
+// nothing (no transaction id, no WAL flush), and never waits for another
+// transaction, not even a CompleteTx holding the row (on MySQL too:
+// TestDuplicateDuringCompleteTx, TestReadOnlyAnswers); a new, replaced
+// or taken-over key costs one round trip and one commit.
 //
 // Why a function: the statement must not prepare an insert it will not
 // run. A data-modifying WITH clause (the earlier form of this statement)
@@ -178,8 +180,11 @@
 //
 // A new key costs two round trips and one commit; a replaced or
 // taken-over key three. One statement for every outcome is not to be had
-// on MySQL without making replays dearer: the upsert first would lock the
-// row of every replay and need a read after it, and a stored procedure
+// on MySQL without making replays dearer: the upsert first (with
+// MariaDB's RETURNING, one statement for every outcome) would take the
+// row's exclusive lock for every replay and duplicate, so that a
+// duplicate of a key completing in a CompleteTx would wait for that
+// transaction to end instead of being answered at once; a stored procedure
 // doing the read and then the upsert cost a replay 1.46× a SELECT 1
 // where the plain read costs 1.1-1.3× (measured on MariaDB 10.11). Two
 // concurrent upserts of a new key can deadlock on InnoDB's gap and

@@ -330,6 +330,48 @@ func TestServerTakeover(t *testing.T) {
 	})
 }
 
+// TestDuplicateDuringCompleteTx: while a CompleteTx holds the record's
+// row in an open transaction, a duplicate (the lease is live) and a
+// mismatch are answered at once, from what committed before, instead of
+// waiting for that transaction. (SQLite serialises everything on its one
+// connection, so it is not in this test.)
+func TestDuplicateDuringCompleteTx(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		db, s := srv.setup(t)
+		ctx := t.Context()
+		r := idem.AcquireRequest{Scope: randomName("dup-"), Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+		l := mustAcquire(t, s, r, idem.Acquired).Lease
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); err != nil {
+			t.Fatal(err)
+		}
+		other := r
+		other.Fingerprint = "other"
+		for _, c := range []struct {
+			req  idem.AcquireRequest
+			want idem.Outcome
+		}{{r, idem.InFlight}, {other, idem.Mismatch}} {
+			// A lock wait would last until the transaction ends (PostgreSQL)
+			// or innodb_lock_wait_timeout (50 s): 5 s tells them apart.
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			start := time.Now()
+			res, err := s.Acquire(cctx, c.req)
+			cancel()
+			if err != nil || res.Outcome != c.want || res.Record.Fence != l.Fence {
+				t.Fatalf("Acquire(fp %s) during CompleteTx = %v, %v after %v; want %v at once", c.req.Fingerprint, res.Outcome, err, time.Since(start), c.want)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		mustAcquire(t, s, r, idem.Completed)
+	})
+}
+
 // TestReadOnlyAnswers: a replay, a duplicate in flight and a mismatch
 // write nothing: a store whose sessions are read-only answers them, and
 // fails only where Acquire must write (a new key). On PostgreSQL this

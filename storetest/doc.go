@@ -10,7 +10,8 @@
 //
 // The suite pins every outcome of every operation of the contract
 // documented on [idem.Store]: the outcomes of Acquire (including races of
-// many goroutines on one key), leases and their takeover with fence + 1,
+// many goroutines on one key; an Acquired result must carry the record it
+// wrote, equal field for field to what Get then returns), leases and their takeover with fence + 1,
 // Complete, Extend and Release refused with [idem.ErrLeaseLost] once the
 // lease is no longer the caller's, Get, Delete, Sweep, scope isolation,
 // key validation, and byte-for-byte round trips of binary and large
