@@ -1,6 +1,7 @@
 package tieredstore_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchpair"
 )
 
 // BenchmarkReplay compares a replay (Acquire on a completed key) answered
@@ -125,5 +127,60 @@ func BenchmarkReplayUnderWrites(b *testing.B) {
 			wg.Wait()
 			b.ReportMetric(float64(writes.Load())/b.Elapsed().Seconds(), "writes/s")
 		})
+	}
+}
+
+// BenchmarkVsRoundTrip measures, in one loop (benchpair), a replay answered
+// by the cache and the same replay answered by a PostgreSQL truth alone,
+// next to a Redis PING and a prepared SELECT 1 on that PostgreSQL:
+//
+//	go test -run '^$' -bench VsRoundTrip -benchmem -benchtime 3000x -count 5 ./tieredstore/
+func BenchmarkVsRoundTrip(b *testing.B) {
+	c := redisClient(b)
+	db, truth := postgresTruth(b)
+	s := newTiered(b, c, c, truth, nil)
+	ctx := b.Context()
+	r := idem.AcquireRequest{Scope: "bench-" + randomPrefix(), Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	b.Cleanup(func() { _ = truth.Delete(context.Background(), r.Scope, r.Key) })
+	res, err := s.Acquire(ctx, r)
+	if err != nil || res.Outcome != idem.Acquired {
+		b.Fatal(res.Outcome, err)
+	}
+	resp := idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ord_123","amount":4200,"currency":"EUR"}`)}
+	if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	sel, err := db.PrepareContext(ctx, "SELECT 1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = sel.Close() })
+	replay := func(store idem.Store) func() {
+		return func() {
+			res, err := store.Acquire(ctx, r)
+			if err != nil || res.Outcome != idem.Completed {
+				b.Fatal(res.Outcome, err)
+			}
+		}
+	}
+	m := benchpair.Run(b,
+		benchpair.Func{Name: "ping", F: func() {
+			if err := c.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}},
+		benchpair.Func{Name: "select1", F: func() {
+			var one int
+			if err := sel.QueryRowContext(ctx).Scan(&one); err != nil {
+				b.Fatal(err)
+			}
+		}},
+		benchpair.Func{Name: "cache", F: replay(s)},
+		benchpair.Func{Name: "truth", F: replay(truth)},
+	)
+	benchpair.Ratio(b, "cache-x-ping", m[2], m[0])
+	benchpair.Ratio(b, "truth-x-select1", m[3], m[1])
+	if st := s.Stats(); st.Errors != 0 || st.Misses != 1 {
+		b.Fatalf("stats %+v: want every replay answered by the cache", st)
 	}
 }

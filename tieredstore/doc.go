@@ -77,10 +77,14 @@
 //
 // # Redis outage
 //
-// Each Redis call is bounded by [Config].Timeout (50 ms): the store stops
-// waiting then, whatever the client does (with the client's
-// ContextTimeoutEnabled set, the socket read is cut too; without it the
-// client's goroutine finishes at its own ReadTimeout). A failed or timed-out
+// Each Redis call is bounded by [Config].Timeout (50 ms). With the
+// client's ContextTimeoutEnabled set (recommended), the call runs on the
+// caller's goroutine with that deadline, which the client honours on the
+// socket. Without it, the call runs on a goroutine of its own that the
+// store stops waiting for at the timeout (the client's goroutine finishes
+// at its own ReadTimeout); the hand-off costs a goroutine wake-up per
+// call, which made a cache hit 1.6× a PING instead of 1.05× on the
+// project's machine (docs/benchmarks.md). A failed or timed-out
 // call opens a circuit for [Config].Cooldown (1 s): Redis is then skipped
 // altogether, and operations cost what the truth costs. When the cooldown
 // ends, one call probes Redis; success closes the circuit, failure opens
@@ -124,7 +128,7 @@
 //     Redis read, the truth's write and a Redis write; Complete the truth's
 //     write and a Redis write; Extend the truth's write, a truth read and
 //     a Redis write. With 64 clients on a PostgreSQL truth this is about
-//     0.84× the throughput of the truth alone (docs/benchmarks.md).
+//     0.80-0.84× the throughput of the truth alone (docs/benchmarks.md).
 //   - On SQLite in the same process, a replay read from the truth is about
 //     as fast as a Redis round trip (see BenchmarkReplay): the cache pays
 //     off with a database across the network, or when the database is busy

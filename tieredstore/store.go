@@ -54,9 +54,13 @@ type Config struct {
 
 // Client is what a Store needs of a go-redis client. *redis.Client,
 // *redis.ClusterClient, *redis.Ring and every redis.UniversalClient
-// implement it. Set the client's ContextTimeoutEnabled so that a stalled
-// call also ends on the socket at Config.Timeout (the Store returns at
-// Config.Timeout either way).
+// implement it. Set the client's ContextTimeoutEnabled: the Store then
+// makes each call on the caller's goroutine with a deadline of
+// Config.Timeout, which the client honours on the socket. Without it (or
+// with a client whose options the Store cannot read) the Store runs each
+// call on a goroutine of its own and stops waiting for it at
+// Config.Timeout; that hand-off costs a goroutine wake-up per call (about
+// 25 µs on the project's 2-core machine, where a PING takes 50 µs).
 type Client interface {
 	Get(ctx context.Context, key string) *redis.StringCmd
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
@@ -72,6 +76,7 @@ type Store struct {
 	truth    idem.Store
 	prefix   string
 	timeout  time.Duration
+	inline   bool // front honours context deadlines: calls run on the caller's goroutine
 	marker   time.Duration
 	log      *slog.Logger
 	circuit  *circuit
@@ -124,6 +129,7 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 		truth:   truth,
 		prefix:  c.Prefix,
 		timeout: c.Timeout,
+		inline:  honoursDeadlines(front),
 		marker:  c.MarkerTTL,
 		log:     c.Logger,
 		circuit: newCircuit(c.Cooldown),
@@ -380,17 +386,30 @@ func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
+	var r callResult
+	if s.inline {
+		// The client ends the call at cctx's deadline by itself.
+		r.b, r.err = fn(cctx)
+		if r.err != nil && cctx.Err() != nil {
+			r.err = fmt.Errorf("no answer within %v: %w", s.timeout, r.err)
+		}
+		return s.settle(ctx, op, r)
+	}
 	done := make(chan callResult, 1)
 	go func() {
 		b, err := fn(cctx)
 		done <- callResult{b, err}
 	}()
-	var r callResult
 	select {
 	case r = <-done:
 	case <-cctx.Done():
 		r.err = fmt.Errorf("no answer within %v: %w", s.timeout, cctx.Err())
 	}
+	return s.settle(ctx, op, r)
+}
+
+// settle counts the outcome of a call and moves the circuit.
+func (s *Store) settle(ctx context.Context, op string, r callResult) ([]byte, error) {
 	if r.err == nil || errors.Is(r.err, redis.Nil) {
 		if s.circuit.succeed() {
 			s.log.InfoContext(ctx, "tieredstore: redis answers again", "op", op)
@@ -405,4 +424,19 @@ func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context
 		s.log.DebugContext(ctx, "tieredstore: redis still failing", "op", op, "error", r.err)
 	}
 	return nil, r.err
+}
+
+// honoursDeadlines reports whether c is a go-redis client whose options
+// say it honours context deadlines (ContextTimeoutEnabled), so that a call
+// given a deadline ends by it.
+func honoursDeadlines(c Client) bool {
+	switch c := c.(type) {
+	case interface{ Options() *redis.Options }:
+		return c.Options().ContextTimeoutEnabled
+	case interface{ Options() *redis.ClusterOptions }:
+		return c.Options().ContextTimeoutEnabled
+	case interface{ Options() *redis.RingOptions }:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
