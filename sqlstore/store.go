@@ -417,9 +417,9 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 	return rec, nil
 }
 
-// complete runs complete in tx (nil: on its own). If the statement
-// returns the record's columns (completeReturns), they fill rec when rec
-// is not nil.
+// complete runs complete in tx (nil: on its own). With rec, on a dialect
+// whose statement returns the record's columns (completeReturns), they
+// fill rec.
 func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration, rec *idem.Record) error {
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
@@ -444,7 +444,10 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 		}
 		v.responseHeader = string(h)
 	}
-	if s.d.completeReturns() {
+	// Complete alone runs the statement as an Exec even where it returns
+	// columns: database/sql starts a goroutine for every Rows read under a
+	// cancellable context, and Complete needs only the affected-rows count.
+	if rec != nil && s.d.completeReturns() {
 		var fingerprint string
 		var leaseUntil, createdAt, completedAt, expiresAt int64
 		err := s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
@@ -453,9 +456,6 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 			return fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, tx, l))
 		case err != nil:
 			return s.fail(ctx, op, err)
-		}
-		if rec == nil {
-			return nil
 		}
 		rec.Fingerprint = idem.Fingerprint(fingerprint)
 		rec.LeaseUntil = fromMS(leaseUntil)
