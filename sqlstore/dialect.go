@@ -89,7 +89,7 @@ type statements struct {
 	insertMigration       *query
 	acquire               *query
 	selectRecord          *query
-	selectHeld            *query
+	selectHeld            *query // may be empty: acquire reads it (PostgreSQL)
 	complete              *query
 	extend                *query
 	selectLease           *query // may be empty: extend returns lease_until
@@ -284,7 +284,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
 		}
-		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" {
+		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" && name != "select_held" {
 			return nil, fmt.Errorf("%s: statement %q is empty", file, name)
 		}
 	}

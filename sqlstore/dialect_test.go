@@ -141,5 +141,8 @@ func TestErrorCodes(t *testing.T) {
 		if st := d.statements(); (st.selectLease.text != "") != (d == MySQL) {
 			t.Errorf("%s: select_lease = %q", d, st.selectLease.text)
 		}
+		if st := d.statements(); (st.selectHeld.text == "") != (d == PostgreSQL) {
+			t.Errorf("%s: select_held = %q", d, st.selectHeld.text)
+		}
 	}
 }

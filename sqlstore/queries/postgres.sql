@@ -77,16 +77,8 @@ FROM idem_records
 WHERE scope = $1 AND idempotency_key = $2;
 
 -- name: select_held
--- params: scope key fingerprint
--- The record, if Acquire cannot take it. Not used by Acquire, whose
--- statement reads it (and idem_acquire_write when it must).
-SELECT scope, idempotency_key, fingerprint, status, owner, fence,
-       lease_until, retention_ms, response_status, response_header,
-       response_body, body_omitted, created_at, completed_at, expires_at
-FROM idem_records
-WHERE scope = $1 AND idempotency_key = $2
-  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-  AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint);
+-- Not used: the acquire statement reads the held record itself (and
+-- idem_acquire_write when it must).
 
 -- name: complete
 -- params: scope key owner fence response_status response_header response_body body_omitted retention_ms
