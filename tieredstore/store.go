@@ -209,8 +209,8 @@ func answer(rec idem.Record, fp idem.Fingerprint, now time.Time) (idem.AcquireRe
 
 // RecordCompleter is a truth store that can return the record it
 // completes, as Get would return it, at less cost than Complete and Get
-// ([github.com/idemkit/idem/sqlstore.Store] is one). The tiered store then caches that record
-// instead of reading it back.
+// ([github.com/idemkit/idem/sqlstore.Store] is one). The tiered store
+// then caches that record instead of reading it back.
 type RecordCompleter interface {
 	CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error)
 }
@@ -302,11 +302,12 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	return s.truth.Sweep(ctx, limit)
 }
 
-// refill reads back the record that l just acquired, extended or
-// completed in the truth and caches it, for d (the lease, ttl or
-// retention the truth was given) from sent (when the truth call was
-// sent; the truth counted d from no earlier). If the record is no longer
-// l's in the expected state, or cannot be read, the entry is deleted.
+// refill reads back the record that l just extended (or acquired or
+// completed in a truth that did not return it) and caches it, for d (the
+// lease, ttl or retention the truth was given) from sent (when the truth
+// call was sent; the truth counted d from no earlier). If the record is no
+// longer l's in the expected state, or cannot be read, the entry is
+// deleted.
 func (s *Store) refill(ctx context.Context, name string, l idem.Lease, want idem.Status, d time.Duration, sent time.Time) {
 	if s.circuit.skipping() {
 		s.counters.skipped.Add(1) // spare the truth a read nobody would cache
