@@ -42,6 +42,34 @@ type Response struct {
 	BodyOmitted bool
 }
 
+// Clone returns a deep copy of r: its body and header values share no
+// memory with r's (the values of all headers share one new backing
+// array). Nil stays nil; an empty body, header or value list stays empty.
+// A store uses it to keep, or to hand out, a response its caller may
+// reuse.
+func (r Response) Clone() Response {
+	c := r
+	if r.Body != nil {
+		c.Body = append(make([]byte, 0, len(r.Body)), r.Body...)
+	}
+	if r.Header != nil {
+		n := 0
+		for _, values := range r.Header {
+			n += len(values)
+		}
+		all := make([]string, n)
+		c.Header = make(map[string][]string, len(r.Header))
+		for name, values := range r.Header {
+			if values != nil {
+				m := copy(all, values)
+				values, all = all[:m:m], all[m:]
+			}
+			c.Header[name] = values
+		}
+	}
+	return c
+}
+
 // Record is what a store keeps for one (scope, key).
 type Record struct {
 	Scope       string

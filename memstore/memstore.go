@@ -116,7 +116,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
-	stored := copyResponse(&resp)
+	stored := resp.Clone()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -279,37 +279,11 @@ func cloneRecord(rec *idem.Record) idem.Record {
 	return c
 }
 
-// cloneResponse deep-copies r: body and header values share no memory
-// with r. Nil stays nil; an empty body or header stays empty.
+// cloneResponse deep-copies r (see idem.Response.Clone); nil stays nil.
 func cloneResponse(r *idem.Response) *idem.Response {
 	if r == nil {
 		return nil
 	}
-	c := copyResponse(r)
+	c := r.Clone()
 	return &c
-}
-
-// copyResponse deep-copies r by value; the header values share one
-// backing array.
-func copyResponse(r *idem.Response) idem.Response {
-	c := *r
-	if r.Body != nil {
-		c.Body = append(make([]byte, 0, len(r.Body)), r.Body...)
-	}
-	if r.Header != nil {
-		n := 0
-		for _, values := range r.Header {
-			n += len(values)
-		}
-		all := make([]string, n)
-		c.Header = make(map[string][]string, len(r.Header))
-		for name, values := range r.Header {
-			if values != nil {
-				m := copy(all, values)
-				values, all = all[:m:m], all[m:]
-			}
-			c.Header[name] = values
-		}
-	}
-	return c
 }

@@ -109,6 +109,32 @@ func (srv server) open(t testing.TB, addr string) *sql.DB {
 	return db
 }
 
+// addrWith returns the server's address with pg applied to the query of
+// the PostgreSQL URL, or my to the parsed go-sql-driver config.
+func (srv server) addrWith(t *testing.T, pg func(url.Values), my func(*mysql.Config)) string {
+	t.Helper()
+	switch srv.dialect {
+	case sqlstore.PostgreSQL:
+		u, err := url.Parse(srv.svc.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		pg(q)
+		u.RawQuery = q.Encode()
+		return u.String()
+	case sqlstore.MySQL:
+		cfg, err := mysql.ParseDSN(srv.svc.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		my(cfg)
+		return cfg.FormatDSN()
+	}
+	t.Fatalf("addrWith: no address for %s", srv.dialect)
+	return ""
+}
+
 // setup opens the server's test database and returns it with a migrated
 // store.
 func (srv server) setup(t testing.TB) (*sql.DB, *sqlstore.Store) {
@@ -380,28 +406,14 @@ func TestDuplicateDuringCompleteTx(t *testing.T) {
 func TestReadOnlyAnswers(t *testing.T) {
 	forServers(t, func(t *testing.T, srv server) {
 		_, s := srv.setup(t)
-		var addr string
-		switch srv.dialect {
-		case sqlstore.PostgreSQL:
-			u, err := url.Parse(srv.svc.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := u.Query()
-			q.Set("default_transaction_read_only", "on")
-			u.RawQuery = q.Encode()
-			addr = u.String()
-		case sqlstore.MySQL:
-			cfg, err := mysql.ParseDSN(srv.svc.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if cfg.Params == nil {
-				cfg.Params = map[string]string{}
-			}
-			cfg.Params["tx_read_only"] = "1"
-			addr = cfg.FormatDSN()
-		}
+		addr := srv.addrWith(t,
+			func(q url.Values) { q.Set("default_transaction_read_only", "on") },
+			func(cfg *mysql.Config) {
+				if cfg.Params == nil {
+					cfg.Params = map[string]string{}
+				}
+				cfg.Params["tx_read_only"] = "1"
+			})
 		ro, err := sqlstore.New(srv.open(t, addr), &sqlstore.Config{Dialect: srv.dialect})
 		if err != nil {
 			t.Fatal(err)
@@ -491,33 +503,21 @@ func TestServerMigrate(t *testing.T) {
 		admin := srv.open(t, "")
 		ctx := t.Context()
 		name := randomName("idem_migrate_")
-		var addr string
 		switch srv.dialect {
 		case sqlstore.PostgreSQL:
 			if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+name+" CASCADE") })
-			u, err := url.Parse(srv.svc.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := u.Query()
-			q.Set("search_path", name)
-			u.RawQuery = q.Encode()
-			addr = u.String()
 		case sqlstore.MySQL:
 			if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
-			cfg, err := mysql.ParseDSN(srv.svc.Addr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.DBName = name
-			addr = cfg.FormatDSN()
 		}
+		addr := srv.addrWith(t,
+			func(q url.Values) { q.Set("search_path", name) },
+			func(cfg *mysql.Config) { cfg.DBName = name })
 		db := srv.open(t, addr)
 		s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
 		if err != nil {

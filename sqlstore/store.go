@@ -1,7 +1,6 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -401,17 +399,13 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 	if err := s.complete(ctx, op, nil, l, resp, retention, &rec); err != nil {
 		return idem.Record{}, err
 	}
-	stored := resp
-	stored.Body = nil
-	if len(resp.Body) > 0 {
-		stored.Body = bytes.Clone(resp.Body)
+	stored := resp.Clone()
+	// As Get returns them: an empty body or header reads back as nil.
+	if len(stored.Body) == 0 {
+		stored.Body = nil
 	}
-	stored.Header = nil
-	if len(resp.Header) > 0 {
-		stored.Header = make(map[string][]string, len(resp.Header))
-		for k, v := range resp.Header {
-			stored.Header[k] = slices.Clone(v)
-		}
+	if len(stored.Header) == 0 {
+		stored.Header = nil
 	}
 	rec.Response = &stored
 	return rec, nil

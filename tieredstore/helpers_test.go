@@ -106,6 +106,17 @@ func deletePrefix(t testing.TB, c *redis.Client, prefix string) {
 	}
 }
 
+// countedTiered returns a tiered store on the shared Redis over a fresh
+// SQLite truth, the counting wrapper the tiered store calls, and the
+// truth itself (to act behind the cache's back).
+func countedTiered(t *testing.T) (*tieredstore.Store, *countingStore, *sqlstore.Store) {
+	t.Helper()
+	c := redisClient(t)
+	_, sql := newTruth(t)
+	truth := &countingStore{Store: sql}
+	return newTiered(t, c, c, truth, nil), truth, sql
+}
+
 // countingStore counts the calls that reach the store it wraps.
 type countingStore struct {
 	idem.Store

@@ -77,10 +77,7 @@ func req(key string, fp idem.Fingerprint) idem.AcquireRequest {
 // truth sees none of them.
 func TestHotPath(t *testing.T) {
 	t.Parallel()
-	c := redisClient(t)
-	_, sql := newTruth(t)
-	truth := &countingStore{Store: sql}
-	s := newTiered(t, c, c, truth, nil)
+	s, truth, _ := countedTiered(t)
 	ctx := t.Context()
 
 	// In flight.
@@ -153,10 +150,7 @@ func TestHotPath(t *testing.T) {
 // they are the truth's records field for field.
 func TestWriteWithoutReadBack(t *testing.T) {
 	t.Parallel()
-	c := redisClient(t)
-	_, sql := newTruth(t)
-	truth := &countingStore{Store: sql}
-	s := newTiered(t, c, c, truth, nil)
+	s, truth, sql := countedTiered(t)
 	ctx := t.Context()
 	res, err := s.Acquire(ctx, req("k", "fp"))
 	if err != nil || res.Outcome != idem.Acquired {
@@ -203,10 +197,7 @@ func TestWriteWithoutReadBack(t *testing.T) {
 // process, or while Redis was away) is cached by the first replay.
 func TestFillFromTruth(t *testing.T) {
 	t.Parallel()
-	c := redisClient(t)
-	_, sql := newTruth(t)
-	truth := &countingStore{Store: sql}
-	s := newTiered(t, c, c, truth, nil)
+	s, truth, sql := countedTiered(t)
 	ctx := t.Context()
 	res, err := sql.Acquire(ctx, req("k", "fp")) // behind the cache's back
 	if err != nil {
