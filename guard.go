@@ -42,6 +42,13 @@ type GuardConfig struct {
 	StoreTimeout time.Duration
 	// Logger receives the watchdog's warnings. Nil discards them.
 	Logger *slog.Logger
+	// Prepare, when set, turns every response an execution stores into the
+	// response that is kept: Complete and CompleteTx store what it returns,
+	// and Committed reports that. idemhttp uses it to keep only replayable
+	// headers and to omit bodies over its limit, on every path. It must not
+	// modify resp's header map or body in place. Nil keeps responses as
+	// given.
+	Prepare func(resp Response) Response
 }
 
 // Guard runs executions against a Store: acquire, renew the lease while the
@@ -83,6 +90,14 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Guard{store: s, cfg: c}, nil
+}
+
+// prepare applies the configured Prepare to resp.
+func (g *Guard) prepare(resp Response) Response {
+	if g.cfg.Prepare == nil {
+		return resp
+	}
+	return g.cfg.Prepare(resp)
 }
 
 // Store returns the guard's store.
@@ -423,6 +438,7 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 	if err != nil {
 		return err
 	}
+	resp = e.g.prepare(resp)
 	err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
 	e.unbound()
 	e.end(err)
@@ -443,6 +459,7 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 	if err != nil {
 		return err
 	}
+	resp = e.g.prepare(resp)
 	if err := txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			e.end(err)
