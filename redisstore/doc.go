@@ -40,10 +40,16 @@
 //     reads TIME may write), never the application's.
 //   - Complete, Extend and Release succeed only while the record is
 //     processing with the lease's owner and fence, even after the lease
-//     ended if nobody took over; otherwise [idem.ErrLeaseLost].
+//     ended if nobody took over; otherwise [idem.ErrLeaseLost]. One
+//     exception makes a retried Complete safe: Complete with the owner and
+//     fence that completed the record returns nil and changes nothing (the
+//     first response stays), so a call whose reply was lost may be
+//     repeated. After a takeover the old lease still gets
+//     [idem.ErrLeaseLost].
 //   - Responses round-trip byte for byte: bodies of any bytes (up to Redis'
-//     512 MB string limit), headers with their order of values. Nil and
-//     empty bodies and headers are the same and come back nil.
+//     512 MB string limit), header names and values of any bytes (invalid
+//     UTF-8 and empty values included) with their order of values. Nil
+//     and empty bodies and headers are the same and come back nil.
 //   - Errors name the operation ("redisstore: acquire: …"); redis.Nil never
 //     escapes; a call whose context ended returns the context's error.
 //

@@ -32,18 +32,19 @@ local function expire_at(key, expires_at, grace)
 end
 
 -- held checks that the record at key is processing and held by owner and
--- fence: it returns the fields asked for, or nil and the reason (1: no
--- record, 2: not processing, 3: another owner or fence).
+-- fence: it returns the fields asked for (status, owner, fence, then the
+-- others), or the same fields (nil if there is no record) and the reason
+-- (1: no record, 2: not processing, 3: another owner or fence).
 local function held(key, owner, fence, ...)
   local r = redis.call('HMGET', key, 'status', 'owner', 'fence', ...)
   if not r[1] then
     return nil, 1
   end
   if r[1] ~= 'processing' then
-    return nil, 2
+    return r, 2
   end
   if r[2] ~= owner or r[3] ~= fence then
-    return nil, 3
+    return r, 3
   end
   return r
 end

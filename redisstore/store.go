@@ -199,7 +199,10 @@ func decodeAcquire(v []any, req idem.AcquireRequest, owner string) (idem.Acquire
 }
 
 // Complete stores resp and marks the record completed, kept for
-// retention; see idem.Store.
+// retention; see idem.Store. Called again with the lease that completed
+// the record (a retry after an error whose first call committed), it
+// returns nil and leaves the record, first response and TTL included, as
+// it is; complete.lua decides this in the same round trip.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
