@@ -26,7 +26,9 @@ local function read(key)
     'created_at', 'completed_at', 'expires_at', 'code', 'header', 'body', 'omitted')
 end
 
--- expire_at lets Redis delete the record grace ms after expires_at.
+-- expire_at lets Redis delete the record grace ms after expires_at. Only a
+-- completed record gets a TTL: a key with one is evictable under the
+-- volatile-* maxmemory policies, and a live lease must not be.
 local function expire_at(key, expires_at, grace)
   redis.call('PEXPIREAT', key, int(expires_at + grace))
 end
