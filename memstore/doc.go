@@ -31,7 +31,8 @@
 //   - It cannot complete inside an SQL transaction: it does not implement
 //     [idem.TxCompleter], so [idem.Execution.CompleteTx] answers
 //     [idem.ErrTxUnsupported].
-//   - It runs no background goroutine. Expired completed records are
-//     replaced by the next Acquire on their key; call Sweep now and then to
-//     free the memory of keys that are never used again.
+//   - It runs no background goroutine and holds nothing but memory, so it
+//     has no Close. Expired records are replaced by the next Acquire on
+//     their key; call Sweep now and then to free the memory of keys that
+//     are never used again.
 package memstore

@@ -97,6 +97,10 @@ var (
 // Store is an idem.Store on Redis (a single server, a Sentinel-managed
 // primary, or a Redis Cluster). It is safe for concurrent use. It does not
 // implement idem.TxCompleter.
+//
+// A Store holds nothing of its own to release (no connection, goroutine or
+// server-side state beyond the records), so it has no Close: the client is
+// the caller's, and the caller closes it when no Store uses it any more.
 type Store struct {
 	client  Client
 	prefix  string
