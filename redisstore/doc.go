@@ -100,7 +100,9 @@
 //     unless [Config].AllowAllKeysEviction accepts the risk (it then logs
 //     a warning). Where CONFIG is disabled or denied (many managed
 //     services), New cannot read the policy: it logs that at info level
-//     and goes on, and checking the policy is the operator's task.
+//     and goes on, and checking the policy is the operator's task. New
+//     reads it once, from the one node its CONFIG GET reaches: give every
+//     node of a cluster the same policy, and do not change it later.
 //
 // The store writes one key per record and nothing else (no index, no
 // marker), so no other key of it can be evicted.
