@@ -10,6 +10,12 @@
 //     told [idem.Acquired].
 //   - Leases, fences, retention and Sweep behave as documented on
 //     [idem.Store]; times come from the store's clock ([Config].Now).
+//   - Complete called again with the lease that completed the record
+//     returns nil and changes nothing: the first response stays. Any other
+//     lease, one replaced by a takeover included, gets
+//     [idem.ErrLeaseLost].
+//   - Responses round-trip byte for byte: header names and values (invalid
+//     UTF-8 and empty values included) and bodies.
 //   - Stored responses are deep copies: neither the response given to
 //     Complete nor a record returned by Get or Acquire shares memory with
 //     what the store keeps.
@@ -25,7 +31,8 @@
 //   - It cannot complete inside an SQL transaction: it does not implement
 //     [idem.TxCompleter], so [idem.Execution.CompleteTx] answers
 //     [idem.ErrTxUnsupported].
-//   - It runs no background goroutine. Expired completed records are
-//     replaced by the next Acquire on their key; call Sweep now and then to
-//     free the memory of keys that are never used again.
+//   - It runs no background goroutine and holds nothing but memory, so it
+//     has no Close. Expired records are replaced by the next Acquire on
+//     their key; call Sweep now and then to free the memory of keys that
+//     are never used again.
 package memstore

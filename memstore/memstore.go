@@ -105,7 +105,9 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 }
 
 // Complete stores resp (a deep copy) and marks the record completed, kept
-// for retention; see idem.Store.
+// for retention; see idem.Store. Called again with the lease that
+// completed the record (a retry after an error), it returns nil and leaves
+// the record, first response included, as it is.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -122,6 +124,9 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	defer s.mu.Unlock()
 	rec, err := s.held(l)
 	if err != nil {
+		if completedBy(s.records[recordID{l.Scope, l.Key}], l) {
+			return nil // an earlier call with l completed it: keep its response
+		}
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
 	now := s.now()
@@ -259,6 +264,12 @@ func (s *Store) held(l idem.Lease) (*entry, error) {
 		return nil, fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.Fence)
 	}
 	return rec, nil
+}
+
+// completedBy reports whether rec is completed and was completed with l's
+// owner and fence. The caller holds s.mu.
+func completedBy(rec *entry, l idem.Lease) bool {
+	return rec != nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence
 }
 
 func validateID(scope, key string) error {

@@ -1,16 +1,20 @@
 -- acquire.lua claims the lease on a record.
--- KEYS[1]: the record. ARGV: fingerprint, lease ms, retention ms, new owner,
--- grace ms.
+-- KEYS[1]: the record. ARGV: fingerprint, lease ms, retention ms, new owner.
 -- Returns {1 (acquired), took over 0/1, fence, lease_until, created_at,
 -- retention, expires_at} (the record it wrote, with the request's
 -- fingerprint and the new owner), or {2 (in flight) | 3 (completed) |
 -- 4 (mismatch), record fields}.
 local key = KEYS[1]
-local fp, lease, retention, owner, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local fp, lease, retention, owner = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 
 -- One read of every field: a replay, a duplicate or a mismatch returns
 -- it as it is (see read in lib.lua for the order).
+--
+-- A processing record has no TTL, so that no maxmemory policy but
+-- allkeys-* can evict a live lease: the record gets its TTL from Complete.
+-- An abandoned one is replaced here, or removed by Sweep, once it is past
+-- its expires_at, read from the record.
 local r = read(key)
 local fence, took = 1, 0
 if r[1] then
@@ -37,7 +41,8 @@ if r[1] then
     local expires = lease_until + retention
     redis.call('HSET', key, 'owner', owner, 'fence', int(fence), 'lease_until', int(lease_until),
       'retention', int(retention), 'expires_at', int(expires))
-    expire_at(key, expires, grace)
+    -- Records written by earlier versions of the store carry a TTL.
+    redis.call('PERSIST', key)
     return {1, 1, fence, lease_until, tonumber(r[7]), retention, expires}
   end
 end
@@ -47,5 +52,4 @@ local expires = lease_until + retention
 redis.call('HSET', key, 'status', 'processing', 'fp', fp, 'owner', owner, 'fence', int(fence),
   'lease_until', int(lease_until), 'retention', int(retention), 'created_at', int(now),
   'expires_at', int(expires))
-expire_at(key, expires, grace)
 return {1, took, fence, lease_until, now, retention, expires}

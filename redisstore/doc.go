@@ -40,43 +40,89 @@
 //     reads TIME may write), never the application's.
 //   - Complete, Extend and Release succeed only while the record is
 //     processing with the lease's owner and fence, even after the lease
-//     ended if nobody took over; otherwise [idem.ErrLeaseLost].
+//     ended if nobody took over; otherwise [idem.ErrLeaseLost]. One
+//     exception makes a retried Complete safe: Complete with the owner and
+//     fence that completed the record returns nil and changes nothing (the
+//     first response stays), so a call whose reply was lost may be
+//     repeated. After a takeover the old lease still gets
+//     [idem.ErrLeaseLost].
 //   - Responses round-trip byte for byte: bodies of any bytes (up to Redis'
-//     512 MB string limit), headers with their order of values. Nil and
-//     empty bodies and headers are the same and come back nil.
+//     512 MB string limit), header names and values of any bytes (invalid
+//     UTF-8 and empty values included) with their order of values. Nil
+//     and empty bodies and headers are the same and come back nil.
 //   - Errors name the operation ("redisstore: acquire: …"); redis.Nil never
 //     escapes; a call whose context ended returns the context's error.
 //
 // # TTL and the grace
 //
-// Every record carries a Redis TTL, so Redis removes it on its own:
-// PEXPIREAT ExpiresAt + [Config].Grace, where ExpiresAt is
-// LeaseUntil + retention while processing (set again by Extend and a
-// takeover) and CompletedAt + retention once completed. The grace (1 min by
-// default) keeps an expired record visible for a while, as the
-// [idem.Store] contract asks: Get still returns it, and an Acquire that
-// replaces it continues its fence (old fence + 1). Once Redis has deleted
-// it, or with a negative Grace (TTL exactly at ExpiresAt), the key starts
-// again as a new record with fence 1, not reported as a takeover — as after
-// Release or Delete. That
-// never lets a stale lease act: a lease is owner and fence, and owners are
-// random 128-bit tokens, so an old lease of fence 1 cannot match the new
-// record of fence 1. Fences are therefore strictly increasing per key only
-// while a record exists; do not hand them to other systems as a
-// key-lifetime counter.
+// A processing record has no Redis TTL: a key with a TTL is evictable
+// under the volatile-* maxmemory policies, and a live lease must never be
+// evicted (see Memory and eviction). Complete gives the record its TTL,
+// PEXPIREAT CompletedAt + retention + [Config].Grace, so Redis removes a
+// completed record on its own. The grace (1 min by default) keeps an
+// expired record visible for a while, as the [idem.Store] contract asks:
+// Get still returns it, and an Acquire that replaces it continues its
+// fence (old fence + 1). Once Redis has deleted it, or with a negative
+// Grace (TTL exactly at ExpiresAt), the key starts again as a new record
+// with fence 1, not reported as a takeover — as after Release or Delete.
+// That never lets a stale lease act: a lease is owner and fence, and
+// owners are random 128-bit tokens, so an old lease of fence 1 cannot
+// match the new record of fence 1. Fences are therefore strictly
+// increasing per key only while a record exists; do not hand them to
+// other systems as a key-lifetime counter.
+//
+// A processing record whose process died (abandoned: nobody completes or
+// releases it) therefore stays until its ExpiresAt, LeaseUntil +
+// retention, has passed and then either an Acquire of its key replaces it
+// (TookOver, fence + 1) or Sweep removes it. Nothing removes it by itself:
+// where processes may die in flight and keys are never retried, call
+// Sweep now and then, or abandoned records accumulate. Processing records
+// written by earlier versions of the store, which had a TTL, lose it at
+// their next Extend or takeover.
+//
+// # Memory and eviction
+//
+// When a Redis server reaches maxmemory, its maxmemory-policy decides
+// which keys it deletes. The store needs one that never deletes a live
+// lease, or a duplicate request runs its effect again:
+//
+//   - noeviction (Redis' default): nothing is evicted; once memory is full,
+//     writes fail, so Acquire returns an error and the guard fails closed.
+//     This is the only policy under which every guarantee holds.
+//   - volatile-* (volatile-lru, volatile-lfu, volatile-random,
+//     volatile-ttl; the default of several managed services): only keys
+//     with a TTL are evicted, so processing records never are. Completed
+//     records have a TTL and may be evicted before their retention ends;
+//     a retry of an evicted one then runs again, as after its retention.
+//     Once nothing is evictable, writes fail as under noeviction.
+//   - allkeys-*: any key may be evicted, a live lease included. [New]
+//     reads the policy with one CONFIG GET and refuses such a server
+//     unless [Config].AllowAllKeysEviction accepts the risk (it then logs
+//     a warning). Where CONFIG is disabled or denied (many managed
+//     services), New cannot read the policy: it logs that at info level
+//     and goes on, and checking the policy is the operator's task. New
+//     reads it once, from the one node its CONFIG GET reaches: give every
+//     node of a cluster the same policy, and do not change it later.
+//
+// The store writes one key per record and nothing else (no index, no
+// marker), so no other key of it can be evicted.
 //
 // # Sweep
 //
-// Sweep is needed only to remove expired records before their TTL does.
-// It SCANs the keys of the store's prefix (TYPE hash, COUNT 1000) on every
-// master of a cluster (ForEachMaster) or shard of a ring (ForEachShard),
-// concurrently; per SCAN batch it reads the three deciding fields of each
-// key in one pipeline, and runs sweep.lua, which re-checks and deletes
-// atomically, on the expired ones in another. A full Sweep thus costs
-// O(keys on the server) SCAN work and about two round trips per thousand
-// keys of the prefix, whatever the number of expired records; prefer the
-// TTL and call Sweep rarely, if at all, on a large keyspace. Sweep needs
-// Redis 6 or later (SCAN … TYPE); the other operations need Redis 5.
+// Sweep removes expired completed records before their TTL does, and is
+// the only thing besides Acquire that removes abandoned processing
+// records once their ExpiresAt has passed; it never removes a processing
+// record whose lease is live. It SCANs the keys of the store's prefix
+// (TYPE hash, COUNT 1000) on every master of a cluster (ForEachMaster) or
+// shard of a ring (ForEachShard), concurrently; per SCAN batch it reads
+// the three deciding fields of each key in one pipeline, and runs
+// sweep.lua, which re-checks and deletes atomically, on the expired ones
+// in another. A full Sweep thus costs O(keys on the server) SCAN work and
+// about two round trips per thousand keys of the prefix, whatever the
+// number of expired records: call it rarely (every few minutes to hours,
+// depending on how many executions die in flight) on a large keyspace.
+// Sweep needs Redis 6 or later (SCAN … TYPE); the other operations need
+// Redis 5.
 //
 // # What it does not guarantee
 //

@@ -29,6 +29,16 @@ func singleClient(t testing.TB) *redis.Client {
 	return c
 }
 
+// offlineClient returns a client of a closed loopback port that gives up
+// at once: New cannot read the server's policy and goes on, and every
+// operation fails.
+func offlineClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // randomPrefix returns a key prefix no other test or run uses.
 func randomPrefix() string {
 	return "idemtest-" + strings.ToLower(rand.Text()[:12])

@@ -26,24 +26,27 @@ local function read(key)
     'created_at', 'completed_at', 'expires_at', 'code', 'header', 'body', 'omitted')
 end
 
--- expire_at lets Redis delete the record grace ms after expires_at.
+-- expire_at lets Redis delete the record grace ms after expires_at. Only a
+-- completed record gets a TTL: a key with one is evictable under the
+-- volatile-* maxmemory policies, and a live lease must not be.
 local function expire_at(key, expires_at, grace)
   redis.call('PEXPIREAT', key, int(expires_at + grace))
 end
 
 -- held checks that the record at key is processing and held by owner and
--- fence: it returns the fields asked for, or nil and the reason (1: no
--- record, 2: not processing, 3: another owner or fence).
+-- fence: it returns the fields asked for (status, owner, fence, then the
+-- others), or the same fields (nil if there is no record) and the reason
+-- (1: no record, 2: not processing, 3: another owner or fence).
 local function held(key, owner, fence, ...)
   local r = redis.call('HMGET', key, 'status', 'owner', 'fence', ...)
   if not r[1] then
     return nil, 1
   end
   if r[1] ~= 'processing' then
-    return nil, 2
+    return r, 2
   end
   if r[2] ~= owner or r[3] ~= fence then
-    return nil, 3
+    return r, 3
   end
   return r
 end

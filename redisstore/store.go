@@ -20,7 +20,8 @@ import (
 const (
 	// DefaultPrefix starts the name of every Redis key the store writes.
 	DefaultPrefix = "idem"
-	// DefaultGrace is how long Redis keeps a record past its ExpiresAt.
+	// DefaultGrace is how long Redis keeps a completed record past its
+	// ExpiresAt.
 	DefaultGrace = time.Minute
 )
 
@@ -32,21 +33,33 @@ type Config struct {
 	// its own prefix. It may not contain '{', '}', spaces or control
 	// characters, and is at most 64 bytes. Default "idem".
 	Prefix string
-	// Grace is how long Redis keeps a record past its ExpiresAt before the
-	// key's TTL deletes it. During the grace the record is still visible to
+	// Grace is how long Redis keeps a completed record past its ExpiresAt
+	// before the key's TTL deletes it (a processing record has no TTL; see
+	// the package doc). During the grace the record is still visible to
 	// Get, Sweep removes it, and an Acquire that replaces it continues its
 	// fence (old fence + 1). Default DefaultGrace (1 min); a negative value
 	// means none: the TTL ends at ExpiresAt, and a record replaced after
 	// Redis deleted it starts again at fence 1.
 	Grace time.Duration
-	// Logger receives Sweep's debug messages. Nil discards them.
+	// AllowAllKeysEviction lets New accept a server whose
+	// maxmemory-policy is one of allkeys-* (allkeys-lru, allkeys-lfu,
+	// allkeys-random). Such a server, once full, may evict any key, a
+	// processing record included: a duplicate request then runs its effect
+	// again. By default New refuses it; with AllowAllKeysEviction it logs a
+	// warning and goes on. Default false.
+	AllowAllKeysEviction bool
+	// Logger receives New's messages about the server's maxmemory-policy
+	// (a warning when AllowAllKeysEviction accepts allkeys-*, info when the
+	// policy cannot be read) and Sweep's debug messages. Nil discards them.
 	Logger *slog.Logger
 }
 
 // Client is what a Store needs of a go-redis client. *redis.Client,
 // *redis.ClusterClient, *redis.Ring and every redis.UniversalClient
 // implement it. A client that also has ForEachMaster (a cluster) or
-// ForEachShard (a ring) is swept node by node.
+// ForEachShard (a ring) is swept node by node; one that also has ConfigGet
+// (every go-redis client) has its server's maxmemory-policy checked by
+// New.
 type Client interface {
 	redis.Scripter
 	HMGet(ctx context.Context, key string, fields ...string) *redis.SliceCmd
@@ -84,6 +97,10 @@ var (
 // Store is an idem.Store on Redis (a single server, a Sentinel-managed
 // primary, or a Redis Cluster). It is safe for concurrent use. It does not
 // implement idem.TxCompleter.
+//
+// A Store holds nothing of its own to release (no connection, goroutine or
+// server-side state beyond the records), so it has no Close: the client is
+// the caller's, and the caller closes it when no Store uses it any more.
 type Store struct {
 	client  Client
 	prefix  string
@@ -97,7 +114,16 @@ var (
 )
 
 // New returns a Store over client. A nil cfg means defaults; cfg is
-// copied. New does not contact the server.
+// copied.
+//
+// New sends one command to the server, CONFIG GET maxmemory-policy
+// (bounded by a few seconds), and refuses a server whose policy is
+// allkeys-* unless cfg.AllowAllKeysEviction is set: such a server may
+// evict a live lease. noeviction and volatile-* are accepted. Where the
+// policy cannot be read (CONFIG disabled or denied, as on several managed
+// services; the server unreachable; a client without ConfigGet) New logs
+// it at info level and goes on. The policy is read once: a server
+// reconfigured later is not checked again.
 func New(client Client, cfg *Config) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a client")
@@ -121,7 +147,48 @@ func New(client Client, cfg *Config) (*Store, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{client: client, prefix: c.Prefix, graceMS: millis(c.Grace), log: c.Logger}, nil
+	s := &Store{client: client, prefix: c.Prefix, graceMS: millis(c.Grace), log: c.Logger}
+	if err := s.checkEviction(c.AllowAllKeysEviction); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// policyTimeout bounds New's CONFIG GET.
+const policyTimeout = 3 * time.Second
+
+// checkEviction reads the server's maxmemory-policy and refuses allkeys-*
+// unless allowAllKeys; see New.
+func (s *Store) checkEviction(allowAllKeys bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), policyTimeout)
+	defer cancel()
+	cg, ok := s.client.(interface {
+		ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
+	})
+	if !ok {
+		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy (the client has no ConfigGet); it must be noeviction or volatile-*")
+		return nil
+	}
+	m, err := cg.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy; it must be noeviction or volatile-*", "error", err)
+		return nil
+	}
+	policy := m["maxmemory-policy"]
+	switch {
+	case policy == "noeviction":
+	case strings.HasPrefix(policy, "volatile-"):
+		s.log.DebugContext(ctx, "redisstore: the server may evict completed records before their retention ends; a retry of an evicted one runs again", "maxmemory-policy", policy)
+	case strings.HasPrefix(policy, "allkeys-"):
+		if !allowAllKeys {
+			return fmt.Errorf("redisstore: the server's maxmemory-policy is %s, which may evict a processing record and let a duplicate request run its effect again: "+
+				"set it to noeviction or a volatile-* policy, or accept the risk with Config.AllowAllKeysEviction", policy)
+		}
+		s.log.WarnContext(ctx, "redisstore: the server may evict processing records: a duplicate request may then run its effect again (accepted by Config.AllowAllKeysEviction)", "maxmemory-policy", policy)
+	default:
+		s.log.InfoContext(ctx, "redisstore: unknown maxmemory-policy; it must be noeviction or volatile-*", "maxmemory-policy", policy)
+	}
+	return nil
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see idem.Store.
@@ -134,7 +201,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	}
 	owner := idem.NewOwner()
 	v, err := acquireScript.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
-		string(req.Fingerprint), millis(req.Lease), millis(req.Retention), owner, s.graceMS).Slice()
+		string(req.Fingerprint), millis(req.Lease), millis(req.Retention), owner).Slice()
 	if err != nil {
 		return idem.AcquireResult{}, s.fail(ctx, "acquire", err)
 	}
@@ -199,7 +266,10 @@ func decodeAcquire(v []any, req idem.AcquireRequest, owner string) (idem.Acquire
 }
 
 // Complete stores resp and marks the record completed, kept for
-// retention; see idem.Store.
+// retention; see idem.Store. Called again with the lease that completed
+// the record (a retry after an error whose first call committed), it
+// returns nil and leaves the record, first response and TTL included, as
+// it is; complete.lua decides this in the same round trip.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -235,7 +305,7 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 		return idem.Lease{}, fmt.Errorf("redisstore: extend: %w", err)
 	}
 	v, err := extendScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
-		l.Owner, strconv.FormatInt(l.Fence, 10), millis(ttl), s.graceMS).Slice()
+		l.Owner, strconv.FormatInt(l.Fence, 10), millis(ttl)).Slice()
 	if err != nil {
 		return idem.Lease{}, s.fail(ctx, "extend", err)
 	}

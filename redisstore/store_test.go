@@ -1,9 +1,11 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -172,50 +174,274 @@ func TestKeySlot(t *testing.T) {
 	}
 }
 
-// TestTTL checks the TTL Redis keeps on a record: ExpiresAt plus the grace.
+// TestTTL checks the TTL Redis keeps on a record: none while it is
+// processing, so that no maxmemory policy but allkeys-* can evict a live
+// lease; ExpiresAt plus the grace once it is completed.
 func TestTTL(t *testing.T) {
-	c := singleClient(t)
-	ctx := t.Context()
-	for _, tc := range []struct {
-		name       string
-		grace      time.Duration
-		extraGrace time.Duration
-	}{
-		{"default grace", 0, redisstore.DefaultGrace},
-		{"grace 5s", 5 * time.Second, 5 * time.Second},
-		{"no grace", -1, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := newStore(t, c, &redisstore.Config{Grace: tc.grace})
-			pttl := func(key string) time.Duration {
-				t.Helper()
-				d, err := c.PTTL(ctx, s.RecordKey("ttl", key)).Result()
+	for _, setup := range setups {
+		for _, tc := range []struct {
+			name       string
+			grace      time.Duration
+			extraGrace time.Duration
+		}{
+			{"default grace", 0, redisstore.DefaultGrace},
+			{"grace 5s", 5 * time.Second, 5 * time.Second},
+			{"no grace", -1, 0},
+		} {
+			t.Run(setup.name+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				c := setup.client(t)
+				ctx := t.Context()
+				s := newStore(t, c, &redisstore.Config{Grace: tc.grace})
+				pttl := func(key string) time.Duration {
+					t.Helper()
+					d, err := c.(interface {
+						PTTL(context.Context, string) *redis.DurationCmd
+					}).PTTL(ctx, s.RecordKey("ttl", key)).Result()
+					if err != nil {
+						t.Fatalf("PTTL: %v", err)
+					}
+					return d
+				}
+				near := func(what string, got, want time.Duration) {
+					t.Helper()
+					if got > want || got < want-2*time.Second {
+						t.Fatalf("%s: PTTL = %v, want about %v", what, got, want)
+					}
+				}
+				persistent := func(what string) {
+					t.Helper()
+					if d := pttl("k"); d != -1 {
+						t.Fatalf("%s: PTTL = %v, want -1 (no TTL: a processing record must not be evictable)", what, d)
+					}
+				}
+				lease, retention, completedRetention := 30*time.Second, 2*time.Hour, 3*time.Hour
+				res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: "ttl", Key: "k", Fingerprint: "fp", Lease: lease, Retention: retention})
 				if err != nil {
-					t.Fatalf("PTTL: %v", err)
+					t.Fatalf("Acquire: %v", err)
 				}
-				return d
-			}
-			near := func(what string, got, want time.Duration) {
-				t.Helper()
-				if got > want || got < want-2*time.Second {
-					t.Fatalf("%s: PTTL = %v, want about %v", what, got, want)
+				persistent("processing")
+				l, err := s.Extend(ctx, res.Lease, 2*lease)
+				if err != nil {
+					t.Fatalf("Extend: %v", err)
 				}
+				persistent("extended")
+				if err := s.Complete(ctx, l, idem.Response{StatusCode: 200}, completedRetention); err != nil {
+					t.Fatalf("Complete: %v", err)
+				}
+				near("completed", pttl("k"), completedRetention+tc.extraGrace)
+			})
+		}
+	}
+}
+
+// TestAbandonedProcessingRecord checks what replaces the TTL for a
+// processing record whose process died: Sweep removes it once its lease
+// ended more than its retention ago (ExpiresAt), never before, and an
+// Acquire past its ExpiresAt replaces it.
+func TestAbandonedProcessingRecord(t *testing.T) {
+	for _, setup := range setups {
+		t.Run(setup.name, func(t *testing.T) {
+			t.Parallel()
+			c := setup.client(t)
+			s := newStore(t, c, nil)
+			ctx := t.Context()
+			const lease, retention = 100 * time.Millisecond, 300 * time.Millisecond
+			req := func(key string) idem.AcquireRequest {
+				return idem.AcquireRequest{Scope: "abandoned", Key: key, Fingerprint: "fp", Lease: lease, Retention: retention}
 			}
-			lease, retention, completedRetention := 30*time.Second, 2*time.Hour, 3*time.Hour
-			res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: "ttl", Key: "k", Fingerprint: "fp", Lease: lease, Retention: retention})
-			if err != nil {
-				t.Fatalf("Acquire: %v", err)
+			swept, err := s.Acquire(ctx, req("swept"))
+			if err != nil || swept.Outcome != idem.Acquired {
+				t.Fatalf("Acquire = %v, %v", swept.Outcome, err)
 			}
-			near("processing", pttl("k"), lease+retention+tc.extraGrace)
-			l, err := s.Extend(ctx, res.Lease, 2*lease)
-			if err != nil {
-				t.Fatalf("Extend: %v", err)
+			replaced, err := s.Acquire(ctx, req("replaced"))
+			if err != nil || replaced.Outcome != idem.Acquired {
+				t.Fatalf("Acquire = %v, %v", replaced.Outcome, err)
 			}
-			near("extended", pttl("k"), 2*lease+retention+tc.extraGrace)
-			if err := s.Complete(ctx, l, idem.Response{StatusCode: 200}, completedRetention); err != nil {
+			time.Sleep(lease + 50*time.Millisecond)
+			// The lease ended, the retention did not: Sweep keeps both.
+			if n, err := s.Sweep(ctx, 0); err != nil || n != 0 {
+				t.Fatalf("Sweep after the lease = %d, %v; want 0", n, err)
+			}
+			if _, err := s.Get(ctx, "abandoned", "swept"); err != nil {
+				t.Fatalf("Get after the lease: %v", err)
+			}
+			time.Sleep(retention)
+			before := time.Now()
+			res, err := s.Acquire(ctx, req("replaced"))
+			if err != nil || res.Outcome != idem.Acquired || !res.TookOver || res.Lease.Fence != replaced.Lease.Fence+1 ||
+				res.Record.CreatedAt.Before(before.Add(-time.Second)) {
+				t.Fatalf("Acquire past ExpiresAt = %+v, %v; want a new record, taken over, fence %d", res, err, replaced.Lease.Fence+1)
+			}
+			if n, err := s.Sweep(ctx, 0); err != nil || n != 1 {
+				t.Fatalf("Sweep past ExpiresAt = %d, %v; want 1 (the abandoned record)", n, err)
+			}
+			if _, err := s.Get(ctx, "abandoned", "swept"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("Get of the swept record = %v, want idem.ErrNotFound", err)
+			}
+			if got := countPrefix(t, c, s.Prefix()); got != 1 {
+				t.Fatalf("%d keys left, want 1 (the replacing record)", got)
+			}
+		})
+	}
+}
+
+// TestPersistOldRecords checks that a processing record written with a
+// TTL (as earlier versions of the store did) loses it when its lease is
+// extended or taken over.
+func TestPersistOldRecords(t *testing.T) {
+	c := singleClient(t)
+	s := newStore(t, c, nil)
+	ctx := t.Context()
+	for _, op := range []string{"extend", "takeover"} {
+		lease := time.Minute
+		if op == "takeover" {
+			lease = 50 * time.Millisecond
+		}
+		req := idem.AcquireRequest{Scope: "old", Key: op, Fingerprint: "fp", Lease: lease, Retention: time.Hour}
+		res, err := s.Acquire(ctx, req)
+		if err != nil || res.Outcome != idem.Acquired {
+			t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+		}
+		key := s.RecordKey(req.Scope, req.Key)
+		if err := c.PExpire(ctx, key, 2*time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		switch op {
+		case "extend":
+			_, err = s.Extend(ctx, res.Lease, time.Minute)
+		case "takeover":
+			time.Sleep(2 * lease)
+			res, err = s.Acquire(ctx, req)
+			if err == nil && (res.Outcome != idem.Acquired || !res.TookOver) {
+				t.Fatalf("Acquire after the lease = %+v, want a takeover", res)
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		if d, err := c.PTTL(ctx, key).Result(); err != nil || d != -1 {
+			t.Fatalf("PTTL after %s of a record with a TTL = %v, %v; want -1", op, d, err)
+		}
+	}
+}
+
+// TestCompleteRetry pins Complete called again with the lease that
+// completed the record, as after a reply lost on the way back: nil, and
+// the record keeps the first response and times. Any other lease is
+// refused as before.
+func TestCompleteRetry(t *testing.T) {
+	for _, setup := range setups {
+		t.Run(setup.name, func(t *testing.T) {
+			t.Parallel()
+			c := setup.client(t)
+			s := newStore(t, c, nil)
+			ctx := t.Context()
+			req := idem.AcquireRequest{Scope: "retry", Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			res, err := s.Acquire(ctx, req)
+			if err != nil || res.Outcome != idem.Acquired {
+				t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+			}
+			l := res.Lease
+			first := idem.Response{StatusCode: 201, Header: map[string][]string{"A": {"1"}}, Body: []byte("first")}
+			if err := s.Complete(ctx, l, first, time.Hour); err != nil {
 				t.Fatalf("Complete: %v", err)
 			}
-			near("completed", pttl("k"), completedRetention+tc.extraGrace)
+			before, err := s.Get(ctx, req.Scope, req.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond) // so that a second write would change CompletedAt
+			if err := s.Complete(ctx, l, idem.Response{StatusCode: 500, Body: []byte("second")}, 2*time.Hour); err != nil {
+				t.Fatalf("Complete again with the same lease = %v, want nil", err)
+			}
+			after, err := s.Get(ctx, req.Scope, req.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprintf("%+v", *after.Response) != fmt.Sprintf("%+v", first) || !after.CompletedAt.Equal(before.CompletedAt) ||
+				!after.ExpiresAt.Equal(before.ExpiresAt) || after.Retention != before.Retention || after.Fence != l.Fence {
+				t.Fatalf("record after the second Complete = %+v (%+v)\nwant it unchanged: %+v (%+v)", after, *after.Response, before, *before.Response)
+			}
+			for name, wrong := range map[string]idem.Lease{
+				"another owner": {Scope: l.Scope, Key: l.Key, Owner: idem.NewOwner(), Fence: l.Fence},
+				"another fence": {Scope: l.Scope, Key: l.Key, Owner: l.Owner, Fence: l.Fence + 1},
+			} {
+				if err := s.Complete(ctx, wrong, idem.Response{StatusCode: 500}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+					t.Fatalf("Complete with %s of a completed record = %v, want idem.ErrLeaseLost", name, err)
+				}
+			}
+
+			// After a takeover, the lease that lost it is refused, and the
+			// winner may complete twice.
+			short := idem.AcquireRequest{Scope: "retry", Key: "taken", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
+			old, err := s.Acquire(ctx, short)
+			if err != nil || old.Outcome != idem.Acquired {
+				t.Fatalf("Acquire = %v, %v", old.Outcome, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			won, err := s.Acquire(ctx, short)
+			if err != nil || !won.TookOver {
+				t.Fatalf("takeover = %+v, %v", won, err)
+			}
+			for range 2 {
+				if err := s.Complete(ctx, won.Lease, idem.Response{StatusCode: 200, Body: []byte("winner")}, time.Hour); err != nil {
+					t.Fatalf("the winner's Complete: %v", err)
+				}
+			}
+			if err := s.Complete(ctx, old.Lease, idem.Response{StatusCode: 200, Body: []byte("loser")}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+				t.Fatalf("Complete of the lease taken over = %v, want idem.ErrLeaseLost", err)
+			}
+			rec, err := s.Get(ctx, short.Scope, short.Key)
+			if err != nil || string(rec.Response.Body) != "winner" {
+				t.Fatalf("record = %+v, %v; want the winner's response", rec, err)
+			}
+		})
+	}
+}
+
+// TestHeaderBytes checks that header names and values, and bodies, come
+// back byte for byte, invalid UTF-8 and empty values included, from Get
+// and from a replaying Acquire.
+func TestHeaderBytes(t *testing.T) {
+	for _, setup := range setups {
+		t.Run(setup.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStore(t, setup.client(t), nil)
+			ctx := t.Context()
+			resp := idem.Response{
+				StatusCode: 200,
+				Header: map[string][]string{
+					"X-Bin":      {"a\xffb", "\x80", "", "a\x00b", "\xc3\x28", "\xed\xa0\x80"},
+					"X-Empty":    {""},
+					"X-Raw-\xfe": {"ok"},
+				},
+				Body: []byte("\x00\xff\x80body"),
+			}
+			req := idem.AcquireRequest{Scope: "bytes", Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+			res, err := s.Acquire(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
+				t.Fatalf("Complete: %v", err)
+			}
+			got, err := s.Get(ctx, req.Scope, req.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			replay, err := s.Acquire(ctx, req)
+			if err != nil || replay.Outcome != idem.Completed {
+				t.Fatalf("replaying Acquire = %v, %v", replay.Outcome, err)
+			}
+			for from, r := range map[string]*idem.Response{"Get": got.Response, "Acquire": replay.Record.Response} {
+				if r == nil {
+					t.Fatalf("%s returned no response", from)
+				}
+				if !reflect.DeepEqual(r.Header, resp.Header) || !bytes.Equal(r.Body, resp.Body) {
+					t.Fatalf("%s returned header %q, body %q; want %q, %q", from, r.Header, r.Body, resp.Header, resp.Body)
+				}
+			}
 		})
 	}
 }
@@ -276,8 +502,7 @@ func TestCanceledContext(t *testing.T) {
 // TestServerDown checks that errors of an unreachable server are wrapped
 // with the operation and never mistaken for a verdict.
 func TestServerDown(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	defer c.Close()
+	c := offlineClient(t)
 	s, err := redisstore.New(c, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -296,8 +521,7 @@ func TestServerDown(t *testing.T) {
 }
 
 func TestNewConfig(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer c.Close()
+	c := offlineClient(t)
 	if _, err := redisstore.New(nil, nil); err == nil {
 		t.Error("New(nil, nil) succeeded, want an error")
 	}
@@ -316,8 +540,7 @@ func TestNewConfig(t *testing.T) {
 // TestRecordKey checks the key encoding without a server: distinct
 // (scope, key) pairs get distinct names, and the hash tag holds no brace.
 func TestRecordKey(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	defer c.Close()
+	c := offlineClient(t)
 	s, err := redisstore.New(c, nil)
 	if err != nil {
 		t.Fatal(err)

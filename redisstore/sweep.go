@@ -23,8 +23,11 @@ type nodeClient interface {
 // means idem.DefaultSweepLimit) and returns how many it removed. It never
 // removes a processing record whose lease is live.
 //
-// Redis deletes every record itself, Config.Grace after its ExpiresAt, so
-// Sweep is needed only to remove expired records sooner. It walks the
+// Redis deletes a completed record itself, Config.Grace after its
+// ExpiresAt, so for those Sweep only removes them sooner. A processing
+// record has no TTL (it must not be evictable): one whose process died is
+// removed only by Sweep, once its lease ended more than its retention ago
+// (its ExpiresAt), or replaced by an Acquire of its key. It walks the
 // keyspace: SCAN over the keys of the store's prefix (on every master of a
 // cluster, every shard of a ring, concurrently), one pipelined HMGET per
 // SCAN batch to find the expired records, and one pipelined run of

@@ -1,5 +1,7 @@
 -- sweep.lua deletes the record if it is past its expires_at and is not a
--- processing record with a live lease.
+-- processing record with a live lease: an expired completed record, or a
+-- processing one abandoned for its retention (processing records have no
+-- TTL, so nothing else removes those but an Acquire of their key).
 -- KEYS[1]: the record. Returns 1 if it deleted it, else 0.
 local key = KEYS[1]
 local r = redis.call('HMGET', key, 'status', 'lease_until', 'expires_at')
