@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -157,35 +158,103 @@ func (s *Shop) authenticated(next http.Handler) http.Handler {
 	})
 }
 
-type createOrderRequest struct {
-	SKU      *string `json:"sku"`
-	Quantity *int    `json:"quantity"`
-}
-
+// parseCreateOrder reads the body of POST /orders: one JSON object with
+// the members "sku" (a string) and "quantity" (an integer), each exactly
+// once, spelled exactly so. encoding/json alone would accept "SKU" or
+// "Quantity" (it matches names case-insensitively) and let the last of two
+// equal names win, so a body could be read as another order than the one
+// it seems to ask for; such bodies are refused as ambiguous.
 func parseCreateOrder(body []byte) (sku string, qty int, err error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	var req createOrderRequest
-	if err := dec.Decode(&req); err != nil {
-		return "", 0, fmt.Errorf("body must be a JSON object {\"sku\": string, \"quantity\": integer}: %v", err)
+	const shape = `body must be a JSON object {"sku": string, "quantity": integer}`
+	members, err := strictObject(body, "sku", "quantity")
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: %v", shape, err)
 	}
-	if dec.More() {
-		return "", 0, errors.New("body must hold one JSON object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", 0, errors.New("body must hold one JSON object")
-	}
-	switch {
-	case req.SKU == nil:
+	rawSKU, ok := members["sku"]
+	if !ok {
 		return "", 0, errors.New("sku is required")
-	case len(*req.SKU) == 0 || len(*req.SKU) > maxSKULen || !skuPattern.MatchString(*req.SKU):
+	}
+	if string(rawSKU) == "null" || json.Unmarshal(rawSKU, &sku) != nil {
+		return "", 0, errors.New("sku must be a string")
+	}
+	if len(sku) == 0 || len(sku) > maxSKULen || !skuPattern.MatchString(sku) {
 		return "", 0, fmt.Errorf("sku must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", maxSKULen)
-	case req.Quantity == nil:
+	}
+	rawQty, ok := members["quantity"]
+	if !ok {
 		return "", 0, errors.New("quantity is required")
-	case *req.Quantity < 1 || *req.Quantity > MaxQuantity:
+	}
+	if string(rawQty) == "null" || json.Unmarshal(rawQty, &qty) != nil || qty < 1 || qty > MaxQuantity {
 		return "", 0, fmt.Errorf("quantity must be an integer from 1 to %d", MaxQuantity)
 	}
-	return *req.SKU, *req.Quantity, nil
+	return sku, qty, nil
+}
+
+// strictObject decodes body, which must hold exactly one JSON object, into
+// its members' raw values. Every member name must be one of names, exactly
+// (case matters), and appear once; names compare after JSON unescaping, so
+// "s\u006bu" is "sku".
+func strictObject(body []byte, names ...string) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil {
+		return nil, err
+	} else if tok != json.Delim('{') {
+		return nil, fmt.Errorf("found %v, not an object", tokenKind(tok))
+	}
+	members := make(map[string]json.RawMessage, len(names))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, ok := tok.(string)
+		if !ok { // Token reports a name that is not a string as a syntax error; this is a safety net
+			return nil, fmt.Errorf("member name %v is not a string", tok)
+		}
+		if !slices.Contains(names, name) {
+			for _, n := range names {
+				if strings.EqualFold(n, name) {
+					return nil, fmt.Errorf("member %q: names are case-sensitive; write %q", name, n)
+				}
+			}
+			return nil, fmt.Errorf("unknown member %q", name)
+		}
+		if _, dup := members[name]; dup {
+			return nil, fmt.Errorf("member %q appears more than once", name)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		members[name] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more than one JSON value")
+	}
+	return members, nil
+}
+
+// tokenKind names the kind of a JSON token for an error message.
+func tokenKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		if tok == json.Delim('[') {
+			return "an array"
+		}
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%v", tok)
 }
 
 func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {

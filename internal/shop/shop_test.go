@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -198,4 +199,77 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 			t.Errorf("%s %s: %d %q Allow %q", c.method, c.target, rec.Code, rec.Body, rec.Header().Get("Allow"))
 		}
 	}
+}
+
+// Go's encoding/json matches member names case-insensitively and lets the
+// last duplicate win, so these bodies could be read as another order than
+// the one they seem to ask for. The shop refuses them with 400 and creates
+// nothing.
+func TestCreateOrderRefusesAmbiguousJSON(t *testing.T) {
+	forBackends(t, testCreateOrderRefusesAmbiguousJSON)
+}
+
+func testCreateOrderRefusesAmbiguousJSON(t *testing.T, b backend) {
+	s, db := newShop(t, b)
+	for i, c := range []struct {
+		name, body, detail string
+	}{
+		{"upper-case name", `{"SKU":"A","quantity":1}`, `"SKU"`},
+		{"title-case name", `{"sku":"A","Quantity":1}`, `"Quantity"`},
+		{"duplicate", `{"sku":"A","quantity":1,"quantity":5}`, `"quantity"`},
+		{"case-variant duplicate", `{"sku":"A","quantity":1,"Quantity":5}`, `"Quantity"`},
+		{"case-variant duplicate first", `{"Quantity":5,"sku":"A","quantity":1}`, `"Quantity"`},
+		{"escaped duplicate", `{"sku":"A","s\u006bu":"B","quantity":1}`, `"sku"`},
+		{"unknown field", `{"sku":"A","quantity":1,"price":0}`, `"price"`},
+		{"null sku", `{"sku":null,"quantity":1}`, "sku"},
+		{"null quantity", `{"sku":"A","quantity":null}`, "quantity"},
+		{"array", `[{"sku":"A","quantity":1}]`, "object"},
+		{"trailing comma", `{"sku":"A","quantity":1,}`, "JSON"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := map[string]string{"X-User-ID": "3", "Idempotency-Key": "ambiguous-" + strconv.Itoa(i)}
+			rec := serve(s, "POST", "/orders", h, c.body)
+			if rec.Code != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400: %s", rec.Code, rec.Body)
+			}
+			p := problemOf(t, rec)
+			if p.Code != "INVALID_REQUEST" || !strings.Contains(p.Detail, c.detail) {
+				t.Fatalf("code %q detail %q, want INVALID_REQUEST and a detail naming %s", p.Code, p.Detail, c.detail)
+			}
+		})
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders after ambiguous bodies (err %v), want 0", n, err)
+	}
+	// The exact names, once each, in any order, still create the order.
+	h := map[string]string{"X-User-ID": "3", "Idempotency-Key": "plain"}
+	if rec := serve(s, "POST", "/orders", h, `{"quantity":2,"sku":"A"}`); rec.Code != http.StatusCreated {
+		t.Fatalf("plain body: %d %s", rec.Code, rec.Body)
+	}
+	var qty int
+	if err := db.QueryRow(`SELECT quantity FROM shop_orders WHERE user_id = 3`).Scan(&qty); err != nil || qty != 2 {
+		t.Fatalf("quantity %d (err %v), want 2", qty, err)
+	}
+}
+
+type problem struct {
+	Type, Title, Detail, Code string
+	Status                    int
+}
+
+// problemOf decodes a problem+json answer.
+func problemOf(t *testing.T, rec *httptest.ResponseRecorder) problem {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", rec.Body, err)
+	}
+	if p.Status != rec.Code {
+		t.Errorf("problem status %d, response status %d", p.Status, rec.Code)
+	}
+	return p
 }
