@@ -146,12 +146,12 @@ func (s *Shop) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		raw := r.Header.Get("X-User-ID")
 		if raw == "" {
-			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "the X-User-ID header is required")
+			writeProblem(w, http.StatusUnauthorized, idemhttp.CodeUnauthenticated, "Unauthenticated", "the X-User-ID header is required")
 			return
 		}
 		id, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil || id <= 0 || strconv.FormatInt(id, 10) != raw {
-			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "X-User-ID must be a positive integer")
+			writeProblem(w, http.StatusUnauthorized, idemhttp.CodeUnauthenticated, "Unauthenticated", "X-User-ID must be a positive integer")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, id)))
@@ -261,12 +261,12 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", "cannot read the body")
+		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
 		return
 	}
 	sku, qty, err := parseCreateOrder(body)
 	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", err.Error())
+		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
 		return
 	}
 	order := Order{
@@ -301,7 +301,7 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 			if errors.Is(err, idem.ErrLeaseLost) {
 				// Another execution took this key over; its answer will be replayed.
 				w.Header().Set("Retry-After", "1")
-				idemhttp.WriteProblem(w, http.StatusConflict, "PROCESSING", "Request in progress",
+				writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
 					"another execution of this request took over; retry to get its answer")
 				return
 			}
@@ -322,7 +322,7 @@ func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
-		idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such order")
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
 	}
 	if err != nil {
@@ -343,7 +343,7 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 	if raw := r.URL.Query().Get("limit"); raw != "" {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 1 || n > maxListLimit {
-			idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request",
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request",
 				fmt.Sprintf("limit must be an integer from 1 to %d", maxListLimit))
 			return
 		}
@@ -377,7 +377,7 @@ func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := s.db.PingContext(ctx); err != nil {
 		s.log.WarnContext(ctx, "shop: health check failed", "error", err)
-		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, "UNHEALTHY", "Unhealthy", "the database does not answer")
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnhealthy, "Unhealthy", "the database does not answer")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -395,21 +395,21 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		idemhttp.WriteProblem(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "Method not allowed", r.Method+" is not allowed here; allowed: "+allow)
+		writeProblem(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", r.Method+" is not allowed here; allowed: "+allow)
 		return
 	}
-	idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such resource")
+	writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such resource")
 }
 
 func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {
 	s.log.ErrorContext(r.Context(), "shop: request failed", "op", what, "error", err)
-	idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "Internal error", "the request failed; retry with the same Idempotency-Key")
+	writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the request failed; retry with the same Idempotency-Key")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		http.Error(w, "encode", http.StatusInternalServerError)
+		writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the answer could not be encoded")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -1,11 +1,13 @@
 package shop_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -272,4 +274,50 @@ func problemOf(t *testing.T, rec *httptest.ResponseRecorder) problem {
 		t.Errorf("problem status %d, response status %d", p.Status, rec.Code)
 	}
 	return p
+}
+
+// Every problem the shop answers has a type that is the address of the
+// section documenting its code: the middleware's codes in
+// idemhttp/PROBLEMS.md, the shop's own in internal/shop/PROBLEMS.md.
+func TestProblemTypesAreDocumented(t *testing.T) {
+	t.Parallel()
+	s, db := newShop(t, sqliteBackend)
+	user := map[string]string{"X-User-ID": "1"}
+	answers := map[string]*httptest.ResponseRecorder{
+		"NOT_FOUND":          serve(s, "GET", "/nope", nil, ""),
+		"METHOD_NOT_ALLOWED": serve(s, "PUT", "/orders", user, ""),
+		"UNAUTHENTICATED":    serve(s, "GET", "/orders", nil, ""),
+		"INVALID_REQUEST":    serve(s, "GET", "/orders?limit=0", user, ""),
+		"MISSING_KEY":        serve(s, "POST", "/orders", user, `{"sku":"A","quantity":1}`),
+	}
+	// The orders table gone: creating an order fails inside the handler.
+	mustExec(t, db, "DROP TABLE shop_orders")
+	answers["INTERNAL"] = serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k"}, `{"sku":"A","quantity":1}`)
+	db.Close()
+	answers["UNHEALTHY"] = serve(s, "GET", "/healthz", nil, "")
+
+	docs := map[string]string{
+		"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#":      "../../idemhttp/PROBLEMS.md",
+		"https://github.com/idemkit/idem/blob/main/internal/shop/PROBLEMS.md#": "PROBLEMS.md",
+	}
+	for code, rec := range answers {
+		p := problemOf(t, rec)
+		if p.Code != code {
+			t.Errorf("answer meant to be %s is %d %s", code, rec.Code, rec.Body)
+			continue
+		}
+		base, fragment, ok := strings.Cut(p.Type, "#")
+		file := docs[base+"#"]
+		if !ok || file == "" || fragment != strings.ToLower(code) {
+			t.Errorf("%s: type %q is not the address of its section", code, p.Type)
+			continue
+		}
+		doc, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(doc, []byte("\n## "+fragment+"\n")) || !bytes.Contains(doc, []byte("`"+strconv.Itoa(rec.Code)+" "+code+"`")) {
+			t.Errorf("%s has no section %q saying `%d %s`", file, fragment, rec.Code, code)
+		}
+	}
 }
