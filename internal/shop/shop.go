@@ -144,7 +144,17 @@ func scopeOf(r *http.Request) (string, error) {
 // authenticated reads the caller from X-User-ID (a positive integer).
 func (s *Shop) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw := r.Header.Get("X-User-ID")
+		values := r.Header.Values("X-User-ID")
+		if len(values) > 1 {
+			// Two fields name two callers; neither is more authentic.
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request",
+				"the request has more than one X-User-ID header field")
+			return
+		}
+		raw := ""
+		if len(values) == 1 {
+			raw = values[0]
+		}
 		if raw == "" {
 			writeProblem(w, http.StatusUnauthorized, idemhttp.CodeUnauthenticated, "Unauthenticated", "the X-User-ID header is required")
 			return

@@ -255,6 +255,39 @@ func testCreateOrderRefusesAmbiguousJSON(t *testing.T, b backend) {
 	}
 }
 
+// A request with two X-User-ID fields names two callers: it is refused
+// with 400, as idemhttp refuses two Idempotency-Key fields, and runs
+// nothing.
+func TestDuplicateUserHeaderRefused(t *testing.T) {
+	t.Parallel()
+	s, db := newShop(t, sqliteBackend)
+	for _, c := range []struct {
+		method, target, body string
+	}{
+		{"POST", "/orders", `{"sku":"A","quantity":1}`},
+		{"GET", "/orders", ""},
+		{"GET", "/orders/ord_1", ""},
+	} {
+		req := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))
+		req.Header.Add("X-User-ID", "1")
+		req.Header.Add("x-user-id", "2")
+		req.Header.Set("Idempotency-Key", "dup-user")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest {
+			t.Errorf("%s %s: status %d, want 400: %s", c.method, c.target, rec.Code, rec.Body)
+			continue
+		}
+		if p := problemOf(t, rec); p.Code != "INVALID_REQUEST" || !strings.Contains(p.Detail, "X-User-ID") {
+			t.Errorf("%s %s: code %q detail %q", c.method, c.target, p.Code, p.Detail)
+		}
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders (err %v), want 0", n, err)
+	}
+}
+
 type problem struct {
 	Type, Title, Detail, Code string
 	Status                    int
