@@ -400,7 +400,10 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case p == "/orders":
 		allow = "GET, POST"
-	case p == "/healthz", strings.HasPrefix(p, "/orders/") && !strings.Contains(p[len("/orders/"):], "/"):
+	case p == "/healthz":
+		allow = "GET"
+	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
+		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
 	}
 	if allow != "" {

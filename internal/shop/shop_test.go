@@ -195,6 +195,8 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"POST", "/healthz", 405, "METHOD_NOT_ALLOWED", "GET"},
 		{"GET", "/nope", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/a/b", 404, "NOT_FOUND", ""},
+		{"GET", "/orders/", 404, "NOT_FOUND", ""},
+		{"POST", "/orders/", 404, "NOT_FOUND", ""},
 	} {
 		rec := serve(s, c.method, c.target, map[string]string{"X-User-ID": "1"}, "")
 		if rec.Code != c.status || problemCode(t, rec) != c.code || rec.Header().Get("Allow") != c.allow {
