@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,11 +23,18 @@ func TestMain(m *testing.M) {
 
 // A bad flag value exits with status 2 and says why, before anything starts.
 func TestBadFlagsExit2(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, args := range [][]string{
 		{"-db", "nosuch://x"},
 		{"-db", "mysql://app@db:3306/"},
 		{"-redis", "http://cache:6379"},
 		{"-nosuchflag"},
+		{"-addr", "nonsense"},
+		{"-addr", busy.Addr().String()}, // a port in use
 	} {
 		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$"}, args...)...)
 		cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")

@@ -23,10 +23,12 @@ import (
 // signal.
 const shutdownTimeout = 30 * time.Second
 
-// Run is shopd's main: it parses args, opens the database (and Redis,
-// with -redis), serves until ctx is cancelled (SIGINT/SIGTERM in shopd),
-// then lets in-flight requests finish and closes the database. Bad flags
-// return an error before anything is opened or created.
+// Run is shopd's main: it parses args, listens on -addr, opens the
+// database (and Redis, with -redis), serves until ctx is cancelled
+// (SIGINT/SIGTERM in shopd), then lets in-flight requests finish and closes
+// the database. Bad flags and an address it cannot listen on return an
+// error before any data is touched: no data directory, no database file,
+// no migration.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shopd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -77,6 +79,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// Listen before touching any data: an address in use or nonsense ends
+	// shopd with no database created or migrated.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("shopd: -addr %s: %w", *addr, err)
+	}
+	defer ln.Close()
+
 	db, err := target.open(ctx)
 	if err != nil {
 		return fmt.Errorf("shopd: open database: %w", err)
@@ -111,10 +121,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return fmt.Errorf("shopd: listen: %w", err)
-	}
 	srv := &http.Server{
 		Handler:           shop,
 		ReadHeaderTimeout: 10 * time.Second,
