@@ -23,12 +23,33 @@ import (
 // signal.
 const shutdownTimeout = 30 * time.Second
 
+// maxReadHeaderTimeout bounds the time to read a request's headers (less
+// when -read-timeout is shorter).
+const maxReadHeaderTimeout = 10 * time.Second
+
+// Defaults of the connection timeouts (the flags -read-timeout,
+// -write-timeout and -idle-timeout).
+const (
+	defaultReadTimeout  = 30 * time.Second
+	defaultWriteTimeout = 60 * time.Second
+	defaultIdleTimeout  = 60 * time.Second
+)
+
 // Run is shopd's main: it parses args, listens on -addr, opens the
 // database (and Redis, with -redis), serves until ctx is cancelled
-// (SIGINT/SIGTERM in shopd), then lets in-flight requests finish and closes
-// the database. Bad flags and an address it cannot listen on return an
-// error before any data is touched: no data directory, no database file,
-// no migration.
+// (SIGINT/SIGTERM in shopd), then lets in-flight requests finish for up to
+// 30 s and closes the database. Bad flags and an address it cannot listen on return
+// an error before any data is touched: no data directory, no database
+// file, no migration.
+//
+// Connections are bounded in time: a request's headers and body must
+// arrive within -read-timeout (its headers within 10 s at most), its answer
+// must be written within -write-timeout of its headers, and a keep-alive
+// connection with no request is closed after -idle-timeout. A client that
+// stalls or trickles its body is cut off instead of holding a connection
+// and its buffer indefinitely. An answer not written in time is lost to the
+// client, not to the shop: an order it created is stored with its answer,
+// and a retry with the same Idempotency-Key gets that answer.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shopd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -39,6 +60,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
+		"longest time to read a request, headers and body; a slower client's connection is closed")
+	writeTimeout := fs.Duration("write-timeout", defaultWriteTimeout,
+		"longest time from the end of a request's headers to the end of its answer; must exceed -wait")
+	idleTimeout := fs.Duration("idle-timeout", defaultIdleTimeout,
+		"how long a keep-alive connection may wait for its next request")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -47,6 +74,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-timeout", *readTimeout}, {"write-timeout", *writeTimeout}, {"idle-timeout", *idleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("shopd: -%s must be positive", d.name)
+		}
+	}
+	if *writeTimeout <= *wait {
+		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -wait (%v), or waiting retries never get their answer", *writeTimeout, *wait)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -123,7 +161,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	srv := &http.Server{
 		Handler:           shop,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(maxReadHeaderTimeout, *readTimeout),
+		ReadTimeout:       *readTimeout,
+		WriteTimeout:      *writeTimeout,
+		IdleTimeout:       *idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	base := "http://" + ln.Addr().String()

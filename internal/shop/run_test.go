@@ -32,6 +32,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-redis", ""}, "-redis"},
 		{[]string{"-data", ""}, "-data"},
 		{[]string{"-wait", "-1s"}, "-wait"},
+		{[]string{"-read-timeout", "0"}, "-read-timeout"},
+		{[]string{"-write-timeout", "-1s"}, "-write-timeout"},
+		{[]string{"-idle-timeout", "0"}, "-idle-timeout"},
+		{[]string{"-wait", "20s", "-write-timeout", "20s"}, "-write-timeout"},
 		{[]string{"extra"}, "unexpected"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
