@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -35,10 +36,55 @@ const (
 	defaultIdleTimeout  = 60 * time.Second
 )
 
-// Run is shopd's main: it parses args, listens on -addr, opens the
-// database (and Redis, with -redis), serves until ctx is cancelled
-// (SIGINT/SIGTERM in shopd), then lets in-flight requests finish for up to
-// 30 s and closes the database. Bad flags and an address it cannot listen on return
+// Exit statuses of Main.
+const (
+	// ExitOK: shopd stopped cleanly.
+	ExitOK = 0
+	// ExitInterrupted: a second signal ended shopd before in-flight
+	// requests had finished.
+	ExitInterrupted = 1
+	// ExitError: shopd could not start (bad flags, an address it cannot
+	// listen on, a database it cannot open) or failed while serving.
+	ExitError = 2
+)
+
+// Main is shopd's main. It runs Run with args until the first signal
+// arrives on signals, then lets in-flight requests finish (for up to 30 s);
+// a second signal during that drain ends Main at once, without waiting for
+// them. It returns the process's exit status (ExitOK, ExitInterrupted or
+// ExitError) after writing any error to stderr. The caller, shopd's main,
+// delivers SIGINT and SIGTERM on signals (with room for two) and exits
+// with the status, which also ends requests still running.
+func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, args, stdout, stderr) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-signals:
+		cancel()
+		select {
+		case err = <-done:
+		case sig := <-signals:
+			fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
+			return ExitInterrupted
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, err)
+		}
+		return ExitError
+	}
+	return ExitOK
+}
+
+// Run parses shopd's args, listens on -addr, opens the database (and
+// Redis, with -redis), serves until ctx is cancelled (the first SIGINT or
+// SIGTERM in shopd), then lets in-flight requests finish for up to 30 s and
+// closes the database. Bad flags and an address it cannot listen on return
 // an error before any data is touched: no data directory, no database
 // file, no migration.
 //
