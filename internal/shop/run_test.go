@@ -89,7 +89,7 @@ func TestRunRefusesUnusableAddrBeforeData(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
-	for _, addr := range []string{"nonsense", "127.0.0.1:99999", "256.0.0.1:80", busy.Addr().String()} {
+	for _, addr := range []string{"nonsense", "127.0.0.1:99999", "127.0.0.1:-1", busy.Addr().String()} {
 		t.Run(addr, func(t *testing.T) {
 			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "data")

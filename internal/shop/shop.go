@@ -243,7 +243,7 @@ func strictObject(body []byte, names ...string) (map[string]json.RawMessage, err
 		return nil, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("more than one JSON value")
+		return nil, errors.New("data after the object")
 	}
 	return members, nil
 }
