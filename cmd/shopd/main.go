@@ -1,18 +1,19 @@
 // Command shopd runs idem's reference shop service.
 //
-//	go run ./cmd/shopd [-addr 127.0.0.1:8080] [-data ./shopdata | -db DATABASE] [-redis redis://host:port/db] [-wait 0] [-log-level info]
+//	go run ./cmd/shopd [-addr 127.0.0.1:8080] [-data ./shopdata | -db DATABASE] [-redis redis://host:port/db] [-wait 0]
+//	                   [-read-timeout 30s] [-write-timeout 1m] [-idle-timeout 1m] [-log-level info]
 //
 // DATABASE is sqlite:PATH, postgres://user:pass@host:port/db (or
 // postgresql://), mysql://user:pass@host:port/db (its query holds
-// go-sql-driver parameters) or mysql:DSN (a raw go-sql-driver DSN). Bad
-// flags exit with status 2 before anything starts. See internal/shop's Run.
+// go-sql-driver parameters) or mysql:DSN (a raw go-sql-driver DSN).
+//
+// Bad flags, or an address shopd cannot listen on, exit with status 2
+// before any data is touched. The first SIGINT or SIGTERM lets in-flight
+// requests finish (exit status 0); a second one exits at once with status
+// 1. See internal/shop's Main and Run.
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,13 +22,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := shop.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, err)
-		}
-		stop()
-		os.Exit(2)
-	}
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	os.Exit(shop.Main(os.Args[1:], os.Stdout, os.Stderr, signals))
 }

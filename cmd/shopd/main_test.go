@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // With SHOPD_MAIN set, the test binary runs shopd's main with the rest of
@@ -22,11 +27,18 @@ func TestMain(m *testing.M) {
 
 // A bad flag value exits with status 2 and says why, before anything starts.
 func TestBadFlagsExit2(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, args := range [][]string{
 		{"-db", "nosuch://x"},
 		{"-db", "mysql://app@db:3306/"},
 		{"-redis", "http://cache:6379"},
 		{"-nosuchflag"},
+		{"-addr", "nonsense"},
+		{"-addr", busy.Addr().String()}, // a port in use
 	} {
 		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$"}, args...)...)
 		cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")
@@ -43,5 +55,109 @@ func TestBadFlagsExit2(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(cmd.Dir, "shopdata")); !os.IsNotExist(err) {
 			t.Errorf("%q: shopdata created", args)
 		}
+	}
+}
+
+// The first SIGINT lets in-flight requests finish; a second one during
+// that drain ends shopd at once, with a non-zero status.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-addr", "127.0.0.1:0", "-data", dir, "-read-timeout", "5m")
+	cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	addr := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if rest, ok := strings.CutPrefix(lines.Text(), "shopd listening on "); ok {
+				addr <- strings.TrimPrefix(strings.Fields(rest)[0], "http://")
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	logLines := make(chan string, 100)
+	var logged strings.Builder
+	go func() {
+		lines := bufio.NewScanner(stderr)
+		for lines.Scan() {
+			logLines <- lines.Text()
+		}
+		close(logLines)
+		exited <- cmd.Wait()
+	}()
+	var base string
+	select {
+	case base = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("shopd did not start listening")
+	}
+
+	// A request whose body stalls keeps the drain busy for as long as
+	// shopd would wait for it.
+	conn, err := net.Dial("tcp", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: shop\r\nX-User-ID: 1\r\nIdempotency-Key: stalled\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"sku\":"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the server read the headers: the connection is active, not new
+
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waitLog := func(want string) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case line, ok := <-logLines:
+				if !ok {
+					t.Fatalf("shopd exited before logging %q; log:\n%s", want, logged.String())
+				}
+				logged.WriteString(line + "\n")
+				if strings.Contains(line, want) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("shopd did not log %q; log:\n%s", want, logged.String())
+			}
+		}
+	}
+	waitLog("shutting down")
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	// The drain would last until the stalled request's 5 minute read
+	// timeout or shopd's 30 s shutdown bound; the second signal ends it now.
+	waitLog("second")
+	select {
+	case err := <-exited:
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+			t.Fatalf("shopd ended with %v, want a non-zero exit status", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("shopd still running 20 s after the second SIGINT")
 	}
 }

@@ -16,6 +16,31 @@
 // transaction (idem's CompleteTx): either the order exists and every retry
 // replays its 201, or neither happened and a retry creates it.
 //
+// The body of POST /orders is {"sku": string, "quantity": integer}, each
+// member spelled exactly so and given once: a case variant ("SKU"), a
+// repeated member or an unknown one is refused with 400, because Go's
+// encoding/json would read such a body as an order other than the one it
+// seems to ask for.
+//
+// # Errors
+//
+// Every refusal is RFC 9457 application/problem+json with a stable "code"
+// and a "type" that is the address of the code's documentation:
+// PROBLEMS.md in this directory lists every code shopd answers with (its
+// own and idemhttp's). Requests that Go's HTTP server refuses before any
+// handler runs (a malformed request line, a control byte in a header
+// value, headers over 1 MiB) get net/http's plain-text 400 or 431 instead.
+//
+// # Running
+//
+// Main runs shopd: the first SIGINT or SIGTERM stops accepting requests
+// and lets those in flight finish (up to 30 s); a second one exits at once
+// with status 1. Connections are bounded in time by -read-timeout (a
+// request's headers and body, 30 s), -write-timeout (from a request's
+// headers to the end of its answer, 1 m; longer than -wait) and
+// -idle-timeout (a keep-alive connection between requests, 1 m). Flags
+// are checked and -addr is bound before any data is touched.
+//
 // # Databases
 //
 // The orders live in the database of the idempotency records, so that

@@ -23,7 +23,7 @@ import (
 )
 
 // The test binary doubles as shopd: with SHOPD_CHILD_ARGS set it runs
-// shop.Run with those arguments (a JSON array) and exits, so the end-to-end
+// shop.Main, as shopd does, with those arguments (a JSON array) and exits, so the end-to-end
 // tests drive a real shopd process over real HTTP.
 func TestMain(m *testing.M) {
 	if raw := os.Getenv("SHOPD_CHILD_ARGS"); raw != "" {
@@ -32,14 +32,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := shop.Run(ctx, args, os.Stdout, os.Stderr)
-		stop()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(2)
-		}
-		os.Exit(0)
+		signals := make(chan os.Signal, 2)
+		signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+		os.Exit(shop.Main(args, os.Stdout, os.Stderr, signals))
 	}
 	os.Exit(m.Run())
 }

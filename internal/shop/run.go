@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -23,10 +24,78 @@ import (
 // signal.
 const shutdownTimeout = 30 * time.Second
 
-// Run is shopd's main: it parses args, opens the database (and Redis,
-// with -redis), serves until ctx is cancelled (SIGINT/SIGTERM in shopd),
-// then lets in-flight requests finish and closes the database. Bad flags
-// return an error before anything is opened or created.
+// maxReadHeaderTimeout bounds the time to read a request's headers (less
+// when -read-timeout is shorter).
+const maxReadHeaderTimeout = 10 * time.Second
+
+// Defaults of the connection timeouts (the flags -read-timeout,
+// -write-timeout and -idle-timeout).
+const (
+	defaultReadTimeout  = 30 * time.Second
+	defaultWriteTimeout = 60 * time.Second
+	defaultIdleTimeout  = 60 * time.Second
+)
+
+// Exit statuses of Main.
+const (
+	// ExitOK: shopd stopped cleanly.
+	ExitOK = 0
+	// ExitInterrupted: a second signal ended shopd before in-flight
+	// requests had finished.
+	ExitInterrupted = 1
+	// ExitError: shopd could not start (bad flags, an address it cannot
+	// listen on, a database it cannot open) or failed while serving.
+	ExitError = 2
+)
+
+// Main is shopd's main. It runs Run with args until the first signal
+// arrives on signals, then lets in-flight requests finish (for up to 30 s);
+// a second signal during that drain ends Main at once, without waiting for
+// them. It returns the process's exit status (ExitOK, ExitInterrupted or
+// ExitError) after writing any error to stderr. The caller, shopd's main,
+// delivers SIGINT and SIGTERM on signals (with room for two) and exits
+// with the status, which also ends requests still running.
+func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, args, stdout, stderr) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-signals:
+		cancel()
+		select {
+		case err = <-done:
+		case sig := <-signals:
+			fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
+			return ExitInterrupted
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, err)
+		}
+		return ExitError
+	}
+	return ExitOK
+}
+
+// Run parses shopd's args, listens on -addr, opens the database (and
+// Redis, with -redis), serves until ctx is cancelled (the first SIGINT or
+// SIGTERM in shopd), then lets in-flight requests finish for up to 30 s and
+// closes the database. Bad flags and an address it cannot listen on return
+// an error before any data is touched: no data directory, no database
+// file, no migration.
+//
+// Connections are bounded in time: a request's headers and body must
+// arrive within -read-timeout (its headers within 10 s at most), its answer
+// must be written within -write-timeout of its headers, and a keep-alive
+// connection with no request is closed after -idle-timeout. A client that
+// stalls or trickles its body is cut off instead of holding a connection
+// and its buffer indefinitely. An answer not written in time is lost to the
+// client, not to the shop: an order it created is stored with its answer,
+// and a retry with the same Idempotency-Key gets that answer.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shopd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -37,6 +106,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
+		"longest time to read a request, headers and body; a slower client's connection is closed")
+	writeTimeout := fs.Duration("write-timeout", defaultWriteTimeout,
+		"longest time from the end of a request's headers to the end of its answer; must exceed -wait")
+	idleTimeout := fs.Duration("idle-timeout", defaultIdleTimeout,
+		"how long a keep-alive connection may wait for its next request")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -45,6 +120,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-timeout", *readTimeout}, {"write-timeout", *writeTimeout}, {"idle-timeout", *idleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("shopd: -%s must be positive", d.name)
+		}
+	}
+	if *writeTimeout <= *wait {
+		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -wait (%v), or waiting retries never get their answer", *writeTimeout, *wait)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -76,6 +162,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("shopd: -redis must not be empty (leave it out to run without Redis)")
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	// Listen before touching any data: an address in use or nonsense ends
+	// shopd with no database created or migrated.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("shopd: -addr %s: %w", *addr, err)
+	}
+	defer ln.Close()
 
 	db, err := target.open(ctx)
 	if err != nil {
@@ -111,13 +205,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return fmt.Errorf("shopd: listen: %w", err)
-	}
 	srv := &http.Server{
 		Handler:           shop,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(maxReadHeaderTimeout, *readTimeout),
+		ReadTimeout:       *readTimeout,
+		WriteTimeout:      *writeTimeout,
+		IdleTimeout:       *idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	base := "http://" + ln.Addr().String()

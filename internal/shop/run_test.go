@@ -3,6 +3,7 @@ package shop_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-redis", ""}, "-redis"},
 		{[]string{"-data", ""}, "-data"},
 		{[]string{"-wait", "-1s"}, "-wait"},
+		{[]string{"-read-timeout", "0"}, "-read-timeout"},
+		{[]string{"-write-timeout", "-1s"}, "-write-timeout"},
+		{[]string{"-idle-timeout", "0"}, "-idle-timeout"},
+		{[]string{"-wait", "20s", "-write-timeout", "20s"}, "-write-timeout"},
 		{[]string{"extra"}, "unexpected"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -73,4 +78,31 @@ func hasFlag(args []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// An address shopd cannot listen on is refused before any data is
+// touched: no data directory, no database file.
+func TestRunRefusesUnusableAddrBeforeData(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { busy.Close() }) // after the parallel subtests
+	for _, addr := range []string{"nonsense", "127.0.0.1:99999", "127.0.0.1:-1", busy.Addr().String()} {
+		t.Run(addr, func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "data")
+			var stdout, stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := shop.Run(ctx, []string{"-addr", addr, "-data", dir}, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), "-addr") {
+				t.Fatalf("error %v, want one naming -addr", err)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("data directory created (%v)", err)
+			}
+		})
+	}
 }

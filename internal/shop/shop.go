@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -143,61 +144,139 @@ func scopeOf(r *http.Request) (string, error) {
 // authenticated reads the caller from X-User-ID (a positive integer).
 func (s *Shop) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		raw := r.Header.Get("X-User-ID")
+		values := r.Header.Values("X-User-ID")
+		if len(values) > 1 {
+			// Two fields name two callers; neither is more authentic.
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request",
+				"the request has more than one X-User-ID header field")
+			return
+		}
+		raw := ""
+		if len(values) == 1 {
+			raw = values[0]
+		}
 		if raw == "" {
-			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "the X-User-ID header is required")
+			writeProblem(w, http.StatusUnauthorized, idemhttp.CodeUnauthenticated, "Unauthenticated", "the X-User-ID header is required")
 			return
 		}
 		id, err := strconv.ParseInt(raw, 10, 64)
 		if err != nil || id <= 0 || strconv.FormatInt(id, 10) != raw {
-			idemhttp.WriteProblem(w, http.StatusUnauthorized, "UNAUTHENTICATED", "Unauthenticated", "X-User-ID must be a positive integer")
+			writeProblem(w, http.StatusUnauthorized, idemhttp.CodeUnauthenticated, "Unauthenticated", "X-User-ID must be a positive integer")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, id)))
 	})
 }
 
-type createOrderRequest struct {
-	SKU      *string `json:"sku"`
-	Quantity *int    `json:"quantity"`
-}
-
+// parseCreateOrder reads the body of POST /orders: one JSON object with
+// the members "sku" (a string) and "quantity" (an integer), each exactly
+// once, spelled exactly so. encoding/json alone would accept "SKU" or
+// "Quantity" (it matches names case-insensitively) and let the last of two
+// equal names win, so a body could be read as another order than the one
+// it seems to ask for; such bodies are refused as ambiguous.
 func parseCreateOrder(body []byte) (sku string, qty int, err error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	var req createOrderRequest
-	if err := dec.Decode(&req); err != nil {
-		return "", 0, fmt.Errorf("body must be a JSON object {\"sku\": string, \"quantity\": integer}: %v", err)
+	const shape = `body must be a JSON object {"sku": string, "quantity": integer}`
+	members, err := strictObject(body, "sku", "quantity")
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: %v", shape, err)
 	}
-	if dec.More() {
-		return "", 0, errors.New("body must hold one JSON object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", 0, errors.New("body must hold one JSON object")
-	}
-	switch {
-	case req.SKU == nil:
+	rawSKU, ok := members["sku"]
+	if !ok {
 		return "", 0, errors.New("sku is required")
-	case len(*req.SKU) == 0 || len(*req.SKU) > maxSKULen || !skuPattern.MatchString(*req.SKU):
+	}
+	if string(rawSKU) == "null" || json.Unmarshal(rawSKU, &sku) != nil {
+		return "", 0, errors.New("sku must be a string")
+	}
+	if len(sku) == 0 || len(sku) > maxSKULen || !skuPattern.MatchString(sku) {
 		return "", 0, fmt.Errorf("sku must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", maxSKULen)
-	case req.Quantity == nil:
+	}
+	rawQty, ok := members["quantity"]
+	if !ok {
 		return "", 0, errors.New("quantity is required")
-	case *req.Quantity < 1 || *req.Quantity > MaxQuantity:
+	}
+	if string(rawQty) == "null" || json.Unmarshal(rawQty, &qty) != nil || qty < 1 || qty > MaxQuantity {
 		return "", 0, fmt.Errorf("quantity must be an integer from 1 to %d", MaxQuantity)
 	}
-	return *req.SKU, *req.Quantity, nil
+	return sku, qty, nil
+}
+
+// strictObject decodes body, which must hold exactly one JSON object, into
+// its members' raw values. Every member name must be one of names, exactly
+// (case matters), and appear once; names compare after JSON unescaping, so
+// "s\u006bu" is "sku".
+func strictObject(body []byte, names ...string) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil {
+		return nil, err
+	} else if tok != json.Delim('{') {
+		return nil, fmt.Errorf("found %v, not an object", tokenKind(tok))
+	}
+	members := make(map[string]json.RawMessage, len(names))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		name, ok := tok.(string)
+		if !ok { // Token reports a name that is not a string as a syntax error; this is a safety net
+			return nil, fmt.Errorf("member name %v is not a string", tok)
+		}
+		if !slices.Contains(names, name) {
+			for _, n := range names {
+				if strings.EqualFold(n, name) {
+					return nil, fmt.Errorf("member %q: names are case-sensitive; write %q", name, n)
+				}
+			}
+			return nil, fmt.Errorf("unknown member %q", name)
+		}
+		if _, dup := members[name]; dup {
+			return nil, fmt.Errorf("member %q appears more than once", name)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		members[name] = v
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the object")
+	}
+	return members, nil
+}
+
+// tokenKind names the kind of a JSON token for an error message.
+func tokenKind(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		if tok == json.Delim('[') {
+			return "an array"
+		}
+	case string:
+		return "a string"
+	case json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%v", tok)
 }
 
 func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", "cannot read the body")
+		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
 		return
 	}
 	sku, qty, err := parseCreateOrder(body)
 	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request", err.Error())
+		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
 		return
 	}
 	order := Order{
@@ -232,7 +311,7 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 			if errors.Is(err, idem.ErrLeaseLost) {
 				// Another execution took this key over; its answer will be replayed.
 				w.Header().Set("Retry-After", "1")
-				idemhttp.WriteProblem(w, http.StatusConflict, "PROCESSING", "Request in progress",
+				writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
 					"another execution of this request took over; retry to get its answer")
 				return
 			}
@@ -253,7 +332,7 @@ func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
-		idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such order")
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
 	}
 	if err != nil {
@@ -274,7 +353,7 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 	if raw := r.URL.Query().Get("limit"); raw != "" {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 1 || n > maxListLimit {
-			idemhttp.WriteProblem(w, http.StatusBadRequest, "INVALID_REQUEST", "Invalid request",
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request",
 				fmt.Sprintf("limit must be an integer from 1 to %d", maxListLimit))
 			return
 		}
@@ -308,7 +387,7 @@ func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := s.db.PingContext(ctx); err != nil {
 		s.log.WarnContext(ctx, "shop: health check failed", "error", err)
-		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, "UNHEALTHY", "Unhealthy", "the database does not answer")
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnhealthy, "Unhealthy", "the database does not answer")
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -321,26 +400,29 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case p == "/orders":
 		allow = "GET, POST"
-	case p == "/healthz", strings.HasPrefix(p, "/orders/") && !strings.Contains(p[len("/orders/"):], "/"):
+	case p == "/healthz":
+		allow = "GET"
+	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
+		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		idemhttp.WriteProblem(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "Method not allowed", r.Method+" is not allowed here; allowed: "+allow)
+		writeProblem(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", r.Method+" is not allowed here; allowed: "+allow)
 		return
 	}
-	idemhttp.WriteProblem(w, http.StatusNotFound, "NOT_FOUND", "Not found", "no such resource")
+	writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such resource")
 }
 
 func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {
 	s.log.ErrorContext(r.Context(), "shop: request failed", "op", what, "error", err)
-	idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "Internal error", "the request failed; retry with the same Idempotency-Key")
+	writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the request failed; retry with the same Idempotency-Key")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		http.Error(w, "encode", http.StatusInternalServerError)
+		writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the answer could not be encoded")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

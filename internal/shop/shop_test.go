@@ -1,11 +1,14 @@
 package shop_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -192,10 +195,164 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"POST", "/healthz", 405, "METHOD_NOT_ALLOWED", "GET"},
 		{"GET", "/nope", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/a/b", 404, "NOT_FOUND", ""},
+		{"GET", "/orders/", 404, "NOT_FOUND", ""},
+		{"POST", "/orders/", 404, "NOT_FOUND", ""},
 	} {
 		rec := serve(s, c.method, c.target, map[string]string{"X-User-ID": "1"}, "")
 		if rec.Code != c.status || problemCode(t, rec) != c.code || rec.Header().Get("Allow") != c.allow {
 			t.Errorf("%s %s: %d %q Allow %q", c.method, c.target, rec.Code, rec.Body, rec.Header().Get("Allow"))
+		}
+	}
+}
+
+// Go's encoding/json matches member names case-insensitively and lets the
+// last duplicate win, so these bodies could be read as another order than
+// the one they seem to ask for. The shop refuses them with 400 and creates
+// nothing.
+func TestCreateOrderRefusesAmbiguousJSON(t *testing.T) {
+	forBackends(t, testCreateOrderRefusesAmbiguousJSON)
+}
+
+func testCreateOrderRefusesAmbiguousJSON(t *testing.T, b backend) {
+	s, db := newShop(t, b)
+	for i, c := range []struct {
+		name, body, detail string
+	}{
+		{"upper-case name", `{"SKU":"A","quantity":1}`, `"SKU"`},
+		{"title-case name", `{"sku":"A","Quantity":1}`, `"Quantity"`},
+		{"duplicate", `{"sku":"A","quantity":1,"quantity":5}`, `"quantity"`},
+		{"case-variant duplicate", `{"sku":"A","quantity":1,"Quantity":5}`, `"Quantity"`},
+		{"case-variant duplicate first", `{"Quantity":5,"sku":"A","quantity":1}`, `"Quantity"`},
+		{"escaped duplicate", `{"sku":"A","s\u006bu":"B","quantity":1}`, `"sku"`},
+		{"unknown field", `{"sku":"A","quantity":1,"price":0}`, `"price"`},
+		{"null sku", `{"sku":null,"quantity":1}`, "sku"},
+		{"null quantity", `{"sku":"A","quantity":null}`, "quantity"},
+		{"array", `[{"sku":"A","quantity":1}]`, "object"},
+		{"trailing comma", `{"sku":"A","quantity":1,}`, "JSON"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := map[string]string{"X-User-ID": "3", "Idempotency-Key": "ambiguous-" + strconv.Itoa(i)}
+			rec := serve(s, "POST", "/orders", h, c.body)
+			if rec.Code != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400: %s", rec.Code, rec.Body)
+			}
+			p := problemOf(t, rec)
+			if p.Code != "INVALID_REQUEST" || !strings.Contains(p.Detail, c.detail) {
+				t.Fatalf("code %q detail %q, want INVALID_REQUEST and a detail naming %s", p.Code, p.Detail, c.detail)
+			}
+		})
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders after ambiguous bodies (err %v), want 0", n, err)
+	}
+	// The exact names, once each, in any order, still create the order.
+	h := map[string]string{"X-User-ID": "3", "Idempotency-Key": "plain"}
+	if rec := serve(s, "POST", "/orders", h, `{"quantity":2,"sku":"A"}`); rec.Code != http.StatusCreated {
+		t.Fatalf("plain body: %d %s", rec.Code, rec.Body)
+	}
+	var qty int
+	if err := db.QueryRow(`SELECT quantity FROM shop_orders WHERE user_id = 3`).Scan(&qty); err != nil || qty != 2 {
+		t.Fatalf("quantity %d (err %v), want 2", qty, err)
+	}
+}
+
+// A request with two X-User-ID fields names two callers: it is refused
+// with 400, as idemhttp refuses two Idempotency-Key fields, and runs
+// nothing.
+func TestDuplicateUserHeaderRefused(t *testing.T) {
+	t.Parallel()
+	s, db := newShop(t, sqliteBackend)
+	for _, c := range []struct {
+		method, target, body string
+	}{
+		{"POST", "/orders", `{"sku":"A","quantity":1}`},
+		{"GET", "/orders", ""},
+		{"GET", "/orders/ord_1", ""},
+	} {
+		req := httptest.NewRequest(c.method, c.target, strings.NewReader(c.body))
+		req.Header.Add("X-User-ID", "1")
+		req.Header.Add("x-user-id", "2")
+		req.Header.Set("Idempotency-Key", "dup-user")
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest {
+			t.Errorf("%s %s: status %d, want 400: %s", c.method, c.target, rec.Code, rec.Body)
+			continue
+		}
+		if p := problemOf(t, rec); p.Code != "INVALID_REQUEST" || !strings.Contains(p.Detail, "X-User-ID") {
+			t.Errorf("%s %s: code %q detail %q", c.method, c.target, p.Code, p.Detail)
+		}
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders (err %v), want 0", n, err)
+	}
+}
+
+type problem struct {
+	Type, Title, Detail, Code string
+	Status                    int
+}
+
+// problemOf decodes a problem+json answer.
+func problemOf(t *testing.T, rec *httptest.ResponseRecorder) problem {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", rec.Body, err)
+	}
+	if p.Status != rec.Code {
+		t.Errorf("problem status %d, response status %d", p.Status, rec.Code)
+	}
+	return p
+}
+
+// Every problem the shop answers has a type that is the address of the
+// section documenting its code: the middleware's codes in
+// idemhttp/PROBLEMS.md, the shop's own in internal/shop/PROBLEMS.md.
+func TestProblemTypesAreDocumented(t *testing.T) {
+	t.Parallel()
+	s, db := newShop(t, sqliteBackend)
+	user := map[string]string{"X-User-ID": "1"}
+	answers := map[string]*httptest.ResponseRecorder{
+		"NOT_FOUND":          serve(s, "GET", "/nope", nil, ""),
+		"METHOD_NOT_ALLOWED": serve(s, "PUT", "/orders", user, ""),
+		"UNAUTHENTICATED":    serve(s, "GET", "/orders", nil, ""),
+		"INVALID_REQUEST":    serve(s, "GET", "/orders?limit=0", user, ""),
+		"MISSING_KEY":        serve(s, "POST", "/orders", user, `{"sku":"A","quantity":1}`),
+	}
+	// The orders table gone: creating an order fails inside the handler.
+	mustExec(t, db, "DROP TABLE shop_orders")
+	answers["INTERNAL"] = serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k"}, `{"sku":"A","quantity":1}`)
+	db.Close()
+	answers["UNHEALTHY"] = serve(s, "GET", "/healthz", nil, "")
+
+	docs := map[string]string{
+		"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#":      "../../idemhttp/PROBLEMS.md",
+		"https://github.com/idemkit/idem/blob/main/internal/shop/PROBLEMS.md#": "PROBLEMS.md",
+	}
+	for code, rec := range answers {
+		p := problemOf(t, rec)
+		if p.Code != code {
+			t.Errorf("answer meant to be %s is %d %s", code, rec.Code, rec.Body)
+			continue
+		}
+		base, fragment, ok := strings.Cut(p.Type, "#")
+		file := docs[base+"#"]
+		if !ok || file == "" || fragment != strings.ToLower(code) {
+			t.Errorf("%s: type %q is not the address of its section", code, p.Type)
+			continue
+		}
+		doc, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(doc, []byte("\n## "+fragment+"\n")) || !bytes.Contains(doc, []byte("`"+strconv.Itoa(rec.Code)+" "+code+"`")) {
+			t.Errorf("%s has no section %q saying `%d %s`", file, fragment, rec.Code, code)
 		}
 	}
 }

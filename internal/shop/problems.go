@@ -1,0 +1,62 @@
+package shop
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/idemkit/idem/idemhttp"
+)
+
+// Problem codes of the shop's own answers (the "code" member of its
+// problem+json). The shop also answers with idemhttp's codes
+// (UNAUTHENTICATED, INVALID_REQUEST, PROCESSING and the middleware's own);
+// PROBLEMS.md in this package lists them all.
+const (
+	CodeNotFound         = "NOT_FOUND"          // 404
+	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED" // 405
+	CodeInternal         = "INTERNAL"           // 500
+	CodeUnhealthy        = "UNHEALTHY"          // 503
+)
+
+// problemTypeBase + lower-case code is the "type" URI of the shop's own
+// problems, in the scheme of idemhttp's: the section of PROBLEMS.md that
+// says what the code means and what to do.
+const problemTypeBase = "https://github.com/idemkit/idem/blob/main/internal/shop/PROBLEMS.md#"
+
+// problem is an RFC 9457 answer, its members in idemhttp's order.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+}
+
+// writeProblem answers with application/problem+json. The shop's own codes
+// get their type here; any other code is idemhttp's, and idemhttp writes it
+// with its own type.
+func writeProblem(w http.ResponseWriter, status int, code, title, detail string) {
+	switch code {
+	case CodeNotFound, CodeMethodNotAllowed, CodeInternal, CodeUnhealthy:
+	default:
+		idemhttp.WriteProblem(w, status, code, title, detail)
+		return
+	}
+	b, err := json.Marshal(problem{
+		Type:   problemTypeBase + strings.ToLower(code),
+		Title:  title,
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	})
+	if err != nil { // cannot happen: strings and an int always encode
+		idemhttp.WriteProblem(w, status, code, title, detail)
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	delete(h, "Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
