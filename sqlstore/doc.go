@@ -10,8 +10,10 @@
 //	guard, err := idem.NewGuard(store, nil)
 //
 // For PostgreSQL and MySQL the caller opens the *sql.DB with the driver
-// of its choice and keeps it in hand (pool size, TLS, credentials); this
-// package imports no driver for them:
+// and keeps it in hand (pool size, TLS, credentials). This package
+// imports no PostgreSQL driver; it imports github.com/go-sql-driver/mysql
+// for its error type (*mysql.MySQLError, which it reads with errors.As),
+// and so registers that driver as "mysql":
 //
 //	import _ "github.com/jackc/pgx/v5/stdlib"
 //	db, err := sql.Open("pgx", "postgres://app@db/app")

@@ -5,9 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // MySQL is the dialect of MySQL 8.0 and 8.4 and MariaDB 10.6 or later
@@ -53,23 +53,13 @@ func (mysqlDialect) missingTable(err error) bool { return mysqlErrNumber(err) ==
 // (1205) is not retried: it already waited innodb_lock_wait_timeout.
 func (mysqlDialect) retryable(err error) bool { return mysqlErrNumber(err) == 1213 }
 
-// mysqlErrNumber returns the server error number of the first error in
-// err's chain that is a go-sql-driver/mysql *MySQLError (whose Error reads
-// "Error NNNN (SQLSTATE): message"), or 0. It reads the text so that this
-// package need not import, and so register, the driver.
-func mysqlErrNumber(err error) int {
-	for ; err != nil; err = errors.Unwrap(err) {
-		rest, ok := strings.CutPrefix(err.Error(), "Error ")
-		if !ok {
-			continue
-		}
-		end := strings.IndexAny(rest, " :")
-		if end < 0 {
-			continue
-		}
-		if n, err := strconv.Atoi(rest[:end]); err == nil {
-			return n
-		}
+// mysqlErrNumber returns the server error number of the first
+// *mysql.MySQLError in err's tree (errors.As), or 0. An error that only
+// reads like one is not one.
+func mysqlErrNumber(err error) uint16 {
+	var e *mysql.MySQLError
+	if errors.As(err, &e) {
+		return e.Number
 	}
 	return 0
 }
