@@ -306,24 +306,25 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 			}
 			continue
 		}
-		// A driver that does not report the insert id (ierr != nil) takes
-		// the read below: slower, as correct, but TookOver then misses the
-		// replacement of an abandoned record.
-		took, ierr := res.LastInsertId()
-		if ierr == nil && took > mysqlReplaced {
+		// The insert id: the database's now after an insert, or what the
+		// update branch did. A driver that does not report it (ierr !=
+		// nil) takes the read below: slower, as correct, but TookOver then
+		// misses the replacement of an abandoned record.
+		id, ierr := res.LastInsertId()
+		if ierr == nil && id > mysqlReplaced {
 			if n, rerr := res.RowsAffected(); rerr == nil && n == 1 {
-				return acquired(req, v, 1, took+v.leaseMS, took), nil
+				return acquired(req, v, 1, id+v.leaseMS, id), nil
 			}
 		}
 		var rec idem.Record
 		rec, err = s.get(ctx, nil, req.Scope, req.Key)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			res := acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli())
+			out := acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli())
 			if ierr == nil {
-				res.TookOver = took == mysqlTookProcessing
+				out.TookOver = id == mysqlTookProcessing
 			}
-			return res, nil
+			return out, nil
 		case err == nil:
 			return held(req, rec), nil
 		case !errors.Is(err, idem.ErrNotFound):
