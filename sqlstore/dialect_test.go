@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 func TestParseStatements(t *testing.T) {
@@ -116,8 +118,9 @@ type stateErr string
 func (e stateErr) Error() string    { return "ERROR: x (SQLSTATE " + string(e) + ")" }
 func (e stateErr) SQLState() string { return string(e) }
 
-// TestErrorCodes pins how the server dialects read driver errors without
-// importing the drivers.
+// TestErrorCodes pins how the server dialects read driver errors:
+// PostgreSQL's through their SQLState method, MySQL's as *mysql.MySQLError
+// (TestMySQLErrorClassification has the server's own).
 func TestErrorCodes(t *testing.T) {
 	t.Parallel()
 	wrap := func(err error) error { return fmt.Errorf("a: %w", fmt.Errorf("b: %w", err)) }
@@ -127,11 +130,11 @@ func TestErrorCodes(t *testing.T) {
 	if !PostgreSQL.missingTable(wrap(stateErr("42P01"))) || PostgreSQL.missingTable(errors.New("relation does not exist")) {
 		t.Error("PostgreSQL.missingTable")
 	}
-	deadlock := errors.New("Error 1213 (40001): Deadlock found when trying to get lock; try restarting transaction")
-	if !MySQL.retryable(wrap(deadlock)) || MySQL.retryable(errors.New("Error 1205 (HY000): Lock wait timeout exceeded")) || MySQL.retryable(errors.New("deadlock")) {
+	deadlock := &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}
+	if !MySQL.retryable(wrap(deadlock)) || MySQL.retryable(&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"}) || MySQL.retryable(errors.New("deadlock")) {
 		t.Error("MySQL.retryable")
 	}
-	if !MySQL.missingTable(wrap(errors.New("Error 1146 (42S02): Table 'test.idem_records' doesn't exist"))) || MySQL.missingTable(errors.New("Error 1146")) {
+	if !MySQL.missingTable(wrap(&mysql.MySQLError{Number: 1146, Message: "Table 'test.idem_records' doesn't exist"})) || MySQL.missingTable(errors.New("Error 1146")) {
 		t.Error("MySQL.missingTable")
 	}
 	for _, d := range []Dialect{SQLite, PostgreSQL, MySQL} {

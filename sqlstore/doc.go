@@ -10,8 +10,10 @@
 //	guard, err := idem.NewGuard(store, nil)
 //
 // For PostgreSQL and MySQL the caller opens the *sql.DB with the driver
-// of its choice and keeps it in hand (pool size, TLS, credentials); this
-// package imports no driver for them:
+// and keeps it in hand (pool size, TLS, credentials). This package
+// imports no PostgreSQL driver; it imports github.com/go-sql-driver/mysql
+// for its error type (*mysql.MySQLError, which it reads with errors.As),
+// and so registers that driver as "mysql":
 //
 //	import _ "github.com/jackc/pgx/v5/stdlib"
 //	db, err := sql.Open("pgx", "postgres://app@db/app")
@@ -161,16 +163,27 @@
 //     duplicate or a mismatch ends here (one round trip);
 //  2. the upsert, INSERT … ON DUPLICATE KEY UPDATE, autocommitted on its
 //     own: it inserts, or, under the row's exclusive lock, reads the
-//     latest version of the row and decides once, in its first
-//     assignment, whether it may take it (owner = IF(expired or lease
-//     ended with the same fingerprint, our owner, owner)); every later
-//     assignment is conditional on owner being ours, since MySQL applies
-//     them left to right and each sees the values assigned before it.
-//     The statement reports what it did in its OK packet: the inserted
-//     created_at is LAST_INSERT_ID(now), so the insert id is the
-//     database's now, and the update branch resets it with
-//     LAST_INSERT_ID(0). An insert id above 0 with one affected row is a
-//     new record: fence 1, created at now, ours, and Acquire is done;
+//     latest version of the row and takes it if it may: take = the
+//     record is past expires_at, or it is processing with the same
+//     fingerprint and its lease has ended. The first assignment sets
+//     owner to ours if take holds; every later one assigns its new value
+//     if "owner is ours or take holds". That reads the same whether the
+//     server assigns left to right, each assignment seeing the values
+//     assigned before it (MySQL; MariaDB by default), or evaluates every
+//     right-hand side on the row as it was (MariaDB with
+//     SIMULTANEOUS_ASSIGNMENT): left to right, owner is ours exactly
+//     when the first assignment took the row, and otherwise nothing has
+//     changed and take reads the old row; simultaneously, owner is never
+//     ours and take reads the old row. A replacement (the record was
+//     past expires_at, whatever its status) gives the record created_at
+//     = now; a takeover keeps created_at. The statement reports what it
+//     did in its OK packet: the inserted created_at is
+//     LAST_INSERT_ID(now), so the insert id is the database's now, and
+//     the update branch sets it with LAST_INSERT_ID(took): 1 if it took a
+//     processing record (a takeover, or the replacement of an abandoned
+//     one: TookOver), 2 if it replaced a completed one, 0 if it took
+//     nothing. An insert id above 2 with one affected row is a new
+//     record: fence 1, created at now, ours, and Acquire is done;
 //  3. otherwise select_record: the record is ours if and only if it
 //     carries our owner, a random 128-bit token no other caller has.
 //     Nobody but the owner changes a record under a live lease, so it
@@ -197,6 +210,30 @@
 // Extend on MySQL is an UPDATE and then a read of the lease (no
 // RETURNING): MySQL's affected-rows count says "changed", not "matched",
 // and an extension to the same millisecond changes nothing.
+//
+// # MySQL and MariaDB: versions and sql_mode
+//
+// Supported: MySQL 8.0 and 8.4, and MariaDB 10.6 or later, with InnoDB.
+// The statements use nothing that only one of them has (no VALUES() in
+// ON DUPLICATE KEY UPDATE, deprecated since MySQL 8.0.20, nor the row
+// alias that replaces it, which MariaDB lacks: the bound values are
+// repeated; no RETURNING). Tested here: MariaDB only, 10.11
+// (10.11.19-MariaDB, the development and CI machines' server); MySQL
+// itself is not tested by this project.
+//
+// The store works whatever the session's sql_mode, so the server's
+// default or a DSN's sql_mode need not change for it. Its statements
+// write strings in single quotes and use no backslash, no || or && and
+// no NOT operator, and the acquire upsert does not depend on the order
+// of its assignments (above). The conformance suite and Migrate run under
+// SIMULTANEOUS_ASSIGNMENT, ORACLE (MariaDB), ANSI, PIPES_AS_CONCAT +
+// ANSI_QUOTES + NO_BACKSLASH_ESCAPES, and TRADITIONAL with all of these
+// and clientFoundRows (TestMySQLModeConformance, TestMySQLModeAcquire).
+// One exception: MariaDB's EMPTY_STRING_IS_NULL turns an empty string
+// bound to a statement into NULL, so under it the empty scope and the
+// empty fingerprint cannot be stored or found (Acquire fails with
+// "Column 'scope' cannot be null"); do not set it for the store's
+// connections.
 //
 // Migrate on MySQL takes GET_LOCK('idem_migrate', 30) on one connection
 // and releases it at the end. MySQL commits every DDL statement on its

@@ -5,13 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
-// MySQL is the dialect of MySQL 8.0 and MariaDB 10.5 or later (InnoDB),
-// through github.com/go-sql-driver/mysql. Open the database yourself:
+// MySQL is the dialect of MySQL 8.0 and 8.4 and MariaDB 10.6 or later
+// (InnoDB), through github.com/go-sql-driver/mysql. Open the database
+// yourself:
 //
 //	import _ "github.com/go-sql-driver/mysql"
 //
@@ -19,8 +20,9 @@ import (
 //
 // No DSN setting is required: times are BIGINT milliseconds (parseTime is
 // irrelevant), statements run one at a time (multiStatements is not
-// needed), and the session's time zone is not used. The package
-// documentation says what each statement costs and why.
+// needed), and neither the session's time zone nor its sql_mode matters
+// (MariaDB's EMPTY_STRING_IS_NULL aside). The package documentation says
+// what each statement costs and why, and which versions are tested.
 var MySQL Dialect = mysqlDialect{}
 
 type mysqlDialect struct{}
@@ -33,6 +35,16 @@ func (mysqlDialect) migrations() []migration  { return mysqlMigrations }
 func (mysqlDialect) completeReturns() bool    { return false }
 func (mysqlDialect) acquireMode() acquireMode { return acquireUpsertRead }
 
+// The insert id of the acquire upsert's update branch (its
+// LAST_INSERT_ID(took)): it took a processing record (a takeover, or the
+// replacement of an abandoned record: TookOver), or replaced an expired
+// completed one. 0 means it took nothing; an insert reports the
+// database's now, far above both.
+const (
+	mysqlTookProcessing = 1
+	mysqlReplaced       = 2
+)
+
 // missingTable: ER_NO_SUCH_TABLE.
 func (mysqlDialect) missingTable(err error) bool { return mysqlErrNumber(err) == 1146 }
 
@@ -41,23 +53,13 @@ func (mysqlDialect) missingTable(err error) bool { return mysqlErrNumber(err) ==
 // (1205) is not retried: it already waited innodb_lock_wait_timeout.
 func (mysqlDialect) retryable(err error) bool { return mysqlErrNumber(err) == 1213 }
 
-// mysqlErrNumber returns the server error number of the first error in
-// err's chain that is a go-sql-driver/mysql *MySQLError (whose Error reads
-// "Error NNNN (SQLSTATE): message"), or 0. It reads the text so that this
-// package need not import, and so register, the driver.
-func mysqlErrNumber(err error) int {
-	for ; err != nil; err = errors.Unwrap(err) {
-		rest, ok := strings.CutPrefix(err.Error(), "Error ")
-		if !ok {
-			continue
-		}
-		end := strings.IndexAny(rest, " :")
-		if end < 0 {
-			continue
-		}
-		if n, err := strconv.Atoi(rest[:end]); err == nil {
-			return n
-		}
+// mysqlErrNumber returns the server error number of the first
+// *mysql.MySQLError in err's tree (errors.As), or 0. An error that only
+// reads like one is not one.
+func mysqlErrNumber(err error) uint16 {
+	var e *mysql.MySQLError
+	if errors.As(err, &e) {
+		return e.Number
 	}
 	return 0
 }

@@ -274,16 +274,17 @@ func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest
 
 // acquireUpsertRead: select_held; then the upsert (MySQL). A new key
 // costs these two statements: the upsert reports the database's now as
-// its insert id (LAST_INSERT_ID(now) among the values it inserts, which
-// the update branch resets to 0), and a record it inserted has fence 1,
-// a lease from now, and v.owner. Anything else (the upsert replaced or
-// took over a record, or met one it could not take) reads the record
-// back with select_record: the upsert took the key if and only if that
-// record carries v.owner, a random token no other caller has; it then
-// holds the fence and lease the upsert wrote, since nobody but v.owner
-// changes a record under a live lease (Delete aside, after which the
-// round starts over). Another owner means the upsert found a record it
-// could not take, as of the moment it ran.
+// its insert id (LAST_INSERT_ID(now) among the values it inserts), and a
+// record it inserted has fence 1, a lease from now, and v.owner. The
+// update branch sets the insert id to mysqlTookProcessing,
+// mysqlReplaced or 0 instead. Anything but an insert (the upsert
+// replaced or took over a record, or met one it could not take) reads
+// the record back with select_record: the upsert took the key if and
+// only if that record carries v.owner, a random token no other caller
+// has; it then holds the fence and lease the upsert wrote, since nobody
+// but v.owner changes a record under a live lease (Delete aside, after
+// which the round starts over). Another owner means the upsert found a
+// record it could not take, as of the moment it ran.
 func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
 	switch rec, err := s.scanRecord(ctx, nil, s.st.selectHeld, v); {
 	case err == nil:
@@ -305,18 +306,25 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 			}
 			continue
 		}
-		// A driver that does not report the insert id (err != nil) or a
-		// server that reports 0 takes the read below: slower, as correct.
-		if now, ierr := res.LastInsertId(); ierr == nil && now > 0 {
+		// The insert id: the database's now after an insert, or what the
+		// update branch did. A driver that does not report it (ierr !=
+		// nil) takes the read below: slower, as correct, but TookOver then
+		// misses the replacement of an abandoned record.
+		id, ierr := res.LastInsertId()
+		if ierr == nil && id > mysqlReplaced {
 			if n, rerr := res.RowsAffected(); rerr == nil && n == 1 {
-				return acquired(req, v, 1, now+v.leaseMS, now), nil
+				return acquired(req, v, 1, id+v.leaseMS, id), nil
 			}
 		}
 		var rec idem.Record
 		rec, err = s.get(ctx, nil, req.Scope, req.Key)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+			out := acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli())
+			if ierr == nil {
+				out.TookOver = id == mysqlTookProcessing
+			}
+			return out, nil
 		case err == nil:
 			return held(req, rec), nil
 		case !errors.Is(err, idem.ErrNotFound):

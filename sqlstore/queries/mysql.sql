@@ -1,7 +1,11 @@
--- Statements of the MySQL dialect (MySQL 8.0 and MariaDB 10.5 or later).
+-- Statements of the MySQL dialect (MySQL 8.0 and 8.4, MariaDB 10.6 or
+-- later). They read alike under any sql_mode (EMPTY_STRING_IS_NULL aside):
+-- strings in single quotes, no backslash, no || or &&, no NOT operator,
+-- and no assignment that depends on the order in which ON DUPLICATE KEY
+-- UPDATE or UPDATE assigns (see acquire).
 --
 -- Each statement starts with "-- name: NAME" and lists the parameters it
--- binds, in order, on a "-- params:" line, one entry per ? (MySQL's
+-- binds, in order, on "-- params:" lines, one entry per ? (MySQL's
 -- placeholders cannot repeat, so a value used twice is listed twice).
 -- Times are BIGINT unix milliseconds. "now" is the database's clock:
 --
@@ -35,48 +39,138 @@ VALUES (?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3
 
 -- name: acquire
 -- params: scope key fingerprint owner lease_ms retention_ms lease_ms retention_ms
+-- params: fingerprint owner
+-- params: owner fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint lease_ms
+-- params: owner fingerprint retention_ms
+-- params: owner fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint
+-- params: owner fingerprint lease_ms retention_ms
+-- (The params lines list the ? of the INSERT's values and then those of
+-- each assignment, in order, one line each.)
+--
 -- Inserts a new record or, in the same statement, replaces a record past
 -- its expiry (whatever its status and fingerprint) or takes over a
 -- processing record with the same fingerprint whose lease has ended.
--- MySQL has no RETURNING (MariaDB 10.5's would do, but the dialect
--- serves both), so the statement says what it did through its OK packet: created_at is written as LAST_INSERT_ID(now), which makes the
--- insert id the database's now, and the update branch's first
--- assignment evaluates LAST_INSERT_ID(0). An insert id above 0 with one
--- affected row is therefore a new record: fence 1, created at now, ours.
--- Anything else the caller reads back; the record is ours if its owner
--- is the random owner we wrote.
+-- MySQL has no RETURNING (MariaDB's would do, but the dialect serves
+-- both), so the statement says what it did through its OK packet, whose
+-- insert id is the last value given to LAST_INSERT_ID(expr):
 --
--- ON DUPLICATE KEY UPDATE assigns left to right and each assignment sees
--- the values assigned before it. So the decision is taken once, by the
--- first assignment, on the row as it was: owner becomes ours only if the
--- row may be taken. Every later assignment tests owner = VALUES(owner),
--- which holds exactly when the first one took the row (an owner is 128
--- random bits; no other row has ours). fence and created_at come before
--- status, whose old value created_at reads: a takeover keeps created_at,
--- so created_at <> lease_until - lease_ms tells it apart.
+--   - an insert: created_at is written as LAST_INSERT_ID(now), so the
+--     insert id is the database's now (a large number), with one affected
+--     row: a new record, fence 1, created at now, ours;
+--   - an update: the first assignment evaluates LAST_INSERT_ID(took),
+--     where took is 1 if it takes a processing record (a takeover, or the
+--     replacement of an abandoned one), 2 if it replaces an expired
+--     completed record, and 0 if the row is not ours to take. The caller
+--     then reads the record back: it is ours if its owner is the random
+--     owner we wrote.
+--
+-- The statement does not depend on the order in which ON DUPLICATE KEY
+-- UPDATE assigns. MySQL, and MariaDB by default, assign left to right and
+-- each right-hand side sees the values assigned before it; MariaDB with
+-- SIMULTANEOUS_ASSIGNMENT in sql_mode (which sql_mode=ORACLE sets)
+-- evaluates every right-hand side on the row as it was. So the decision
+-- is written out in every assignment:
+--
+--   take = expires_at <= now
+--          OR (status = 'processing' AND fingerprint = ? AND lease_until <= now)
+--
+-- The first assignment sets owner to ours if take holds on the row as it
+-- was (it is the first: the row is as it was in either mode; took > 0
+-- exactly when take holds). Every later
+-- one assigns its new value when "owner = our owner OR take" holds:
+--
+--   - left to right, if the first assignment took the row, owner is ours
+--     (an owner is 128 random bits; no other row has ours) and the
+--     condition holds whatever take now reads; if it did not, no
+--     assignment has changed anything and take reads the row as it was,
+--     false;
+--   - simultaneously, owner is the old one, never ours, and take reads
+--     the row as it was.
+--
+-- created_at becomes now when the record is replaced (it was past
+-- expires_at), and is kept by a takeover. It reads expires_at, so it
+-- comes before expires_at's assignment. No other assignment reads a column
+-- but its own (and those of the condition). VALUES() is not used (it is
+-- deprecated in MySQL 8.0.20): the bound values are repeated instead.
+--
+-- The text uses only what every sql_mode reads alike (CASE rather than
+-- IF(), and see the top of this file).
 INSERT INTO idem_records (
     scope, idempotency_key, fingerprint, status, owner, fence,
     lease_until, retention_ms, created_at, expires_at)
 VALUES (
     ?, ?, ?, 'processing', ?, 1,
-    (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ?)
+    (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?,
+    ?,
+    LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)),
+    (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ?)
 ON DUPLICATE KEY UPDATE
-    owner           = IF(LAST_INSERT_ID(0) = 0 AND (expires_at <= VALUES(created_at)
-                         OR (status = 'processing' AND fingerprint = VALUES(fingerprint)
-                             AND lease_until <= VALUES(created_at))),
-                         VALUES(owner), owner),
-    fence           = IF(owner = VALUES(owner), fence + 1, fence),
-    created_at      = IF(owner = VALUES(owner) AND status <> 'processing', VALUES(created_at), created_at),
-    fingerprint     = IF(owner = VALUES(owner), VALUES(fingerprint), fingerprint),
-    status          = IF(owner = VALUES(owner), 'processing', status),
-    lease_until     = IF(owner = VALUES(owner), VALUES(lease_until), lease_until),
-    retention_ms    = IF(owner = VALUES(owner), VALUES(retention_ms), retention_ms),
-    response_status = IF(owner = VALUES(owner), NULL, response_status),
-    response_header = IF(owner = VALUES(owner), NULL, response_header),
-    response_body   = IF(owner = VALUES(owner), NULL, response_body),
-    body_omitted    = IF(owner = VALUES(owner), FALSE, body_omitted),
-    completed_at    = IF(owner = VALUES(owner), NULL, completed_at),
-    expires_at      = IF(owner = VALUES(owner), VALUES(expires_at), expires_at);
+    owner = CASE WHEN LAST_INSERT_ID(
+                CASE WHEN status = 'processing'
+                          AND (expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+                               OR (fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+                     THEN 1
+                     WHEN expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+                     THEN 2
+                     ELSE 0 END) > 0
+        THEN ? ELSE owner END,
+    created_at = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+             AND expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+        THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) ELSE created_at END,
+    fence = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN fence + 1 ELSE fence END,
+    fingerprint = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN ? ELSE fingerprint END,
+    status = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN 'processing' ELSE status END,
+    lease_until = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? ELSE lease_until END,
+    retention_ms = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN ? ELSE retention_ms END,
+    response_status = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN NULL ELSE response_status END,
+    response_header = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN NULL ELSE response_header END,
+    response_body = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN NULL ELSE response_body END,
+    body_omitted = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN FALSE ELSE body_omitted END,
+    completed_at = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN NULL ELSE completed_at END,
+    expires_at = CASE WHEN (owner = ?
+              OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ? ELSE expires_at END;
 
 -- name: select_record
 -- params: scope key
