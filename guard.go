@@ -241,18 +241,20 @@ type Execution struct {
 	// committed reports that Committed confirmed pending in the store.
 	committed bool
 
-	// The watchdog: two timers, and no goroutine between their runs. The
-	// renewal timer extends the lease (the Extend runs in the timer's
-	// goroutine); the expiry timer cancels the context when the lease last
-	// confirmed, or the maximum execution time, ends, whether or not a
-	// renewal is waiting for its answer. The watchdog runs while watchOver
-	// is false, no completion call is in flight (completing) and no transaction
-	// of a successful CompleteTx is open (txOpen).
-	renewal     *time.Timer
-	expiry      *time.Timer
+	// The watchdog: one timer, and no goroutine between its runs. When the
+	// timer fires (tick) with no renewal running, the renewal runs in the
+	// timer's goroutine, and the timer is set to the end of the lease last
+	// confirmed (or of the maximum execution time): if it fires then while
+	// the renewal still waits for its answer, the context is cancelled.
+	// The watchdog runs while watchOver is false, no completion call is in
+	// flight (completing) and no transaction of a successful CompleteTx is
+	// open (txOpen).
+	timer       *time.Timer
+	wakeAt      time.Time          // when the timer was last set to fire
 	watchOver   bool               // ended for good: lease lost, maximum execution time, execution ended
 	completing  int                // completion calls in flight
 	txOpen      bool               // a CompleteTx succeeded and Committed has not reported on its transaction
+	renewing    bool               // a renewal of the current epoch waits for its answer
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
@@ -277,8 +279,9 @@ func (g *Guard) start(e *Execution, parent context.Context, l Lease, acquireSent
 	e.cancel = cancel
 	e.mu.Lock()
 	now := time.Now()
-	e.renewal = time.AfterFunc(e.nextWake(now), e.renew)
-	e.expiry = time.AfterFunc(e.expiresIn(now), e.expire)
+	d := e.nextWake(now)
+	e.wakeAt = now.Add(d)
+	e.timer = time.AfterFunc(d, e.tick)
 	e.mu.Unlock()
 }
 
@@ -372,13 +375,19 @@ func (e *Execution) expiredCause(now time.Time) error {
 	return nil
 }
 
-// halt stops both timers and cancels the running renewal, if any; its
+// wake sets the timer to fire after d. e.mu held.
+func (e *Execution) wake(now time.Time, d time.Duration) {
+	e.wakeAt = now.Add(d)
+	e.timer.Reset(d)
+}
+
+// halt stops the timer and cancels the running renewal, if any; its
 // outcome will be ignored (it is not waited for: a store that ignores its
 // context must not hold up the completion). e.mu held.
 func (e *Execution) halt() {
 	e.epoch++
-	e.renewal.Stop()
-	e.expiry.Stop()
+	e.timer.Stop()
+	e.renewing = false
 	if e.renewCancel != nil {
 		e.renewCancel()
 		e.renewCancel = nil
@@ -407,39 +416,20 @@ func (e *Execution) resume() error {
 	// The next renewal is due a third into the lease last confirmed (at
 	// once if that has passed).
 	due := e.validUntil.Add(e.g.cfg.Lease/3 - e.g.cfg.Lease).Sub(now)
-	e.renewal.Reset(max(min(due, e.nextWake(now)), 0))
-	e.expiry.Reset(e.expiresIn(now))
+	e.wake(now, max(min(due, e.nextWake(now)), 0))
 	return nil
 }
 
-// expire runs in the expiry timer's goroutine: it cancels the context
-// once the lease last confirmed, or the maximum execution time, has
-// ended, and otherwise sets the timer again (a renewal moved the end).
-func (e *Execution) expire() {
-	e.mu.Lock()
-	if !e.running() {
-		e.mu.Unlock()
-		return
-	}
-	now := time.Now()
-	cause := e.expiredCause(now)
-	if cause == nil {
-		e.expiry.Reset(e.expiresIn(now))
-		e.mu.Unlock()
-		return
-	}
-	l := e.lease
-	e.endWatch()
-	e.mu.Unlock()
-	e.report(l, cause, nil)
-}
-
-// renew runs in the renewal timer's goroutine: it extends the lease and
-// schedules the next renewal, or ends the watchdog when the store says
-// the lease is lost or the answer came after the lease had ended. Each
-// Extend is bounded by a third of the lease and by the end of the lease
-// last confirmed.
-func (e *Execution) renew() {
+// tick runs in the timer's goroutine. Once the maximum execution time or
+// the lease last confirmed has ended, it ends the watchdog and cancels
+// the context, whether or not a renewal still waits for its answer.
+// Otherwise, unless a renewal is running (its answer sets the timer
+// again), it renews the lease: the Extend is bounded by a third of the
+// lease and by the end of the lease last confirmed, and the timer is set
+// to that end meanwhile. The renewal's answer schedules the next one, or
+// ends the watchdog when the store says the lease is lost or the answer
+// came after the lease had ended.
+func (e *Execution) tick() {
 	ttl := e.g.cfg.Lease
 	e.mu.Lock()
 	if !e.running() {
@@ -454,13 +444,20 @@ func (e *Execution) renew() {
 		e.report(l, cause, nil)
 		return
 	}
+	if e.renewing || now.Before(e.wakeAt) {
+		// A renewal waits for its answer, which sets the timer again; or
+		// this is a run of the timer set before it was last reset.
+		e.mu.Unlock()
+		return
+	}
 	epoch := e.epoch
 	deadline := now.Add(ttl / 3)
 	if e.validUntil.Before(deadline) {
 		deadline = e.validUntil
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(&e.ctx), deadline)
-	e.renewCancel = cancel
+	e.renewing, e.renewCancel = true, cancel
+	e.wake(now, e.expiresIn(now))
 	e.mu.Unlock()
 
 	sent := time.Now()
@@ -472,7 +469,7 @@ func (e *Execution) renew() {
 		e.mu.Unlock()
 		return
 	}
-	e.renewCancel = nil
+	e.renewing, e.renewCancel = false, nil
 	now = time.Now()
 	var cause error
 	if errors.Is(err, ErrLeaseLost) {
@@ -480,12 +477,11 @@ func (e *Execution) renew() {
 	} else if cause = e.expiredCause(now); cause == nil && err == nil {
 		e.lease.Until = nl.Until
 		e.validUntil = sent.Add(ttl)
-		e.expiry.Reset(e.expiresIn(now))
 	}
 	if cause != nil {
 		e.endWatch()
 	} else {
-		e.renewal.Reset(e.nextWake(now))
+		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()
 	e.report(l, cause, err)
