@@ -12,10 +12,17 @@
 //   - Of any number of concurrent Acquire calls on one (scope, key), exactly
 //     one is told [Acquired]; the others see [InFlight], [Completed] or
 //     [Mismatch].
-//   - Every acquisition or takeover of a record increments its fence. A
-//     completion, extension or release must present the owner token and the
-//     fence it was given, so an execution whose lease was taken over can never
-//     overwrite the winner ([ErrLeaseLost]).
+//   - A record's fence is 1 when the record is created and grows by one on
+//     every takeover (and when Acquire replaces the record after it
+//     expired). A completion, extension or release must present the owner
+//     token and the fence it was given, so an execution whose lease was taken
+//     over can never overwrite the winner ([ErrLeaseLost]).
+//   - While the work runs, its context ([Execution.Context]) is cancelled
+//     with cause [ErrLeaseLost] no later than the end of the lease the store
+//     last confirmed, as the guard estimates it on its own clock, even while
+//     a renewal still waits for an answer. (The watchdog pauses while a
+//     completion is being stored, and while the transaction of a successful
+//     [Execution.CompleteTx] is open: that transaction holds the record.)
 //   - Times that decide leases and expiry come from the store's clock, never
 //     from the application server's.
 //   - A completed record is kept for its retention (default 24 h) and then
@@ -23,6 +30,15 @@
 //
 // # What idem does not guarantee
 //
+//   - The fence orders the executions of one record, from its creation until
+//     it is released, deleted, swept or dropped by the store's own expiry
+//     (a Redis TTL); the next record of the same (scope, key) starts at
+//     fence 1 again. So it refuses stale completions, but it is not a
+//     fencing token for systems downstream: two executions of one key, one
+//     before and one after a release, can carry the same fence. Fence a
+//     downstream system with a token that strictly increases per resource
+//     and survives release and expiry (the lock package is planned to offer
+//     those).
 //   - An effect outside the store's database cannot commit atomically with the
 //     record. Between the effect and [Execution.Complete] a crash leaves a
 //     processing record whose lease runs out; the retry then runs the work

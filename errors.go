@@ -8,7 +8,8 @@ var (
 	// ErrLeaseLost is returned by Complete, Extend and Release when the
 	// record no longer belongs to the presented owner and fence: it was taken
 	// over after its lease ended, completed, released or deleted. It is also
-	// the cause of an execution's context when the watchdog loses the lease.
+	// the cause of an execution's context when the watchdog loses the lease,
+	// or when the lease may have ended with no renewal confirmed in time.
 	ErrLeaseLost = errors.New("idem: lease lost")
 
 	// ErrNotFound is returned by Get and Delete when no record exists.
@@ -44,6 +45,10 @@ var (
 	ErrTxUnsupported = errors.New("idem: store cannot complete in a transaction")
 
 	// ErrFinished is returned when an execution that was already completed or
-	// released is asked to complete or release again.
+	// released is asked to complete or release again. A store's CompleteTx
+	// returns it (wrapped) when the record is already completed by the very
+	// lease presented: an earlier completion of this execution committed (a
+	// retry after its reply was lost), and the caller's transaction must roll
+	// back.
 	ErrFinished = errors.New("idem: execution already finished")
 )

@@ -36,9 +36,10 @@ type GuardConfig struct {
 	// StoreTimeout bounds each store call the guard makes: the Acquire of
 	// Begin, and the Complete, Release and Get (of Committed) that end an
 	// execution; a call that runs out fails with context.DeadlineExceeded,
-	// like any store failure. (A renewal is bounded by a third of the lease;
-	// CompleteTx runs under the caller's context and transaction.) Default
-	// 5 s; negative means no bound beyond the caller's context.
+	// like any store failure. (A renewal is bounded by a third of the lease
+	// and by the end of the lease last confirmed; CompleteTx runs under the
+	// caller's context and transaction.) Default 5 s; negative means no
+	// bound beyond the caller's context.
 	StoreTimeout time.Duration
 	// Logger receives the watchdog's warnings. Nil discards them.
 	Logger *slog.Logger
@@ -234,17 +235,29 @@ type Execution struct {
 	mu       sync.Mutex
 	lease    Lease
 	finished bool
-	pending  *Response // set by CompleteTx, confirmed by Committed
+	// pending is the response a CompleteTx handed to the store (or that a
+	// store's ErrFinished says was committed); Committed confirms it.
+	pending *Response
 	// committed reports that Committed confirmed pending in the store.
 	committed bool
 
-	// The watchdog: a timer, and a renewal running in the timer's goroutine.
-	// No goroutine lives between renewals.
+	// The watchdog: one timer, and no goroutine between its runs. When the
+	// timer fires (tick) with no renewal running, the renewal runs in the
+	// timer's goroutine, and the timer is set to the end of the lease last
+	// confirmed (or of the maximum execution time): if it fires then while
+	// the renewal still waits for its answer, the context is cancelled.
+	// The watchdog runs while watchOver is false, no completion call is in
+	// flight (completing) and no transaction of a successful CompleteTx is
+	// open (txOpen).
 	timer       *time.Timer
-	stopped     bool
-	renewing    chan struct{}      // closed when the running renewal ends; nil if none runs
-	renewCancel context.CancelFunc // cancels the running renewal
-	validUntil  time.Time          // local, conservative estimate of the lease's end
+	wakeAt      time.Time          // when the timer was last set to fire
+	watchOver   bool               // ended for good: lease lost, maximum execution time, execution ended
+	completing  int                // completion calls in flight
+	txOpen      bool               // a CompleteTx succeeded and Committed has not reported on its transaction
+	renewing    bool               // a renewal of the current epoch waits for its answer
+	epoch       uint64             // counts halts: a renewal started before the last one is stale
+	renewCancel context.CancelFunc // cancels the running renewal, if any
+	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
 	maxUntil    time.Time          // end of the maximum execution time
 
 	// callMu serialises the store calls made under a bound (bound,
@@ -265,7 +278,10 @@ func (g *Guard) start(e *Execution, parent context.Context, l Lease, acquireSent
 	e.ctx = execContext{Context: cctx, e: e}
 	e.cancel = cancel
 	e.mu.Lock()
-	e.timer = time.AfterFunc(e.nextWake(time.Now()), e.renew)
+	now := time.Now()
+	d := e.nextWake(now)
+	e.wakeAt = now.Add(d)
+	e.timer = time.AfterFunc(d, e.tick)
 	e.mu.Unlock()
 }
 
@@ -298,11 +314,26 @@ func (e *Execution) unbound() {
 	e.callMu.Unlock()
 }
 
-// Context is the work's context. It is cancelled with cause ErrLeaseLost
-// when the watchdog loses the lease, with ErrMaxExecution after the maximum
-// execution time, and when the execution ends. The watchdog keeps renewing
-// the lease when only the parent context is cancelled (a client that went
-// away): the lease lasts until the execution ends.
+// Context is the work's context. It is cancelled:
+//   - with cause ErrLeaseLost when the store answers a renewal with
+//     ErrLeaseLost, and at the latest when the lease the store last
+//     confirmed may have ended, whether or not a renewal is still waiting
+//     for its answer. The guard estimates that end on its own clock,
+//     counting the lease from just before it sent the call that confirmed
+//     it, so the context ends no later than the store's lease (up to the
+//     clocks' drift over one lease). A renewal that answers after that
+//     does not revive the execution.
+//   - with cause ErrMaxExecution after the maximum execution time;
+//   - with context.Canceled when the execution ends.
+//
+// The watchdog keeps renewing the lease when only the parent context is
+// cancelled (a client that went away): the lease lasts until the
+// execution ends. It pauses, neither renewing nor cancelling, while
+// Complete, CompleteTx or Release runs, and while the transaction of a
+// successful CompleteTx is open; a completion that fails with an error
+// other than ErrLeaseLost resumes it, and so does Committed when the
+// transaction did not commit. If the lease or the maximum execution time
+// ended during the pause, the context is cancelled as it resumes.
 func (e *Execution) Context() context.Context { return &e.ctx }
 
 // Lease returns the current lease (Until moves as the watchdog renews it).
@@ -315,6 +346,9 @@ func (e *Execution) Lease() Lease {
 // Retention is the retention the execution completes with.
 func (e *Execution) Retention() time.Duration { return e.g.cfg.Retention }
 
+// running reports whether the watchdog runs. e.mu held.
+func (e *Execution) running() bool { return !e.watchOver && e.completing == 0 && !e.txOpen }
+
 // nextWake is how long the watchdog sleeps: a third of the lease, or less
 // to meet the end of the maximum execution time or of the lease. e.mu held.
 func (e *Execution) nextWake(now time.Time) time.Duration {
@@ -323,26 +357,107 @@ func (e *Execution) nextWake(now time.Time) time.Duration {
 	return max(d, 0)
 }
 
-// renew runs in the timer's goroutine: it extends the lease and schedules
-// the next renewal, or cancels the work's context when the lease is lost
-// or the maximum execution time is over.
-func (e *Execution) renew() {
+// expiresIn is how long until the context must be cancelled: the end of
+// the lease last confirmed, or of the maximum execution time. e.mu held.
+func (e *Execution) expiresIn(now time.Time) time.Duration {
+	return max(min(e.validUntil.Sub(now), e.maxUntil.Sub(now)), 0)
+}
+
+// expiredCause is the cause to cancel the context with at now, if the
+// maximum execution time or the lease last confirmed has ended. e.mu held.
+func (e *Execution) expiredCause(now time.Time) error {
+	switch {
+	case !now.Before(e.maxUntil):
+		return ErrMaxExecution
+	case !now.Before(e.validUntil):
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// wake sets the timer to fire after d. e.mu held.
+func (e *Execution) wake(now time.Time, d time.Duration) {
+	e.wakeAt = now.Add(d)
+	e.timer.Reset(d)
+}
+
+// halt stops the timer and cancels the running renewal, if any; its
+// outcome will be ignored (it is not waited for: a store that ignores its
+// context must not hold up the completion). e.mu held.
+func (e *Execution) halt() {
+	e.epoch++
+	e.timer.Stop()
+	e.renewing = false
+	if e.renewCancel != nil {
+		e.renewCancel()
+		e.renewCancel = nil
+	}
+}
+
+// endWatch ends the watchdog for good. e.mu held.
+func (e *Execution) endWatch() {
+	e.watchOver = true
+	e.halt()
+}
+
+// resume restarts the watchdog after a pause, unless something else
+// still holds it. If the lease or the maximum execution time ended
+// during the pause, it ends the watchdog instead and returns the cause to
+// cancel the context with. e.mu held.
+func (e *Execution) resume() error {
+	if !e.running() {
+		return nil
+	}
+	now := time.Now()
+	if cause := e.expiredCause(now); cause != nil {
+		e.endWatch()
+		return cause
+	}
+	// The next renewal is due a third into the lease last confirmed (at
+	// once if that has passed).
+	due := e.validUntil.Add(e.g.cfg.Lease/3 - e.g.cfg.Lease).Sub(now)
+	e.wake(now, max(min(due, e.nextWake(now)), 0))
+	return nil
+}
+
+// tick runs in the timer's goroutine. Once the maximum execution time or
+// the lease last confirmed has ended, it ends the watchdog and cancels
+// the context, whether or not a renewal still waits for its answer.
+// Otherwise, unless a renewal is running (its answer sets the timer
+// again), it renews the lease: the Extend is bounded by a third of the
+// lease and by the end of the lease last confirmed, and the timer is set
+// to that end meanwhile. The renewal's answer schedules the next one, or
+// ends the watchdog when the store says the lease is lost or the answer
+// came after the lease had ended.
+func (e *Execution) tick() {
 	ttl := e.g.cfg.Lease
 	e.mu.Lock()
-	if e.stopped {
+	if !e.running() {
 		e.mu.Unlock()
 		return
 	}
-	if !time.Now().Before(e.maxUntil) {
-		e.stopped = true
-		e.mu.Unlock()
-		e.cancel(ErrMaxExecution)
-		return
-	}
-	done := make(chan struct{})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(&e.ctx), ttl/3)
-	e.renewing, e.renewCancel = done, cancel
 	l := e.lease
+	now := time.Now()
+	if cause := e.expiredCause(now); cause != nil {
+		e.endWatch()
+		e.mu.Unlock()
+		e.report(l, cause, nil)
+		return
+	}
+	if e.renewing || now.Before(e.wakeAt) {
+		// A renewal waits for its answer, which sets the timer again; or
+		// this is a run of the timer set before it was last reset.
+		e.mu.Unlock()
+		return
+	}
+	epoch := e.epoch
+	deadline := now.Add(ttl / 3)
+	if e.validUntil.Before(deadline) {
+		deadline = e.validUntil
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(&e.ctx), deadline)
+	e.renewing, e.renewCancel = true, cancel
+	e.wake(now, e.expiresIn(now))
 	e.mu.Unlock()
 
 	sent := time.Now()
@@ -350,183 +465,213 @@ func (e *Execution) renew() {
 	cancel()
 
 	e.mu.Lock()
-	e.renewing, e.renewCancel = nil, nil
-	close(done)
-	if e.stopped { // the execution ended while the renewal ran
+	if epoch != e.epoch { // halted while the renewal ran: its outcome is stale
 		e.mu.Unlock()
 		return
 	}
-	lost := false
-	switch {
-	case err == nil:
+	e.renewing, e.renewCancel = false, nil
+	now = time.Now()
+	var cause error
+	if errors.Is(err, ErrLeaseLost) {
+		cause = ErrLeaseLost
+	} else if cause = e.expiredCause(now); cause == nil && err == nil {
 		e.lease.Until = nl.Until
 		e.validUntil = sent.Add(ttl)
-	case errors.Is(err, ErrLeaseLost):
-		lost = true
-	default:
-		lost = !time.Now().Before(e.validUntil)
 	}
-	if lost {
-		e.stopped = true
+	if cause != nil {
+		e.endWatch()
 	} else {
-		e.timer.Reset(e.nextWake(time.Now()))
+		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()
+	e.report(l, cause, err)
+}
 
+// report logs what the watchdog found (err: a renewal's error), and
+// cancels the context with cause if it is set.
+func (e *Execution) report(l Lease, cause, err error) {
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
 	case err != nil:
 		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "fence", l.Fence, "error", err)
 	}
-	if lost {
-		e.cancel(ErrLeaseLost)
+	if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
+		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease may have ended: no renewal confirmed it in time", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
+	}
+	if cause != nil {
+		e.cancel(cause)
 	}
 }
 
-// stopWatch stops the watchdog; a renewal that is running is cancelled and
-// waited for, so that none runs concurrently with the completion.
-func (e *Execution) stopWatch() {
-	e.mu.Lock()
-	e.stopped = true
-	e.timer.Stop()
-	done, cancel := e.renewing, e.renewCancel
-	e.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	if done != nil {
-		<-done
-	}
-}
-
-func (e *Execution) begin() (Lease, error) {
-	e.stopWatch()
+// pause suspends the watchdog for a completion call and returns the
+// lease to present; settle must follow the call. A completion call also
+// means that the transaction of an earlier CompleteTx has ended.
+func (e *Execution) pause() (Lease, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished {
 		return Lease{}, ErrFinished
 	}
+	e.completing++
+	e.txOpen = false
+	e.halt()
 	return e.lease, nil
 }
 
-// end marks the execution finished when err says the store's record is no
-// longer open to it (nil: done; ErrLeaseLost: taken over), and cancels its
-// context with the matching cause.
-func (e *Execution) end(err error) {
-	cause := context.Canceled
+// settle ends a completion call with its outcome err. The execution ends
+// when err is nil (for CompleteTx, holdTx: the transaction is still open,
+// and the watchdog stays paused until Committed reports on it), when err
+// is ErrLeaseLost (the record is no longer the execution's: cause
+// ErrLeaseLost), or ErrFinished (the completion had already committed).
+// Any other error means the store did not answer: the execution stays
+// open and the watchdog resumes.
+func (e *Execution) settle(err error, holdTx bool) {
+	e.mu.Lock()
+	e.completing--
+	l := e.lease
+	var cause, expired error
 	switch {
-	case err == nil:
+	case err == nil && holdTx:
+		e.txOpen = true
+	case err == nil, errors.Is(err, ErrFinished):
+		e.finished = true
+		e.endWatch()
+		cause = context.Canceled
 	case errors.Is(err, ErrLeaseLost):
+		e.finished = true
+		e.endWatch()
 		cause = ErrLeaseLost
 	default:
-		return // the store did not answer: the execution stays open
+		expired = e.resume()
 	}
-	e.mu.Lock()
-	e.finished = true
 	e.mu.Unlock()
-	e.cancel(cause)
+	if cause != nil {
+		e.cancel(cause)
+	}
+	e.report(l, expired, nil)
 }
 
 // Complete stores resp and ends the execution. ErrLeaseLost means another
 // execution took the key over: resp was not stored. Any other error (the
-// store is unreachable) leaves the execution open, so Complete may be
-// called again, or Abandon; the watchdog has stopped then, so a later
-// Complete succeeds only if nobody took the key over once the lease ended.
+// store is unreachable) leaves the execution open and its watchdog
+// running again, so Complete may be called again (a store answers nil
+// when a retry finds the record already completed by this very lease,
+// after a reply was lost), or Release or Abandon.
 func (e *Execution) Complete(ctx context.Context, resp Response) error {
-	l, err := e.begin()
+	l, err := e.pause()
 	if err != nil {
 		return err
 	}
 	resp = e.g.prepare(resp)
 	err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
 	e.unbound()
-	e.end(err)
+	e.settle(err, false)
 	return err
 }
 
 // CompleteTx completes the record inside tx, so that the work's effect and
-// the stored response commit together or not at all. It stops the
-// watchdog: the record's row stays locked by tx until it commits or rolls
-// back. After the transaction ends, Committed reports its outcome. The
-// store must implement TxCompleter (sqlstore does), else ErrTxUnsupported.
+// the stored response commit together or not at all. While tx is open the
+// watchdog stays paused: tx holds the record's row, so nobody can take the
+// lease over, and the execution's context is not cancelled (that would
+// roll back a transaction begun with it). After the transaction ends,
+// Committed reports its outcome. The store must implement TxCompleter
+// (sqlstore does), else ErrTxUnsupported.
+//
+// ErrLeaseLost ends the execution: another execution took the key over,
+// roll tx back. An error matching ErrFinished means that this very
+// lease's completion had already committed (a retry of CompleteTx after
+// the reply of an earlier commit was lost): roll tx back; the execution
+// is finished and Committed reports the stored response. Any other error
+// leaves the execution open and its watchdog running again.
 func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) error {
 	txc, ok := e.g.store.(TxCompleter)
 	if !ok {
 		return ErrTxUnsupported
 	}
-	l, err := e.begin()
+	l, err := e.pause()
 	if err != nil {
 		return err
 	}
 	resp = e.g.prepare(resp)
-	if err := txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			e.end(err)
-		}
-		return err
+	err = txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention)
+	if err == nil || errors.Is(err, ErrFinished) {
+		stored := resp
+		e.mu.Lock()
+		e.pending = &stored
+		e.mu.Unlock()
 	}
-	stored := resp
-	e.mu.Lock()
-	e.pending = &stored
-	e.mu.Unlock()
-	return nil
+	e.settle(err, true)
+	return err
 }
 
 // Committed reports whether a completion made by CompleteTx committed; if
 // so it ends the execution and returns the stored response, which is what
 // every replay will serve. It asks the store (one Get) only when CompleteTx
-// was called; otherwise it returns false at no cost. When the transaction
-// rolled back, the execution stays open: Complete or Release it.
+// was called; otherwise it returns false at no cost. Call it once the
+// transaction has ended. When the transaction rolled back, the execution
+// stays open and its watchdog resumes: Complete or Release it.
 func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 	e.mu.Lock()
-	pending, l, committed, finished := e.pending, e.lease, e.committed, e.finished
+	pending, l, committed := e.pending, e.lease, e.committed
 	e.mu.Unlock()
 	if committed {
 		return *pending, true, nil
 	}
-	if pending == nil || finished {
+	if pending == nil {
 		return Response{}, false, nil
 	}
 	rec, err := e.g.store.Get(e.bound(ctx), l.Scope, l.Key)
 	e.unbound()
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return Response{}, false, err
-	}
 	if err == nil && rec.Status == StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence && rec.Response != nil {
 		e.mu.Lock()
 		e.pending, e.committed = rec.Response, true
+		e.finished, e.txOpen = true, false
+		e.endWatch()
 		e.mu.Unlock()
-		e.end(nil)
+		e.cancel(context.Canceled)
 		return *rec.Response, true, nil
 	}
+	// The transaction has ended (it rolled back, or the store cannot say
+	// how): the watchdog resumes. If it committed, the next renewal finds
+	// the lease gone.
 	e.mu.Lock()
-	e.pending = nil
+	if err == nil || errors.Is(err, ErrNotFound) {
+		e.pending = nil
+	}
+	e.txOpen = false
+	cause := e.resume()
 	e.mu.Unlock()
+	e.report(l, cause, nil)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return Response{}, false, err
+	}
 	return Response{}, false, nil
 }
 
 // Release deletes the record so that a retry runs the work again, and ends
 // the execution. ErrLeaseLost means the record is no longer this
-// execution's (nothing was deleted).
+// execution's (nothing was deleted). Any other error leaves the execution
+// open and its watchdog running again.
 func (e *Execution) Release(ctx context.Context) error {
-	l, err := e.begin()
+	l, err := e.pause()
 	if err != nil {
 		return err
 	}
 	err = e.g.store.Release(e.bound(ctx), l)
 	e.unbound()
-	e.end(err)
+	e.settle(err, false)
 	return err
 }
 
 // Abandon ends the execution without touching the store: the record is
 // left to its lease, after which a retry may take it over. Use it when the
-// store cannot be reached to complete or release.
+// store cannot be reached to complete or release. A renewal in flight is
+// cancelled, not waited for.
 func (e *Execution) Abandon() {
-	e.stopWatch()
 	e.mu.Lock()
 	e.finished = true
+	e.endWatch()
 	e.mu.Unlock()
 	e.cancel(context.Canceled)
 }

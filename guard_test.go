@@ -2,7 +2,9 @@ package idem_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,12 +16,40 @@ import (
 	"github.com/idemkit/idem/memstore"
 )
 
-// hookStore is a store whose Extend and Complete may be replaced.
+// hookStore is a store whose Acquire, Extend, Complete and Release may be
+// replaced.
 type hookStore struct {
 	idem.Store
+	acquire  func(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error)
 	extend   func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error)
 	complete func(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error
+	release  func(ctx context.Context, l idem.Lease) error
 	extends  atomic.Int64
+}
+
+func (s *hookStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	if s.acquire != nil {
+		return s.acquire(ctx, req)
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+func (s *hookStore) Release(ctx context.Context, l idem.Lease) error {
+	if s.release != nil {
+		return s.release(ctx, l)
+	}
+	return s.Store.Release(ctx, l)
+}
+
+// txHookStore is a hookStore that completes "in a transaction" through
+// its completeTx hook (the transaction itself is not used).
+type txHookStore struct {
+	*hookStore
+	completeTx func(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error
+}
+
+func (s *txHookStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	return s.completeTx(ctx, tx, l, resp, retention)
 }
 
 func (s *hookStore) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
@@ -451,7 +481,7 @@ func TestGuardRenewalFails(t *testing.T) {
 	s := &hookStore{Store: memstore.New(nil), extend: func(context.Context, idem.Lease, time.Duration) (idem.Lease, error) {
 		return idem.Lease{}, errors.New("connection refused")
 	}}
-	const lease = 30 * time.Millisecond
+	const lease = 150 * time.Millisecond
 	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
 	exec := begin(t, g, "k")
 	defer exec.Abandon()
@@ -625,4 +655,316 @@ func TestGuardStoreTimeout(t *testing.T) {
 		t.Fatalf("Complete = %v, want the caller's deadline", err)
 	}
 	exec.Abandon()
+}
+
+// A renewal that hangs (a store that swallows packets and ignores its
+// context) does not keep the work running past the lease the store last
+// confirmed: the context is cancelled with ErrLeaseLost by then, and the
+// renewal's late success does not revive the execution.
+func TestGuardRenewalHangs(t *testing.T) {
+	t.Parallel()
+	mem := memstore.New(nil)
+	release, returned := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	s := &hookStore{Store: mem}
+	s.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		if s.extends.Load() > 1 {
+			return mem.Extend(ctx, l, ttl)
+		}
+		defer close(returned)
+		<-release // the first renewal ignores its context
+		return mem.Extend(context.WithoutCancel(ctx), l, ttl)
+	}
+	const lease = 150 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	before := time.Now()
+	exec := begin(t, g, "k")
+	after := time.Now()
+	defer exec.Abandon()
+	defer unblock() // before Abandon, which may wait for the renewal
+	acquired := exec.Lease()
+
+	cause := waitDone(t, exec.Context(), lease+5*time.Second)
+	done := time.Now()
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	// The guard counts the lease from just before its Acquire was sent:
+	// between before and after.
+	const slack = 100 * time.Millisecond
+	if done.Before(before.Add(lease)) {
+		t.Errorf("context cancelled %v after Begin started, before the lease (%v) could end", done.Sub(before), lease)
+	}
+	if late := done.Sub(after.Add(lease)); late > slack {
+		t.Errorf("context cancelled %v after the lease's end, want at most %v", late, slack)
+	}
+	if n := s.extends.Load(); n != 1 {
+		t.Fatalf("%d renewals, want the one that hangs", n)
+	}
+
+	// The hung renewal now succeeds, late: the watchdog stays over.
+	unblock()
+	<-returned
+	time.Sleep(lease)
+	if n := s.extends.Load(); n != 1 {
+		t.Errorf("%d renewals after the late success, want none beyond the hung one", n)
+	}
+	if l := exec.Lease(); !l.Until.Equal(acquired.Until) {
+		t.Errorf("Lease().Until moved from %v to %v by a renewal that came back after the lease was lost", acquired.Until, l.Until)
+	}
+}
+
+// Each renewal's context ends no later than the end of the lease the
+// store last confirmed (the guard's estimate counts from before the call
+// that confirmed it).
+func TestGuardRenewalDeadline(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	mem := memstore.New(nil)
+	var (
+		mu         sync.Mutex
+		confirmed  time.Time // when the last call that confirmed the lease started
+		renewals   int
+		violations []string
+	)
+	errDown := errors.New("connection reset")
+	s := &hookStore{Store: mem}
+	s.acquire = func(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+		start := time.Now()
+		res, err := mem.Acquire(ctx, req)
+		if err == nil && res.Outcome == idem.Acquired {
+			mu.Lock()
+			confirmed = start
+			mu.Unlock()
+		}
+		return res, err
+	}
+	s.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		start := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		renewals++
+		if d, ok := ctx.Deadline(); !ok || d.After(confirmed.Add(lease)) {
+			violations = append(violations, fmt.Sprintf("renewal %d: deadline %v (set %v), %v past the confirmed lease's end",
+				renewals, d.Sub(confirmed), ok, d.Sub(confirmed.Add(lease))))
+		}
+		if renewals > 1 { // the first renewal succeeds, the others fail
+			return idem.Lease{}, errDown
+		}
+		nl, err := mem.Extend(ctx, l, ttl)
+		if err == nil {
+			confirmed = start
+		}
+		return nl, err
+	}
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if cause := waitDone(t, exec.Context(), 5*time.Second); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if renewals < 3 {
+		t.Errorf("%d renewals, want at least 3 (one that succeeds, two that fail)", renewals)
+	}
+	for _, v := range violations {
+		t.Error(v)
+	}
+}
+
+// A completion that fails with anything but ErrLeaseLost leaves the
+// execution open and watched: the watchdog renews the lease again.
+func TestGuardFailedCompletionKeepsWatchdog(t *testing.T) {
+	t.Parallel()
+	errDropped := errors.New("connection dropped")
+	for _, tc := range []struct {
+		name string
+		end  func(ctx context.Context, e *idem.Execution) error
+	}{
+		{"Complete", func(ctx context.Context, e *idem.Execution) error {
+			return e.Complete(ctx, idem.Response{StatusCode: 201})
+		}},
+		{"CompleteTx", func(ctx context.Context, e *idem.Execution) error {
+			return e.CompleteTx(ctx, nil, idem.Response{StatusCode: 201})
+		}},
+		{"Release", func(ctx context.Context, e *idem.Execution) error { return e.Release(ctx) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			s := newOnceFailing(errDropped)
+			const lease = 300 * time.Millisecond
+			g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+			exec := begin(t, g, "k")
+			defer exec.Abandon()
+			if err := tc.end(ctx, exec); !errors.Is(err, errDropped) {
+				t.Fatalf("%s = %v, want the store's error", tc.name, err)
+			}
+			n := s.extends.Load()
+			for wait := time.Now().Add(5 * time.Second); s.extends.Load() < n+2 && time.Now().Before(wait); {
+				time.Sleep(lease / 6)
+			}
+			if got := s.extends.Load() - n; got < 2 {
+				t.Fatalf("%d renewals after the failed %s, want the watchdog to go on renewing", got, tc.name)
+			}
+			if err := exec.Context().Err(); err != nil {
+				t.Fatalf("context ended (cause %v) while the watchdog renews", context.Cause(exec.Context()))
+			}
+			rec, err := s.Get(ctx, "scope", "k")
+			if l := exec.Lease(); err != nil || rec.Status != idem.StatusProcessing || rec.Owner != l.Owner || !rec.LeaseUntil.After(time.Now()) {
+				t.Fatalf("record = %+v, %v; want processing, held by the execution, with a live lease", rec, err)
+			}
+			// The second attempt goes through.
+			if err := tc.end(ctx, exec); err != nil {
+				t.Fatalf("second %s: %v", tc.name, err)
+			}
+		})
+	}
+}
+
+// onceFailing is a store whose Complete, CompleteTx and Release fail once
+// each with a plain error; its CompleteTx then completes at once, as if
+// its transaction had committed.
+type onceFailing struct {
+	*txHookStore
+}
+
+func newOnceFailing(err error) *onceFailing {
+	mem := memstore.New(nil)
+	var complete, completeTx, release atomic.Int64
+	s := &onceFailing{&txHookStore{hookStore: &hookStore{Store: mem}}}
+	s.complete = func(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+		if complete.Add(1) == 1 {
+			return err
+		}
+		return mem.Complete(ctx, l, resp, retention)
+	}
+	s.completeTx = func(ctx context.Context, _ *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+		if completeTx.Add(1) == 1 {
+			return err
+		}
+		return mem.Complete(ctx, l, resp, retention)
+	}
+	s.release = func(ctx context.Context, l idem.Lease) error {
+		if release.Add(1) == 1 {
+			return err
+		}
+		return mem.Release(ctx, l)
+	}
+	return s
+}
+
+// After a CompleteTx that failed with a plain error, the watchdog cancels
+// the context when it loses the lease.
+func TestGuardFailedCompleteTxThenLeaseLost(t *testing.T) {
+	t.Parallel()
+	mem := memstore.New(nil)
+	var failed atomic.Bool
+	s := &txHookStore{hookStore: &hookStore{Store: mem}}
+	s.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		if failed.Load() {
+			return idem.Lease{}, idem.ErrLeaseLost
+		}
+		return mem.Extend(ctx, l, ttl)
+	}
+	errDropped := errors.New("connection dropped")
+	s.completeTx = func(context.Context, *sql.Tx, idem.Lease, idem.Response, time.Duration) error {
+		failed.Store(true)
+		return errDropped
+	}
+	// A long lease: the store's answer, not the lease's end, cancels the
+	// context.
+	const lease = 3 * time.Second
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if err := exec.CompleteTx(t.Context(), nil, idem.Response{StatusCode: 201}); !errors.Is(err, errDropped) {
+		t.Fatalf("CompleteTx = %v, want the store's error", err)
+	}
+	if cause := waitDone(t, exec.Context(), lease); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	if n := s.extends.Load(); n < 1 {
+		t.Errorf("%d renewals after the failed CompleteTx, want at least 1", n)
+	}
+}
+
+// While the transaction of a successful CompleteTx is open, the watchdog
+// neither renews (the record's row is locked by the transaction) nor
+// cancels the context (that would roll the transaction back). When the
+// transaction rolled back, it resumes: here the lease ran out meanwhile,
+// so the context is cancelled with ErrLeaseLost.
+func TestGuardCompleteTxHoldsWatchdog(t *testing.T) {
+	t.Parallel()
+	mem := memstore.New(nil)
+	s := &txHookStore{hookStore: &hookStore{Store: mem}}
+	s.completeTx = func(context.Context, *sql.Tx, idem.Lease, idem.Response, time.Duration) error {
+		return nil // the completion waits in the transaction, which will roll back
+	}
+	const lease = 40 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease, MaxExecution: 2 * lease})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if err := exec.CompleteTx(t.Context(), nil, idem.Response{StatusCode: 201}); err != nil {
+		t.Fatalf("CompleteTx: %v", err)
+	}
+	n := s.extends.Load()
+	time.Sleep(4 * lease) // past the lease and the maximum execution time
+	if err := exec.Context().Err(); err != nil {
+		t.Fatalf("context ended (cause %v) while the transaction is open", context.Cause(exec.Context()))
+	}
+	if got := s.extends.Load(); got != n {
+		t.Errorf("%d renewals while the transaction is open, want none", got-n)
+	}
+
+	if _, ok, err := exec.Committed(t.Context()); ok || err != nil {
+		t.Fatalf("Committed = %v, %v; want false (rolled back)", ok, err)
+	}
+	cause := waitDone(t, exec.Context(), 5*time.Second)
+	if !errors.Is(cause, idem.ErrLeaseLost) && !errors.Is(cause, idem.ErrMaxExecution) {
+		t.Fatalf("context cause after the rollback = %v, want ErrLeaseLost or ErrMaxExecution", cause)
+	}
+}
+
+// A store's CompleteTx answering ErrFinished says that this very lease's
+// completion already committed (a retry after a lost reply): the execution
+// is finished, and Committed reports the stored response.
+func TestGuardCompleteTxAlreadyCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	mem := memstore.New(nil)
+	s := &txHookStore{hookStore: &hookStore{Store: mem}}
+	stored := idem.Response{StatusCode: 201, Body: []byte("first commit")}
+	s.completeTx = func(ctx context.Context, _ *sql.Tx, l idem.Lease, _ idem.Response, retention time.Duration) error {
+		if err := mem.Complete(ctx, l, stored, retention); err != nil { // the earlier transaction's commit
+			return err
+		}
+		return fmt.Errorf("fake: record already completed by this lease: %w", idem.ErrFinished)
+	}
+	g := newGuard(t, s, nil)
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if err := exec.CompleteTx(ctx, nil, idem.Response{StatusCode: 201, Body: []byte("retry")}); !errors.Is(err, idem.ErrFinished) {
+		t.Fatalf("CompleteTx = %v, want ErrFinished", err)
+	}
+	if cause := waitDone(t, exec.Context(), time.Second); !errors.Is(cause, context.Canceled) {
+		t.Errorf("context cause = %v, want context.Canceled", cause)
+	}
+	if err := exec.Complete(ctx, idem.Response{StatusCode: 500}); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("Complete after it = %v, want ErrFinished", err)
+	}
+	if err := exec.Release(ctx); !errors.Is(err, idem.ErrFinished) {
+		t.Errorf("Release after it = %v, want ErrFinished", err)
+	}
+	resp, ok, err := exec.Committed(ctx)
+	if err != nil || !ok || resp.StatusCode != 201 || string(resp.Body) != "first commit" {
+		t.Fatalf("Committed = %+v, %v, %v; want the stored response", resp, ok, err)
+	}
+	rec, err := mem.Get(ctx, "scope", "k")
+	if err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "first commit" {
+		t.Fatalf("record = %+v, %v; want the first completion", rec, err)
+	}
 }

@@ -77,8 +77,16 @@ type Record struct {
 	Fingerprint Fingerprint
 	Status      Status
 	// Owner is the random token of the execution that holds (or held) the
-	// lease; Fence counts acquisitions and takeovers, starting at 1.
+	// lease.
 	Owner string
+	// Fence counts the acquisitions of this record: 1 when it is created,
+	// + 1 on each takeover and on each replacement of an expired record by
+	// Acquire. Completions, extensions and releases must present it, so
+	// it refuses a stale execution of this record. It orders the
+	// executions of one record only: once the record is gone (released,
+	// deleted, swept, or dropped by a store's own expiry such as a Redis
+	// TTL), the next record of the same (scope, key) starts at 1 again. It
+	// is not a fencing token for systems downstream.
 	Fence int64
 	// LeaseUntil is when a processing record may be taken over.
 	LeaseUntil time.Time
@@ -101,6 +109,9 @@ type Lease struct {
 	Scope string
 	Key   string
 	Owner string
+	// Fence is the record's fence when the lease was acquired (see
+	// Record.Fence): it identifies this execution among the executions of
+	// the record, not among all executions of the key.
 	Fence int64
 	// Until is when the lease ends, on the store's clock.
 	Until time.Time

@@ -26,11 +26,14 @@ type Store interface {
 	Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error)
 
 	// Complete stores resp and marks the record completed, kept for
-	// retention (> 0) from the store's now. It succeeds only while the
-	// record is processing with l's owner and fence — even after the lease
-	// ended, as long as nobody took over; otherwise ErrLeaseLost. A store
-	// does not retain resp's Body or Header after Complete returns: it
-	// copies or encodes what it keeps, so the caller may reuse them.
+	// retention (> 0) from the store's now. It succeeds while the record is
+	// processing with l's owner and fence — even after the lease ended, as
+	// long as nobody took over. Called again with the same owner and fence
+	// on a record it already completed (a retry after the reply of a
+	// completion that committed was lost), it returns nil and the record
+	// keeps the response it holds. Otherwise it returns ErrLeaseLost. A
+	// store does not retain resp's Body or Header after Complete returns:
+	// it copies or encodes what it keeps, so the caller may reuse them.
 	Complete(ctx context.Context, l Lease, resp Response, retention time.Duration) error
 
 	// Release deletes the processing record held by l so that a retry runs
@@ -61,7 +64,13 @@ type Store interface {
 type TxCompleter interface {
 	// CompleteTx is Complete, run in tx. It takes the record's row lock
 	// (on SQLite, the database's write lock) until tx ends; a takeover
-	// attempt waits for it and then sees the outcome of tx.
+	// attempt waits for it and then sees the outcome of tx. On a record
+	// already completed with l's owner and fence (an earlier CompleteTx of
+	// this lease committed, and this is a retry after its reply was lost)
+	// it returns an error matching ErrFinished and writes nothing: the
+	// caller must roll tx back, since the effect committed with the
+	// earlier transaction. A record held by another owner or fence, or
+	// gone, gives ErrLeaseLost.
 	CompleteTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration) error
 }
 

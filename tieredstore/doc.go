@@ -63,7 +63,7 @@
 //     Config.MarkerTTL (1 s by default; never longer than the lease), after
 //     which duplicates of a still-running execution are answered by the
 //     truth.
-//   - A stale completed entry exists only after [Store.Delete] (operator
+//   - A stale completed entry exists only after a Delete (operator
 //     eviction) whose Redis delete failed, or raced a Get or Acquire that
 //     read the record just before the delete and cached it just after: the
 //     deleted response is replayed until the entry's TTL. Delete again once
@@ -89,7 +89,7 @@
 // altogether, and operations cost what the truth costs. When the cooldown
 // ends, one call probes Redis; success closes the circuit, failure opens
 // it for another cooldown. One warning is logged when the circuit opens
-// and one message when Redis answers again. [Store.Stats] counts hits,
+// and one message when Redis answers again. Stats ([Store]) counts hits,
 // misses, errors, trips and skipped calls.
 //
 // During an outage nothing is cached, so after it replays and duplicates
@@ -104,12 +104,22 @@
 //     costs one Redis GET and no truth call.
 //   - No operation fails because of Redis; its errors are only logged and
 //     counted.
-//   - [Store.CompleteTx] is the truth's (an error wrapping
-//     [idem.ErrTxUnsupported] if the truth has none). The in-flight entry is
-//     deleted at once; the completed record is cached by the next Get (the
-//     Guard's Committed calls one) or Acquire after the commit.
+//   - The Store that [New] returns implements [idem.TxCompleter] exactly
+//     when the truth does, decided once by New: its CompleteTx is the
+//     truth's, and deletes the in-flight entry at once; the completed record
+//     is cached by the next Get (the Guard's Committed calls one) or Acquire
+//     after the commit. Over a truth without CompleteTx (memstore,
+//     redisstore) it has none, and [idem.Execution.CompleteTx] answers
+//     [idem.ErrTxUnsupported] without calling the store.
+//   - The Store holds no goroutine, timer or connection between calls, so
+//     it has no Close; the caller closes the Redis client and the truth.
+//     (Without ContextTimeoutEnabled, the goroutine of a Redis call that
+//     ran past the timeout lives on until the client's own timeouts end
+//     it.)
 //   - Get, Delete and Sweep are the truth's. Get caches a live completed
-//     record. Sweep leaves cache entries to their TTL.
+//     record. Delete removes the cache entry after the truth's delete (also
+//     when the truth had no record). Sweep leaves cache entries to their
+//     TTL.
 //
 // # Performance
 //

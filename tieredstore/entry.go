@@ -12,7 +12,7 @@ import (
 )
 
 // entryKey names the record of (scope, key) (see internal/rediskey).
-func (s *Store) entryKey(scope, key string) string {
+func (s *store) entryKey(scope, key string) string {
 	return rediskey.Name(s.prefix, scope, key)
 }
 

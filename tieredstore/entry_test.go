@@ -73,7 +73,7 @@ func TestEntryCorrupt(t *testing.T) {
 
 func TestEntryKey(t *testing.T) {
 	t.Parallel()
-	s := &Store{prefix: "p"}
+	s := &store{prefix: "p"}
 	seen := map[string]bool{}
 	for _, id := range [][2]string{{"x:y", "z"}, {"x", "y:z"}, {"", "a.b"}, {"a.b", ""}, {"}", "{"}, {"", "}"}} {
 		name := s.entryKey(id[0], id[1])

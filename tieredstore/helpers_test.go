@@ -57,7 +57,7 @@ func randomPrefix() string {
 // the tests that are not about outages: a cache write skipped then is a
 // documented non-guarantee (a stale in-flight entry answers 409 until its
 // TTL), which the conformance suite would report as a failure.
-func newTiered(t testing.TB, front tieredstore.Client, cleanup *redis.Client, truth idem.Store, cfg *tieredstore.Config) *tieredstore.Store {
+func newTiered(t testing.TB, front tieredstore.Client, cleanup *redis.Client, truth idem.Store, cfg *tieredstore.Config) tieredstore.Store {
 	t.Helper()
 	var c tieredstore.Config
 	if cfg != nil {
@@ -109,7 +109,7 @@ func deletePrefix(t testing.TB, c *redis.Client, prefix string) {
 // countedTiered returns a tiered store on the shared Redis over a fresh
 // SQLite truth, the counting wrapper the tiered store calls, and the
 // truth itself (to act behind the cache's back).
-func countedTiered(t *testing.T) (*tieredstore.Store, *countingStore, *sqlstore.Store) {
+func countedTiered(t *testing.T) (tieredstore.Store, *countingStore, *sqlstore.Store) {
 	t.Helper()
 	c := redisClient(t)
 	_, sql := newTruth(t)

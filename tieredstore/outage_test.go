@@ -36,7 +36,7 @@ type outageEnv struct {
 	proxy   *netfault.Proxy
 	db      *sql.DB
 	truth   *countingStore
-	store   *tieredstore.Store
+	store   tieredstore.Store
 	handler http.Handler
 }
 

@@ -67,11 +67,30 @@ type Client interface {
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 }
 
-// Store is an idem.Store with Redis in front of a truth store. It is safe
-// for concurrent use. It implements idem.TxCompleter by delegating to the
-// truth; when the truth does not implement it, CompleteTx returns
-// idem.ErrTxUnsupported.
-type Store struct {
+// Store is an idem.Store with Redis in front of a truth store, as New
+// returns it. It is safe for concurrent use.
+//
+// A Store implements idem.TxCompleter exactly when its truth does, as New
+// found it: over a truth with CompleteTx (sqlstore), the value New returns
+// has CompleteTx too, which completes through the truth's and deletes the
+// key's in-flight entry; over one without (memstore, redisstore), it has
+// none, so a Guard answers idem.ErrTxUnsupported before it calls the store.
+// Type-assert the Store (or the idem.Store it is stored in) to
+// idem.TxCompleter to tell.
+//
+// A Store holds no goroutine, timer or connection between calls, so it has
+// no Close: close the Redis client and the truth store when done with them.
+type Store interface {
+	idem.Store
+	// Truth returns the store that decides every acquisition and
+	// completion.
+	Truth() idem.Store
+	// Stats returns the store's counters.
+	Stats() Stats
+}
+
+// store is a Store over a truth without idem.TxCompleter.
+type store struct {
 	front    Client
 	truth    idem.Store
 	prefix   string
@@ -83,16 +102,24 @@ type Store struct {
 	counters counters
 }
 
+// txStore is a Store over a truth with idem.TxCompleter.
+type txStore struct {
+	*store
+	txc idem.TxCompleter
+}
+
 var (
-	_ idem.Store       = (*Store)(nil)
-	_ idem.TxCompleter = (*Store)(nil)
+	_ Store            = (*store)(nil)
+	_ Store            = (*txStore)(nil)
+	_ idem.TxCompleter = (*txStore)(nil)
 	_ Client           = redis.UniversalClient(nil)
 )
 
 // New returns a Store that answers from front what is safe to answer
-// without truth, and asks truth everything else. A nil cfg means
-// defaults; cfg is copied. New does not contact either store.
-func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
+// without truth, and asks truth everything else. The Store implements
+// idem.TxCompleter if and only if truth does. A nil cfg means defaults;
+// cfg is copied. New does not contact either store.
+func New(front Client, truth idem.Store, cfg *Config) (Store, error) {
 	if front == nil {
 		return nil, errors.New("tieredstore: New needs a Redis client")
 	}
@@ -124,7 +151,7 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{
+	s := &store{
 		front:   front,
 		truth:   truth,
 		prefix:  c.Prefix,
@@ -133,20 +160,24 @@ func New(front Client, truth idem.Store, cfg *Config) (*Store, error) {
 		marker:  c.MarkerTTL,
 		log:     c.Logger,
 		circuit: newCircuit(c.Cooldown),
-	}, nil
+	}
+	if txc, ok := truth.(idem.TxCompleter); ok {
+		return &txStore{store: s, txc: txc}, nil
+	}
+	return s, nil
 }
 
 // Truth returns the store that decides every acquisition and completion.
-func (s *Store) Truth() idem.Store { return s.truth }
+func (s *store) Truth() idem.Store { return s.truth }
 
 // Stats returns the store's counters.
-func (s *Store) Stats() Stats { return s.counters.snapshot() }
+func (s *store) Stats() Stats { return s.counters.snapshot() }
 
 // Acquire claims the lease on (req.Scope, req.Key); see idem.Store. A
 // completed or in-flight key whose entry is in Redis is answered from it;
 // everything else is decided by the truth, and the cache is filled from
 // its answer.
-func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+func (s *store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
 	if err := req.Validate(); err != nil {
 		return idem.AcquireResult{}, err
 	}
@@ -217,7 +248,7 @@ type RecordCompleter interface {
 
 // Complete stores resp in the truth, then replaces the key's in-flight
 // entry by the completed record; see idem.Store.
-func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	sent := time.Now()
 	name := s.entryKey(l.Scope, l.Key)
 	if rc, ok := s.truth.(RecordCompleter); ok {
@@ -243,12 +274,8 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // idem.TxCompleter, and deletes the key's in-flight entry: until tx
 // commits, duplicates are answered by the truth, and the first Get or
 // Acquire after the commit caches the completed record.
-func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
-	txc, ok := s.truth.(idem.TxCompleter)
-	if !ok {
-		return fmt.Errorf("tieredstore: truth store %T: %w", s.truth, idem.ErrTxUnsupported)
-	}
-	if err := txc.CompleteTx(ctx, tx, l, resp, retention); err != nil {
+func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	if err := s.txc.CompleteTx(ctx, tx, l, resp, retention); err != nil {
 		return err
 	}
 	s.del(ctx, s.entryKey(l.Scope, l.Key))
@@ -257,7 +284,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 
 // Release deletes the record in the truth, then its in-flight entry; see
 // idem.Store.
-func (s *Store) Release(ctx context.Context, l idem.Lease) error {
+func (s *store) Release(ctx context.Context, l idem.Lease) error {
 	if err := s.truth.Release(ctx, l); err != nil {
 		return err
 	}
@@ -267,7 +294,7 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 
 // Extend moves the lease's end in the truth, then rewrites the in-flight
 // entry with the new end; see idem.Store.
-func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	sent := time.Now()
 	nl, err := s.truth.Extend(ctx, l, ttl)
 	if err != nil {
@@ -278,7 +305,7 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 }
 
 // Get returns the truth's record; a live completed record is cached.
-func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+func (s *store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	rec, err := s.truth.Get(ctx, scope, key)
 	if err == nil && rec.Status == idem.StatusCompleted {
 		s.fillCompleted(ctx, s.entryKey(scope, key), rec)
@@ -289,7 +316,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 // Delete removes the record from the truth, then its cache entry, whatever
 // the truth answered (an entry may outlive a record deleted while Redis
 // was unreachable).
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+func (s *store) Delete(ctx context.Context, scope, key string) error {
 	err := s.truth.Delete(ctx, scope, key)
 	if err == nil || errors.Is(err, idem.ErrNotFound) {
 		s.del(ctx, s.entryKey(scope, key))
@@ -298,7 +325,7 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 }
 
 // Sweep sweeps the truth. Cache entries expire by their TTL.
-func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+func (s *store) Sweep(ctx context.Context, limit int) (int, error) {
 	return s.truth.Sweep(ctx, limit)
 }
 
@@ -308,7 +335,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // call was sent; the truth counted d from no earlier). If the record is no
 // longer l's in the expected state, or cannot be read, the entry is
 // deleted.
-func (s *Store) refill(ctx context.Context, name string, l idem.Lease, want idem.Status, d time.Duration, sent time.Time) {
+func (s *store) refill(ctx context.Context, name string, l idem.Lease, want idem.Status, d time.Duration, sent time.Time) {
 	if s.circuit.skipping() {
 		s.counters.skipped.Add(1) // spare the truth a read nobody would cache
 		return
@@ -324,7 +351,7 @@ func (s *Store) refill(ctx context.Context, name string, l idem.Lease, want idem
 // fillCompleted caches a completed record the truth returned, until its
 // ExpiresAt by the application's clock, and never for longer than its
 // retention.
-func (s *Store) fillCompleted(ctx context.Context, name string, rec idem.Record) {
+func (s *store) fillCompleted(ctx context.Context, name string, rec idem.Record) {
 	ttl := min(time.Until(rec.ExpiresAt), rec.ExpiresAt.Sub(rec.CompletedAt))
 	if ttl >= time.Millisecond {
 		s.put(ctx, name, rec, ttl)
@@ -333,7 +360,7 @@ func (s *Store) fillCompleted(ctx context.Context, name string, rec idem.Record)
 
 // put writes rec as the entry name for ttl, rounded down to whole
 // milliseconds; a ttl under a millisecond deletes the entry instead.
-func (s *Store) put(ctx context.Context, name string, rec idem.Record, ttl time.Duration) {
+func (s *store) put(ctx context.Context, name string, rec idem.Record, ttl time.Duration) {
 	ttl = ttl.Truncate(time.Millisecond)
 	if ttl <= 0 {
 		s.del(ctx, name)
@@ -345,7 +372,7 @@ func (s *Store) put(ctx context.Context, name string, rec idem.Record, ttl time.
 	})
 }
 
-func (s *Store) del(ctx context.Context, name string) {
+func (s *store) del(ctx context.Context, name string) {
 	_, _ = s.call(ctx, "del", func(ctx context.Context) ([]byte, error) {
 		return nil, s.front.Del(ctx, name).Err()
 	})
@@ -353,7 +380,7 @@ func (s *Store) del(ctx context.Context, name string) {
 
 // lookup reads the entry name; ok is false on a miss, a Redis failure or
 // a malformed entry.
-func (s *Store) lookup(ctx context.Context, name, scope, key string) (idem.Record, bool) {
+func (s *store) lookup(ctx context.Context, name, scope, key string) (idem.Record, bool) {
 	b, err := s.call(ctx, "get", func(ctx context.Context) ([]byte, error) {
 		return s.front.Get(ctx, name).Bytes()
 	})
@@ -380,7 +407,7 @@ type callResult struct {
 // an answer; any other error, or no answer within the timeout, opens the
 // circuit. The caller's cancellation does not cut the call short: a
 // cache write that follows a truth write is worth finishing.
-func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+func (s *store) call(ctx context.Context, op string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	if !s.circuit.allow() {
 		s.counters.skipped.Add(1)
 		return nil, errSkipped
@@ -410,7 +437,7 @@ func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context
 }
 
 // settle counts the outcome of a call and moves the circuit.
-func (s *Store) settle(ctx context.Context, op string, r callResult) ([]byte, error) {
+func (s *store) settle(ctx context.Context, op string, r callResult) ([]byte, error) {
 	if r.err == nil || errors.Is(r.err, redis.Nil) {
 		if s.circuit.succeed() {
 			s.log.InfoContext(ctx, "tieredstore: redis answers again", "op", op)

@@ -55,17 +55,58 @@ func TestNewConfig(t *testing.T) {
 	}
 }
 
-// A truth that cannot complete in a transaction makes CompleteTx say so.
-func TestCompleteTxUnsupported(t *testing.T) {
+// The tiered store offers transactional completion exactly when its truth
+// does, decided by New: a truth without it gives a store that is no
+// idem.TxCompleter, so a Guard answers ErrTxUnsupported before touching
+// the store.
+func TestTxCompleterFollowsTruth(t *testing.T) {
 	t.Parallel()
-	c := newClient("127.0.0.1:1")
+	c := newClient("127.0.0.1:1") // never contacted
 	t.Cleanup(func() { _ = c.Close() })
-	s, err := tieredstore.New(c, memstore.New(nil), nil)
+	_, sqlTruth := newTruth(t)
+	for _, tc := range []struct {
+		name  string
+		truth idem.Store
+		tx    bool
+	}{
+		{"memstore", memstore.New(nil), false},
+		{"sqlstore", sqlTruth, true},
+	} {
+		s, err := tieredstore.New(c, tc.truth, nil)
+		if err != nil {
+			t.Fatalf("New over %s: %v", tc.name, err)
+		}
+		if _, ok := any(s).(idem.TxCompleter); ok != tc.tx {
+			t.Errorf("New over %s: store %T implements idem.TxCompleter = %v, want %v", tc.name, s, ok, tc.tx)
+		}
+		if _, ok := idem.Store(s).(idem.TxCompleter); ok != tc.tx {
+			t.Errorf("New over %s, as an idem.Store: implements idem.TxCompleter = %v, want %v", tc.name, ok, tc.tx)
+		}
+		if s.Truth() != tc.truth {
+			t.Errorf("New over %s: Truth() = %v, want the truth given", tc.name, s.Truth())
+		}
+	}
+
+	// A Guard over a tiered store whose truth has no CompleteTx refuses
+	// it, and the execution is untouched.
+	s, err := tieredstore.New(c, memstore.New(nil), &tieredstore.Config{Timeout: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CompleteTx(t.Context(), nil, idem.Lease{}, idem.Response{}, time.Hour); !errors.Is(err, idem.ErrTxUnsupported) {
+	g, err := idem.NewGuard(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, res, err := g.Begin(t.Context(), "scope", "k", "fp")
+	if err != nil || exec == nil {
+		t.Fatalf("Begin = %v, %v", res.Outcome, err)
+	}
+	defer exec.Abandon()
+	if err := exec.CompleteTx(t.Context(), nil, idem.Response{StatusCode: 200}); !errors.Is(err, idem.ErrTxUnsupported) {
 		t.Fatalf("CompleteTx = %v, want idem.ErrTxUnsupported", err)
+	}
+	if err := exec.Context().Err(); err != nil {
+		t.Fatalf("execution ended by a refused CompleteTx: %v", context.Cause(exec.Context()))
 	}
 }
 
@@ -227,7 +268,7 @@ func TestRaceOneKey(t *testing.T) {
 	_, sql := newTruth(t)
 	truth := &countingStore{Store: sql}
 	prefix := randomPrefix()
-	stores := make([]*tieredstore.Store, 4)
+	stores := make([]tieredstore.Store, 4)
 	for i := range stores {
 		stores[i] = newTiered(t, c, c, truth, &tieredstore.Config{Prefix: prefix})
 	}
