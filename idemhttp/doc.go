@@ -81,6 +81,28 @@
 // the host are not part of it. Config.Fingerprint replaces it per
 // middleware; its result is versioned ("v1:…").
 //
+// Two requests that a Go handler can decode differently never share a
+// fingerprint. Sorting keys alone would break that: encoding/json matches
+// member names to struct fields case-insensitively (with Unicode folding:
+// the Kelvin sign is a "k", "ſ" an "s") and keeps the last of two members
+// it takes for the same name, so {"quantity":1,"Quantity":1000} and
+// {"Quantity":1000,"quantity":1} sort alike yet decode to 1000 and 1. A
+// body with such an object (names equal exactly, case-folded, after
+// unescaping, anywhere in the body; or equal as integer map keys, "1" and
+// "01") is therefore hashed as raw bytes, tagged apart from canonical
+// bodies: only the very same bytes match it, and those decode alike. Such
+// a body is not refused: whether it is valid is the handler's decision,
+// as for invalid JSON, and a retry of it still replays (a retry resends
+// the same bytes). Bodies without such objects hash as they always did,
+// which is why the algorithm stays v1; a body with one that was stored
+// before this rule gets 422 KEY_MISMATCH on a retry within its retention,
+// never another request's response. Beyond encoding/json's own rules the
+// fingerprint cannot know a handler's decoder: a decoder that reads key
+// order or spacing (json.RawMessage, a token stream) sees what the
+// fingerprint ignores, and map keys that a TextUnmarshaler reads as equal
+// are not detected; such handlers should refuse repeated names themselves
+// or set a Fingerprint of their own.
+//
 // # The first request
 //
 // The handler gets a copy of the request (the incoming one is never

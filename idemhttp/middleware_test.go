@@ -3,7 +3,9 @@ package idemhttp_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -225,6 +227,40 @@ func TestJSONCanonicalReplay(t *testing.T) {
 	// A number written differently is a different request.
 	w := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2.0,"meta":{"z":[1,2.50],"a":null}}`)
 	wantProblem(t, w, http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+}
+
+// A body whose members a handler can read in another order than sent
+// ("quantity" and "Quantity": encoding/json keeps the last) is a request
+// of its own: the retry with the members swapped is refused, not given the
+// first order's response; resent byte for byte, it replays.
+func TestJSONAmbiguousNames(t *testing.T) {
+	t.Parallel()
+	type order struct {
+		Quantity int `json:"quantity"`
+	}
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		var o order
+		if err := json.NewDecoder(r.Body).Decode(&o); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "quantity %d", o.Quantity)
+	})
+	first := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	if first.Code != http.StatusCreated || first.Body.String() != "quantity 1000" {
+		t.Fatalf("first: %d %q", first.Code, first.Body)
+	}
+	wantProblem(t, e.do(http.MethodPost, "/orders", "k", `{"Quantity":1000,"quantity":1}`),
+		http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+	again := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	if again.Header().Get(idemhttp.HeaderReplayed) != "true" || again.Body.String() != "quantity 1000" {
+		t.Fatalf("retry: %d %q", again.Code, again.Body)
+	}
+	e.wantCalls(1)
+	if rec := e.record("", "k"); string(rec.Response.Body) != "quantity 1000" {
+		t.Fatalf("record body %q", rec.Response.Body)
+	}
 }
 
 // Row: same key, different fingerprint (completed or in flight) → 422.
