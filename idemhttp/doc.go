@@ -121,7 +121,11 @@
 // canonical names (ETag as Etag: names are case-insensitive, and
 // idem.Response keys are canonical). Set-Cookie, Authorization
 // and hop-by-hop headers are never stored, so they reach the first
-// response only. A Content-Type that net/http would sniff is sniffed by the
+// response only. One filter applies to every response an execution
+// stores, whoever stores it: the middleware, or the handler through
+// Execution.Complete or CompleteTx (it is the guard's
+// idem.GuardConfig.Prepare). It keeps the allow-listed headers only, and
+// replaces a body over MaxResponseBody with the omitted marker. A Content-Type that net/http would sniff is sniffed by the
 // middleware and stored, so first response and replay agree. As in
 // net/http, header changes after WriteHeader are not sent; trailers work.
 //
