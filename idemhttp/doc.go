@@ -110,10 +110,10 @@
 // reader over the bytes the middleware read and fingerprinted. Its
 // response is held back: the record is completed (or released) first, and
 // only then does the client get the answer, so a client that retries after
-// getting it always gets a replay. If the completion cannot be stored (the
-// lease was lost, the store is down), the client still gets the real
-// response; the error is logged and the record is left to its lease, after
-// which a retry runs the handler again.
+// getting it always gets a replay. If the completion cannot be stored
+// because the store is down, the client still gets the real response; the
+// error is logged and the record is left to its lease, after which a retry
+// runs the handler again. If the lease was lost, see below.
 //
 // Replayable response headers are an allow-list: Content-Type,
 // Content-Encoding, Content-Language, Content-Disposition, Location, ETag
@@ -145,6 +145,23 @@
 // A lost lease (the watchdog could not renew it and another request took
 // the key over) cancels the handler's context with cause idem.ErrLeaseLost;
 // its completion is then refused, so the takeover's response stands.
+//
+// The client of the execution that lost its lease does not get that
+// execution's response: no retry would ever replay it, and it may name an
+// effect that was rolled back or that the takeover repeated. When the
+// completion (or release) is refused with idem.ErrLeaseLost, or the
+// handler ended the execution itself and it was cancelled for a lost
+// lease, and nothing of the response has reached the client yet, the
+// middleware answers what a retry would get at that moment: it reads the
+// record (bounded by StoreTimeout), and replays the takeover's response
+// (with Idempotent-Replayed: true) if it completed with the same
+// fingerprint, or answers 409 PROCESSING with Retry-After otherwise (the
+// takeover still runs; or the record is gone, holds another request, or
+// cannot be read, which is also logged at warn level). Headers the
+// handler set are dropped; those set before it ran (by middleware around
+// this one) stay. A response that has started (Flush, streaming past
+// MaxResponseBody, Hijack) cannot be taken back: its client gets it as
+// written, and the loss is logged.
 //
 // # Streaming and hijacking
 //

@@ -285,6 +285,17 @@ func (r *recorder) sendCommitted(resp idem.Response) {
 	r.copyTrailers()
 }
 
+// discard drops the handler's response, none of which has reached the
+// client, so that another can be written to r.w: the header goes back to
+// before, what it held before the handler ran.
+func (r *recorder) discard(before http.Header) {
+	h := r.w.Header()
+	clear(h)
+	maps.Copy(h, before)
+	r.late = nil
+	r.forwarded = true // nothing more goes out from the recorder
+}
+
 // copyTrailers moves trailers set on the late header copy to the real
 // header, where net/http reads them when the handler is done.
 func (r *recorder) copyTrailers() {
