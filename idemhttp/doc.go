@@ -3,13 +3,19 @@
 // draft-ietf-httpapi-idempotency-key-header-07 and Stripe's practice: the
 // first request with a key runs the handler and its response is stored;
 // a retry with the same key gets the stored response without running the
-// handler again.
+// handler again. With store an idem.Store, userID a function that returns
+// the authenticated caller's identity and createOrder the handler to guard
+// (Example_quickStart has the whole program):
 //
-//	mw, err := idemhttp.New(&idemhttp.Config{Store: store, Scope: userOf})
+//	mw, err := idemhttp.New(&idemhttp.Config{
+//		Store: store,
+//		Scope: userID, // the authenticated caller
+//	})
 //	if err != nil {
-//		return err
+//		return nil, err
 //	}
-//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//	mux := http.NewServeMux()
+//	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
 //
 // The records live in an idem.Store (memstore, sqlstore, …); each request
 // runs under an idem.Execution whose watchdog renews its lease while the

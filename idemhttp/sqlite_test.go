@@ -33,11 +33,11 @@ func countOrders(t *testing.T, db *sql.DB) int {
 	return n
 }
 
-// createOrder inserts an order and completes the record in the same
+// createOrderTx inserts an order and completes the record in the same
 // transaction, then writes something else than what it committed: the
 // client must get the committed response. With ?fail=rollback it rolls
 // the transaction back after CompleteTx and answers 500.
-func createOrder(db *sql.DB) http.HandlerFunc {
+func createOrderTx(db *sql.DB) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		body, _ := io.ReadAll(r.Body)
@@ -84,7 +84,7 @@ func createOrder(db *sql.DB) http.HandlerFunc {
 func TestCompleteTxSQLite(t *testing.T) {
 	t.Parallel()
 	db, store := newSQLite(t)
-	e := setup(t, &idemhttp.Config{Store: store}, createOrder(db))
+	e := setup(t, &idemhttp.Config{Store: store}, createOrderTx(db))
 
 	first := e.do(http.MethodPost, "/orders", "k", `A-1`)
 	if first.Code != http.StatusCreated || first.Body.String() != `{"id":1}` ||
@@ -114,7 +114,7 @@ func TestCompleteTxSQLite(t *testing.T) {
 func TestCompleteTxRollbackSQLite(t *testing.T) {
 	t.Parallel()
 	db, store := newSQLite(t)
-	e := setup(t, &idemhttp.Config{Store: store}, createOrder(db))
+	e := setup(t, &idemhttp.Config{Store: store}, createOrderTx(db))
 	w := e.do(http.MethodPost, "/orders?fail=rollback", "k", `A-1`)
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "rolled back") {
 		t.Fatalf("rollback: %d %q", w.Code, w.Body)
@@ -186,7 +186,7 @@ func TestSQLiteStore(t *testing.T) {
 	t.Run("concurrent duplicates", func(t *testing.T) {
 		t.Parallel()
 		db, store := newSQLite(t)
-		e := setup(t, &idemhttp.Config{Store: store, Wait: 30 * time.Second}, createOrder(db))
+		e := setup(t, &idemhttp.Config{Store: store, Wait: 30 * time.Second}, createOrderTx(db))
 		const n = 30
 		var wg sync.WaitGroup
 		responses := make([]*httptest.ResponseRecorder, n)
@@ -207,7 +207,7 @@ func TestSQLiteStore(t *testing.T) {
 	t.Run("CompleteTx unsupported on memstore", func(t *testing.T) {
 		t.Parallel()
 		db, _ := newSQLite(t)
-		e := setup(t, nil, createOrder(db)) // memstore: CompleteTx fails, the handler answers 500
+		e := setup(t, nil, createOrderTx(db)) // memstore: CompleteTx fails, the handler answers 500
 		w := e.do(http.MethodPost, "/orders", "k", `A-1`)
 		if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), idem.ErrTxUnsupported.Error()) {
 			t.Fatalf("%d %q", w.Code, w.Body)
