@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"strconv"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -20,8 +21,7 @@ const maxJSONDepth = 10000
 //   - object members sorted by key, comparing the keys' Unicode code points
 //     (the byte order of their UTF-8 form; RFC 8785 compares UTF-16 code
 //     units instead, which differs only between keys holding characters
-//     above U+FFFF and keys holding U+E000–U+FFFF). Members with equal keys
-//     are all kept, in their original order;
+//     above U+FFFF and keys holding U+E000–U+FFFF);
 //   - numbers exactly as written (1, 1.0 and 1e0 stay different);
 //   - strings re-escaped: '"' and '\' as \" and \\, U+0008, U+000C,
 //     U+000A, U+000D and U+0009 as \b \f \n \r \t, other characters below
@@ -30,10 +30,19 @@ const maxJSONDepth = 10000
 //     (so "\u00e9" and "é" are the same, and "/" is never escaped).
 //
 // src must be one JSON value (RFC 8259) in UTF-8, nested at most 10000
-// deep, with optional whitespace around it. Otherwise CanonicalJSON returns
-// dst (its length unchanged; bytes past it may have been written) and an
-// error that says where src went wrong. Canonicalising a canonical text
-// returns it unchanged.
+// deep, with optional whitespace around it, and its objects must not be
+// ambiguous: no object may hold two members whose names encoding/json can
+// take for the same name, because sorting such members would hide which
+// came last, and encoding/json keeps the last. Two names are taken for the
+// same when, decoded (escapes resolved, an unpaired surrogate as U+FFFD,
+// as encoding/json decodes it), they are equal; or equal under the
+// case-folding encoding/json uses to match struct fields (ASCII letters,
+// and Unicode simple folding: "K" = "k" = "\u212a" (Kelvin sign), "S" =
+// "s" = "ſ"); or both are integers of the same value, as a map with
+// integer keys reads them ("1", "01", "+1"). Otherwise CanonicalJSON
+// returns dst (its length unchanged; bytes past it may have been written)
+// and an error that says where src went wrong. Canonicalising a canonical
+// text returns it unchanged.
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
 	st := fpPool.Get().(*fpState)
 	c := &st.canon
@@ -58,7 +67,12 @@ type canonicalizer struct {
 	keys  []byte   // decoded keys of the objects being parsed, a stack
 	mem   []member // members of the objects being parsed, a stack
 	tmp   []byte   // scratch for reordering members
+	fold  []byte   // scratch: the folded names of one object
+	spans []span   // scratch: where each folded name is in fold
 }
+
+// span is a range of a byte slice.
+type span struct{ start, end int }
 
 // member is one object member: its decoded key in keys and its canonical
 // text ("key":value) in out.
@@ -67,14 +81,19 @@ type member struct {
 	start, end       int
 }
 
-// jsonError reports where and why a text is not JSON.
+// jsonError reports where and why a text is not JSON, or is ambiguous.
 type jsonError struct {
-	offset int
-	msg    string
+	offset    int
+	msg       string
+	ambiguous bool
 }
 
 func (e *jsonError) Error() string {
-	return "idemhttp: invalid JSON at byte " + strconv.Itoa(e.offset) + ": " + e.msg
+	what := "invalid"
+	if e.ambiguous {
+		what = "ambiguous"
+	}
+	return "idemhttp: " + what + " JSON at byte " + strconv.Itoa(e.offset) + ": " + e.msg
 }
 
 func (c *canonicalizer) fail(msg string) error {
@@ -237,6 +256,7 @@ func (c *canonicalizer) object() error {
 	if err := c.enter(); err != nil {
 		return err
 	}
+	objStart := c.pos
 	c.pos++ // '{'
 	open := len(c.out)
 	c.out = append(c.out, '{')
@@ -293,6 +313,10 @@ func (c *canonicalizer) object() error {
 		}
 		return c.fail("expected ',' or '}' in an object")
 	}
+	if len(c.mem)-memBase > 1 && c.ambiguous(c.mem[memBase:]) {
+		return &jsonError{offset: objStart, ambiguous: true, msg: "two members of an object have the same member name " +
+			"(exactly, or as encoding/json matches names: case-insensitively, or as the same integer)"}
+	}
 	if !sorted {
 		c.reorder(open, c.mem[memBase:])
 	}
@@ -300,6 +324,104 @@ func (c *canonicalizer) object() error {
 	c.keys = c.keys[:keyBase]
 	c.depth--
 	return nil
+}
+
+// ambiguous reports whether two of an object's members have names that
+// encoding/json can take for the same (see CanonicalJSON).
+func (c *canonicalizer) ambiguous(members []member) bool {
+	fold, spans := c.fold[:0], c.spans[:0]
+	for _, m := range members {
+		start := len(fold)
+		fold = appendFoldedName(fold, c.keys[m.keyStart:m.keyEnd])
+		spans = append(spans, span{start, len(fold)})
+	}
+	c.fold, c.spans = fold, spans
+	if len(spans) == 2 {
+		return bytes.Equal(fold[spans[0].start:spans[0].end], fold[spans[1].start:spans[1].end])
+	}
+	slices.SortFunc(spans, func(a, b span) int {
+		return bytes.Compare(fold[a.start:a.end], fold[b.start:b.end])
+	})
+	for i := 1; i < len(spans); i++ {
+		if bytes.Equal(fold[spans[i-1].start:spans[i-1].end], fold[spans[i].start:spans[i].end]) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendFoldedName appends the form of a decoded member name (as the
+// canonicalizer keeps it: UTF-8, with surrogates in generalised UTF-8)
+// that is equal for two names exactly when encoding/json may take them for
+// the same name: an integer ([+-]?[0-9]+) as its value (sign, then digits
+// without leading zeros; 0 unsigned); any other name with each unpaired
+// surrogate as U+FFFD, ASCII letters in upper case and every other
+// character as the smallest character of its Unicode simple-folding orbit
+// (encoding/json's foldName). No other name folds to an integer's form:
+// digits and signs fold only to themselves.
+func appendFoldedName(b, name []byte) []byte {
+	if digits, neg, ok := integerName(name); ok {
+		if neg {
+			b = append(b, '-')
+		}
+		return append(b, digits...)
+	}
+	for i := 0; i < len(name); {
+		ch := name[i]
+		if ch < utf8.RuneSelf {
+			if 'a' <= ch && ch <= 'z' {
+				ch -= 'a' - 'A'
+			}
+			b = append(b, ch)
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(name[i:])
+		if r == utf8.RuneError && size == 1 {
+			size = 3 // a surrogate, which encoding/json decodes as U+FFFD
+		}
+		b = utf8.AppendRune(b, foldRune(r))
+		i += size
+	}
+	return b
+}
+
+// integerName reports whether name is an integer as strconv.ParseInt and
+// ParseUint read a map key (base 10: an optional sign, then digits), and
+// returns its digits without leading zeros and whether it is negative
+// (never for zero).
+func integerName(name []byte) (digits []byte, neg, ok bool) {
+	if len(name) > 0 && (name[0] == '+' || name[0] == '-') {
+		neg = name[0] == '-'
+		name = name[1:]
+	}
+	if len(name) == 0 {
+		return nil, false, false
+	}
+	for _, ch := range name {
+		if ch < '0' || ch > '9' {
+			return nil, false, false
+		}
+	}
+	for len(name) > 1 && name[0] == '0' {
+		name = name[1:]
+	}
+	if name[0] == '0' {
+		neg = false
+	}
+	return name, neg, true
+}
+
+// foldRune returns the smallest rune of r's simple-folding orbit, as
+// encoding/json does.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }
 
 // reorder rewrites the object that starts at out[open] with its members

@@ -82,10 +82,11 @@ type Config struct {
 	// record is created. Zero means DefaultMaxRequestBody (1 MiB).
 	MaxRequestBody int64
 
-	// MaxResponseBody is the largest response body a record keeps. A larger
-	// response still reaches the client in full; the record keeps its
-	// status and headers and marks the body omitted. Zero means
-	// DefaultMaxResponseBody (1 MiB).
+	// MaxResponseBody is the largest response body a record keeps, on
+	// every path (a response the handler passes to Execution.Complete or
+	// CompleteTx included). A larger response still reaches the client in
+	// full; the record keeps its status and replayable headers and marks
+	// the body omitted. Zero means DefaultMaxResponseBody (1 MiB).
 	MaxResponseBody int64
 
 	// Release reports whether a handler's final status releases the record
@@ -233,19 +234,8 @@ func New(cfg *Config) (*Middleware, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	guard, err := idem.NewGuard(c.Store, &idem.GuardConfig{
-		Lease:        c.Lease,
-		MaxExecution: c.MaxExecution,
-		Retention:    c.Retention,
-		StoreTimeout: c.StoreTimeout,
-		Logger:       logger,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("idemhttp: %w", err)
-	}
 	m := &Middleware{
 		user:        c,
-		guard:       guard,
 		store:       c.Store,
 		log:         logger,
 		scope:       c.Scope,
@@ -295,7 +285,59 @@ func New(cfg *Config) (*Middleware, error) {
 			m.replayHeaders = append(m.replayHeaders, canon)
 		}
 	}
+
+	// Every response an execution stores, whoever stores it (the
+	// middleware, or the handler with Complete or CompleteTx), goes
+	// through storable.
+	guard, err := idem.NewGuard(c.Store, &idem.GuardConfig{
+		Lease:        c.Lease,
+		MaxExecution: c.MaxExecution,
+		Retention:    c.Retention,
+		StoreTimeout: c.StoreTimeout,
+		Logger:       logger,
+		Prepare:      m.storable,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	m.guard = guard
 	return m, nil
+}
+
+// storable returns what a record keeps of resp: the replayable headers
+// only (under their canonical names, empty ones dropped), and no body but
+// the BodyOmitted marker when the body is over MaxResponseBody. It is the
+// guard's Prepare, so it filters every response an execution stores. It
+// never changes resp's header map or body, and returns resp as it is when
+// there is nothing to drop.
+func (m *Middleware) storable(resp idem.Response) idem.Response {
+	if resp.BodyOmitted || int64(len(resp.Body)) > m.maxResp {
+		resp.Body, resp.BodyOmitted = nil, true
+	}
+	keep := true
+	for name, values := range resp.Header {
+		if len(values) == 0 || !m.replayable(name) || http.CanonicalHeaderKey(name) != name {
+			keep = false
+			break
+		}
+	}
+	if keep {
+		return resp
+	}
+	var h map[string][]string
+	for name, values := range resp.Header {
+		if len(values) == 0 || !m.replayable(name) {
+			continue
+		}
+		if h == nil {
+			h = make(map[string][]string, 4)
+		}
+		// Two spellings of one name (ETag, Etag) were both sent: keep both.
+		canon := http.CanonicalHeaderKey(name)
+		h[canon] = append(slices.Clip(h[canon]), values...)
+	}
+	resp.Header = h
+	return resp
 }
 
 // With returns a Middleware whose configuration is m's, changed by fn

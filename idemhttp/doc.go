@@ -3,13 +3,19 @@
 // draft-ietf-httpapi-idempotency-key-header-07 and Stripe's practice: the
 // first request with a key runs the handler and its response is stored;
 // a retry with the same key gets the stored response without running the
-// handler again.
+// handler again. With store an idem.Store, userID a function that returns
+// the authenticated caller's identity and createOrder the handler to guard
+// (Example_quickStart has the whole program):
 //
-//	mw, err := idemhttp.New(&idemhttp.Config{Store: store, Scope: userOf})
+//	mw, err := idemhttp.New(&idemhttp.Config{
+//		Store: store,
+//		Scope: userID, // the authenticated caller
+//	})
 //	if err != nil {
-//		return err
+//		return nil, err
 //	}
-//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//	mux := http.NewServeMux()
+//	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
 //
 // The records live in an idem.Store (memstore, sqlstore, …); each request
 // runs under an idem.Execution whose watchdog renews its lease while the
@@ -81,6 +87,28 @@
 // the host are not part of it. Config.Fingerprint replaces it per
 // middleware; its result is versioned ("v1:…").
 //
+// Two requests that a Go handler can decode differently never share a
+// fingerprint. Sorting keys alone would break that: encoding/json matches
+// member names to struct fields case-insensitively (with Unicode folding:
+// the Kelvin sign is a "k", "ſ" an "s") and keeps the last of two members
+// it takes for the same name, so {"quantity":1,"Quantity":1000} and
+// {"Quantity":1000,"quantity":1} sort alike yet decode to 1000 and 1. A
+// body with such an object (names equal exactly, case-folded, after
+// unescaping, anywhere in the body; or equal as integer map keys, "1" and
+// "01") is therefore hashed as raw bytes, tagged apart from canonical
+// bodies: only the very same bytes match it, and those decode alike. Such
+// a body is not refused: whether it is valid is the handler's decision,
+// as for invalid JSON, and a retry of it still replays (a retry resends
+// the same bytes). Bodies without such objects hash as they always did,
+// which is why the algorithm stays v1; a body with one that was stored
+// before this rule gets 422 KEY_MISMATCH on a retry within its retention,
+// never another request's response. Beyond encoding/json's own rules the
+// fingerprint cannot know a handler's decoder: a decoder that reads key
+// order or spacing (json.RawMessage, a token stream) sees what the
+// fingerprint ignores, and map keys that a TextUnmarshaler reads as equal
+// are not detected; such handlers should refuse repeated names themselves
+// or set a Fingerprint of their own.
+//
 // # The first request
 //
 // The handler gets a copy of the request (the incoming one is never
@@ -88,10 +116,10 @@
 // reader over the bytes the middleware read and fingerprinted. Its
 // response is held back: the record is completed (or released) first, and
 // only then does the client get the answer, so a client that retries after
-// getting it always gets a replay. If the completion cannot be stored (the
-// lease was lost, the store is down), the client still gets the real
-// response; the error is logged and the record is left to its lease, after
-// which a retry runs the handler again.
+// getting it always gets a replay. If the completion cannot be stored
+// because the store is down, the client still gets the real response; the
+// error is logged and the record is left to its lease, after which a retry
+// runs the handler again. If the lease was lost, see below.
 //
 // Replayable response headers are an allow-list: Content-Type,
 // Content-Encoding, Content-Language, Content-Disposition, Location, ETag
@@ -99,7 +127,11 @@
 // canonical names (ETag as Etag: names are case-insensitive, and
 // idem.Response keys are canonical). Set-Cookie, Authorization
 // and hop-by-hop headers are never stored, so they reach the first
-// response only. A Content-Type that net/http would sniff is sniffed by the
+// response only. One filter applies to every response an execution
+// stores, whoever stores it: the middleware, or the handler through
+// Execution.Complete or CompleteTx (it is the guard's
+// idem.GuardConfig.Prepare). It keeps the allow-listed headers only, and
+// replaces a body over MaxResponseBody with the omitted marker. A Content-Type that net/http would sniff is sniffed by the
 // middleware and stored, so first response and replay agree. As in
 // net/http, header changes after WriteHeader are not sent; trailers work.
 //
@@ -119,6 +151,23 @@
 // A lost lease (the watchdog could not renew it and another request took
 // the key over) cancels the handler's context with cause idem.ErrLeaseLost;
 // its completion is then refused, so the takeover's response stands.
+//
+// The client of the execution that lost its lease does not get that
+// execution's response: no retry would ever replay it, and it may name an
+// effect that was rolled back or that the takeover repeated. When the
+// completion (or release) is refused with idem.ErrLeaseLost, or the
+// handler ended the execution itself and it was cancelled for a lost
+// lease, and nothing of the response has reached the client yet, the
+// middleware answers what a retry would get at that moment: it reads the
+// record (bounded by StoreTimeout), and replays the takeover's response
+// (with Idempotent-Replayed: true) if it completed with the same
+// fingerprint, or answers 409 PROCESSING with Retry-After otherwise (the
+// takeover still runs; or the record is gone, holds another request, or
+// cannot be read, which is also logged at warn level). Headers the
+// handler set are dropped; those set before it ran (by middleware around
+// this one) stay. A response that has started (Flush, streaming past
+// MaxResponseBody, Hijack) cannot be taken back: its client gets it as
+// written, and the loss is logged.
 //
 // # Streaming and hijacking
 //

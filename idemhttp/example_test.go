@@ -115,7 +115,7 @@ func ExampleMiddleware_With() {
 // A handler whose effect is in the store's database completes the record
 // in its own transaction (Execution.CompleteTx): the effect and the stored
 // response commit together or not at all, and the client gets exactly what
-// every replay will serve.
+// every replay will serve. The README shows createOrder.
 func ExampleJSONResponse() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "idemhttp-example")
@@ -150,7 +150,7 @@ func ExampleJSONResponse() {
 			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
 			return
 		}
-		defer tx.Rollback()
+		defer tx.Rollback() // a no-op after Commit
 		res, err := tx.ExecContext(ctx, `INSERT INTO orders (sku) VALUES ('A-1')`)
 		if err != nil {
 			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
@@ -163,6 +163,8 @@ func ExampleJSONResponse() {
 			return
 		}
 		resp.Header["Location"] = []string{fmt.Sprintf("/orders/%d", id)}
+		// The record completes in tx: the order and the stored response
+		// commit together, or neither does.
 		if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
 			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
 			return
@@ -171,7 +173,7 @@ func ExampleJSONResponse() {
 			idemhttp.WriteProblem(w, http.StatusInternalServerError, "INTERNAL", "", "retry with the same key")
 			return
 		}
-		idemhttp.WriteResponse(w, resp)
+		idemhttp.WriteResponse(w, resp) // the client gets exactly what replays serve
 	}
 	h := mw.Handler(http.HandlerFunc(createOrder))
 

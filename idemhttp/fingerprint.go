@@ -27,7 +27,14 @@ const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
 //     +json suffix (parameters such as charset ignored, case-insensitive)
 //     is hashed in canonical form (see CanonicalJSON). If it is not valid
 //     JSON it is hashed as raw bytes instead: the middleware does not refuse
-//     it, the handler does.
+//     it, the handler does. So is a JSON body with an ambiguous object (two
+//     members whose names encoding/json can take for the same, such as
+//     "quantity" and "Quantity", see CanonicalJSON): sorting its members
+//     would give {"quantity":1,"Quantity":1000} and
+//     {"Quantity":1000,"quantity":1} one fingerprint although a handler
+//     decodes 1000 from the first and 1 from the second. As raw bytes,
+//     only the very same body matches it, and identical bytes decode
+//     identically.
 //   - Any other body (including a form or a JSON text sent as text/plain)
 //     is hashed byte for byte.
 //
@@ -41,6 +48,9 @@ const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
 //	  0x00 len(name) name len(value) value     name and value decoded (url.QueryUnescape)
 //	  or 0x01 len(name) name len(value) value  as sent, when they do not decode
 //	'J' len(body) canonical-JSON-body   or   'R' len(body) raw-body
+//
+// The tags 'J' and 'R' keep the two forms apart: a raw body never meets a
+// canonical one, whatever their bytes.
 //
 // Query parameters are split at '&' only, empty ones dropped; "a" and "a="
 // are the same parameter. A new version of the algorithm gets a new prefix,
@@ -118,6 +128,12 @@ func (st *fpState) put() {
 	}
 	if cap(st.canon.mem) > maxPooledScratch/32 {
 		st.canon.mem = nil
+	}
+	if cap(st.canon.fold) > maxPooledScratch {
+		st.canon.fold = nil
+	}
+	if cap(st.canon.spans) > maxPooledScratch/16 {
+		st.canon.spans = nil
 	}
 	clear(st.params)
 	st.params = st.params[:0]

@@ -26,6 +26,9 @@ type env struct {
 	mw    *idemhttp.Middleware
 	h     http.Handler
 	calls atomic.Int64
+
+	// block and blocked, when a test sets them, let its handler wait.
+	block, blocked chan struct{}
 }
 
 // setup builds an env. cfg may be nil; its Store, if nil, is a fresh
@@ -160,6 +163,9 @@ func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, code st
 type flakyStore struct {
 	idem.Store
 	acquire, complete, release, get atomic.Bool
+	// noExtend, when set, fails the renewals of the execution with this
+	// owner.
+	noExtend atomic.Pointer[string]
 }
 
 var errDown = errors.New("store down")
@@ -183,6 +189,31 @@ func (s *flakyStore) Release(ctx context.Context, l idem.Lease) error {
 		return errDown
 	}
 	return s.Store.Release(ctx, l)
+}
+
+func (s *flakyStore) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	if owner := s.noExtend.Load(); owner != nil && *owner == l.Owner {
+		return idem.Lease{}, errDown
+	}
+	return s.Store.Extend(ctx, l, ttl)
+}
+
+// logBuffer collects a logger's output; safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (s *flakyStore) Get(ctx context.Context, scope, key string) (idem.Record, error) {

@@ -68,6 +68,7 @@ type exchange struct {
 	rec      recorder
 	body     bodyReader
 	detached detachedContext
+	header   http.Header // the response header as it was before the handler ran, if not empty
 }
 
 // detachedContext carries the values of a request's context without its
@@ -251,7 +252,7 @@ func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.H
 			if res.TookOver {
 				m.log.InfoContext(ctx, "idemhttp: took over a key whose lease ended", "scope", scope, "key", key, "fence", res.Lease.Fence)
 			}
-			m.run(w, r, next, bufs, exec, body)
+			m.run(w, r, next, bufs, exec, fp, body)
 			return
 		case idem.Completed:
 			m.replay(w, r, res.Record)
@@ -356,8 +357,13 @@ func (m *Middleware) get(ctx context.Context, scope, key string) (idem.Record, e
 }
 
 // run runs the handler under exec and ends the execution.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, body []byte) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, fp idem.Fingerprint, body []byte) {
 	ex := &exchange{}
+	if h := w.Header(); len(h) > 0 {
+		// Set before the handler (by a middleware around this one): kept
+		// if the handler's response must be replaced (a lost lease).
+		ex.header = h.Clone()
+	}
 	rec := &ex.rec
 	rec.w, rec.m, rec.buf = w, m, bufs.resp[:0]
 	r2 := r.WithContext(exec.Context())
@@ -384,16 +390,24 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}()
 	next.ServeHTTP(rec, r2)
 	returned = true
-	m.finish(bg, exec, rec)
+	m.finish(bg, r, exec, fp, ex)
 }
 
-// finish ends exec after the handler returned, then sends the response.
-func (m *Middleware) finish(ctx context.Context, exec *idem.Execution, rec *recorder) {
+// finish ends exec after the handler returned, then answers the client.
+// ctx is detached from the request's; r is the request.
+func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Execution, fp idem.Fingerprint, ex *exchange) {
+	rec := &ex.rec
 	if rec.hijacked {
+		var err error
 		if m.release(rec.finalStatus()) {
-			m.releaseExec(ctx, exec)
+			err = m.releaseExec(ctx, exec)
 		} else {
-			m.complete(ctx, exec, rec.response())
+			err = m.complete(ctx, exec, rec.response())
+		}
+		if leaseLost(exec, err) {
+			m.log.WarnContext(ctx, "idemhttp: lease lost after the response had started (hijacked); "+
+				"the client got this execution's response, which no retry replays",
+				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", rec.finalStatus())
 		}
 		return
 	}
@@ -406,33 +420,107 @@ func (m *Middleware) finish(ctx context.Context, exec *idem.Execution, rec *reco
 		m.log.ErrorContext(ctx, "idemhttp: cannot read whether the handler's completion committed; key left to its lease",
 			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
 		rec.send()
+		return
 	case committed:
 		rec.sendCommitted(stored)
-	case m.release(rec.finalStatus()):
-		m.releaseExec(ctx, exec)
+		return
+	}
+	if m.release(rec.finalStatus()) {
+		err = m.releaseExec(ctx, exec)
+	} else {
+		err = m.complete(ctx, exec, rec.response())
+	}
+	if leaseLost(exec, err) {
+		m.answerLost(r, exec, fp, ex)
+		return
+	}
+	rec.send()
+}
+
+// leaseLost reports whether the execution lost its key to another: err,
+// from ending it, is ErrLeaseLost, or ErrFinished (the handler ended it)
+// with the execution cancelled for a lost lease.
+func leaseLost(exec *idem.Execution, err error) bool {
+	return errors.Is(err, idem.ErrLeaseLost) ||
+		errors.Is(err, idem.ErrFinished) && errors.Is(context.Cause(exec.Context()), idem.ErrLeaseLost)
+}
+
+// answerLost answers the request whose execution lost its key with what a
+// retry would get now, in place of the handler's response, which no retry
+// will ever replay: the response of the execution that took the key over
+// (replayed) if it completed, else 409 PROCESSING. A response that has
+// started (flushed or streamed) cannot be taken back: it is finished as
+// it is.
+func (m *Middleware) answerLost(r *http.Request, exec *idem.Execution, fp idem.Fingerprint, ex *exchange) {
+	rec := &ex.rec
+	l := exec.Lease()
+	ctx := r.Context()
+	if rec.forwarded {
+		m.log.WarnContext(ctx, "idemhttp: lease lost after the response had started; "+
+			"the client got this execution's response, which no retry replays",
+			"scope", l.Scope, "key", l.Key, "status", rec.finalStatus())
 		rec.send()
+		return
+	}
+	got, err := m.get(ctx, l.Scope, l.Key)
+	if err == nil && got.Owner == l.Owner && got.Fence == l.Fence && got.Status == idem.StatusCompleted {
+		// The handler's own completion was stored after all (it completed
+		// the execution itself before its context said the lease was
+		// lost): its response is what retries get.
+		rec.send()
+		return
+	}
+	rec.discard(ex.header)
+	w := rec.w
+	switch {
+	case err == nil && got.Fingerprint == fp && got.Status == idem.StatusCompleted && got.Response != nil:
+		m.log.WarnContext(ctx, "idemhttp: lease lost; the client gets the response of the execution that took the key over",
+			"scope", l.Scope, "key", l.Key, "fence", l.Fence, "winner_fence", got.Fence)
+		m.replay(w, r, got)
+	case err == nil && got.Fingerprint == fp && got.Status == idem.StatusProcessing:
+		m.log.WarnContext(ctx, "idemhttp: lease lost; the execution that took the key over still runs: answered 409",
+			"scope", l.Scope, "key", l.Key, "fence", l.Fence, "winner_fence", got.Fence)
+		m.processing(w)
 	default:
-		m.complete(ctx, exec, rec.response())
-		rec.send()
+		var state string
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			state = "record not found"
+		case err != nil:
+			state = "record unreadable"
+		case got.Fingerprint != fp:
+			state = "key taken by another request"
+		default:
+			state = "record completed without a response"
+		}
+		attrs := []any{"scope", l.Scope, "key", l.Key, "fence", l.Fence, "record", state}
+		if err != nil {
+			attrs = append(attrs, "error", err)
+		}
+		m.log.WarnContext(ctx, "idemhttp: lease lost, and the key holds no response to replay: answered 409", attrs...)
+		m.processing(w)
 	}
 }
 
-func (m *Middleware) complete(ctx context.Context, exec *idem.Execution, resp idem.Response) {
+// complete stores resp and ends exec; it returns the store's error (after
+// logging those that are not about a lost lease).
+func (m *Middleware) complete(ctx context.Context, exec *idem.Execution, resp idem.Response) error {
 	err := exec.Complete(ctx, resp)
 	switch {
-	case err == nil, errors.Is(err, idem.ErrFinished):
+	case err == nil, errors.Is(err, idem.ErrFinished), errors.Is(err, idem.ErrLeaseLost):
 		// ErrFinished: the handler ended the execution itself.
-	case errors.Is(err, idem.ErrLeaseLost):
-		m.log.WarnContext(ctx, "idemhttp: lease lost; response sent but not stored",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", resp.StatusCode, "error", err)
+		// ErrLeaseLost: see answerLost.
 	default:
 		exec.Abandon()
 		m.log.ErrorContext(ctx, "idemhttp: response sent but not stored; key left to its lease",
 			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", resp.StatusCode, "error", err)
 	}
+	return err
 }
 
-func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) {
+// releaseExec releases exec's record; it returns the store's error (after
+// logging those that are not about a lost lease).
+func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) error {
 	err := exec.Release(ctx)
 	switch {
 	case err == nil, errors.Is(err, idem.ErrFinished), errors.Is(err, idem.ErrLeaseLost):
@@ -441,6 +529,7 @@ func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) {
 		m.log.ErrorContext(ctx, "idemhttp: cannot release the key; left to its lease",
 			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
 	}
+	return err
 }
 
 // runUnguarded runs the handler without a record (FailOpen).

@@ -2,10 +2,14 @@ package idemhttp_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -225,6 +229,40 @@ func TestJSONCanonicalReplay(t *testing.T) {
 	// A number written differently is a different request.
 	w := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2.0,"meta":{"z":[1,2.50],"a":null}}`)
 	wantProblem(t, w, http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+}
+
+// A body whose members a handler can read in another order than sent
+// ("quantity" and "Quantity": encoding/json keeps the last) is a request
+// of its own: the retry with the members swapped is refused, not given the
+// first order's response; resent byte for byte, it replays.
+func TestJSONAmbiguousNames(t *testing.T) {
+	t.Parallel()
+	type order struct {
+		Quantity int `json:"quantity"`
+	}
+	e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		var o order
+		if err := json.NewDecoder(r.Body).Decode(&o); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "quantity %d", o.Quantity)
+	})
+	first := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	if first.Code != http.StatusCreated || first.Body.String() != "quantity 1000" {
+		t.Fatalf("first: %d %q", first.Code, first.Body)
+	}
+	wantProblem(t, e.do(http.MethodPost, "/orders", "k", `{"Quantity":1000,"quantity":1}`),
+		http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+	again := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	if again.Header().Get(idemhttp.HeaderReplayed) != "true" || again.Body.String() != "quantity 1000" {
+		t.Fatalf("retry: %d %q", again.Code, again.Body)
+	}
+	e.wantCalls(1)
+	if rec := e.record("", "k"); string(rec.Response.Body) != "quantity 1000" {
+		t.Fatalf("record body %q", rec.Response.Body)
+	}
 }
 
 // Row: same key, different fingerprint (completed or in flight) → 422.
@@ -725,54 +763,193 @@ func TestHijack(t *testing.T) {
 }
 
 // Lease lost: the handler's context is cancelled with cause ErrLeaseLost,
-// and its completion is refused, so the takeover's response stands.
+// its completion is refused, so the takeover's response stands, and its
+// client gets what a retry would get at that moment (never the losing
+// execution's own response, which no retry replays): the winner's
+// response, replayed, or 409 PROCESSING. Only once the losing response
+// has started (Flush) does its client get it.
 func TestLeaseLost(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	store := memstore.New(&memstore.Config{Now: clock.Now})
-	started := make(chan struct{})
-	var cause error
-	var calls int
-	var mu sync.Mutex
-	e := setup(t, &idemhttp.Config{Store: store, Lease: 30 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		calls++
-		n := calls
-		mu.Unlock()
-		if n == 1 {
-			close(started)
-			<-r.Context().Done()
-			cause = context.Cause(r.Context())
-			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, "first")
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, "second")
-	})
-	first := make(chan *httptest.ResponseRecorder)
-	go func() { first <- e.do(http.MethodPost, "/things", "k", `{}`) }()
-	<-started
-	clock.Advance(time.Minute) // the first lease ends on the store's clock
-	second := e.do(http.MethodPost, "/things", "k", `{}`)
-	if second.Code != http.StatusCreated || second.Body.String() != "second" {
-		t.Fatalf("takeover: %d %q", second.Code, second.Body)
+	for _, tc := range []struct {
+		name string
+		// before runs while the first handler waits, after its lease was
+		// lost on the store's clock and before its context ends; it
+		// returns a function to run after the first request's answer.
+		before func(t *testing.T, e *env, clock *fakeClock) (after func())
+		// flush: the first handler flushes its response before it waits.
+		flush bool
+		// self: the first handler completes the execution itself, then
+		// answers 500.
+		self     bool
+		status   int
+		body     string // of the first request's answer
+		replayed bool
+		warn     string // logged
+		runs     int64  // of the handler; 0 means 2
+	}{{
+		name: "winner completed",
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			if w := e.do(http.MethodPost, "/things", "k", `{}`); w.Code != http.StatusCreated || w.Body.String() != "second" {
+				t.Errorf("takeover: %d %q", w.Code, w.Body)
+			}
+			return nil
+		},
+		status: http.StatusCreated, body: "second", replayed: true,
+		warn: "the response of the execution that took the key over",
+	}, {
+		name: "winner completed, handler completes itself",
+		self: true,
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			e.do(http.MethodPost, "/things", "k", `{}`)
+			return nil
+		},
+		status: http.StatusCreated, body: "second", replayed: true,
+		warn: "the response of the execution that took the key over",
+	}, {
+		name: "winner still running",
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			done := make(chan *httptest.ResponseRecorder)
+			e.block = make(chan struct{})
+			e.blocked = make(chan struct{})
+			go func() { done <- e.do(http.MethodPost, "/things", "k", `{}`) }()
+			<-e.blocked
+			return func() {
+				close(e.block)
+				if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "second" {
+					t.Errorf("takeover: %d %q", w.Code, w.Body)
+				}
+			}
+		},
+		status: http.StatusConflict, body: `"code":"PROCESSING"`,
+		warn: "took the key over still runs",
+	}, {
+		name: "record gone",
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			if err := e.store.Delete(context.Background(), "", "k"); err != nil {
+				t.Error(err)
+			}
+			return nil
+		},
+		status: http.StatusConflict, body: `"code":"PROCESSING"`,
+		warn: "record not found", runs: 1,
+	}, {
+		name: "key taken by another request",
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			if err := e.store.Delete(context.Background(), "", "k"); err != nil {
+				t.Error(err)
+			}
+			if w := e.do(http.MethodPost, "/things", "k", `{"other":1}`); w.Code != http.StatusCreated {
+				t.Errorf("takeover: %d %q", w.Code, w.Body)
+			}
+			return nil
+		},
+		status: http.StatusConflict, body: `"code":"PROCESSING"`,
+		warn: "key taken by another request",
+	}, {
+		name:  "response already started",
+		flush: true,
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			e.do(http.MethodPost, "/things", "k", `{}`)
+			return nil
+		},
+		status: http.StatusCreated, body: "first",
+		warn: "response had started",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			store := &flakyStore{Store: memstore.New(&memstore.Config{Now: clock.Now})}
+			var logs logBuffer
+			started, proceed := make(chan struct{}), make(chan struct{})
+			var cause error
+			var owner string
+			var calls atomic.Int64
+			var e *env
+			e = setup(t, &idemhttp.Config{
+				Store: store, Lease: 30 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			}, func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) > 1 {
+					if e.block != nil {
+						close(e.blocked)
+						<-e.block
+					}
+					w.Header().Set("X-Second", "1")
+					w.WriteHeader(http.StatusCreated)
+					_, _ = io.WriteString(w, "second")
+					return
+				}
+				w.Header().Set("X-First", "1")
+				w.Header().Set("Set-Cookie", "first=1")
+				if tc.flush {
+					w.WriteHeader(http.StatusCreated)
+					_, _ = io.WriteString(w, "first")
+					http.NewResponseController(w).Flush()
+				}
+				owner = idemhttp.ExecutionFrom(r.Context()).Lease().Owner
+				store.noExtend.Store(&owner) // the watchdog cannot renew: the lease ends
+				close(started)
+				<-r.Context().Done()
+				cause = context.Cause(r.Context())
+				<-proceed
+				if tc.self {
+					err := idemhttp.ExecutionFrom(r.Context()).Complete(context.Background(), idem.Response{StatusCode: http.StatusCreated})
+					if !errors.Is(err, idem.ErrLeaseLost) {
+						t.Errorf("Complete: %v, want ErrLeaseLost", err)
+					}
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				if !tc.flush {
+					w.WriteHeader(http.StatusCreated)
+					_, _ = io.WriteString(w, "first")
+				}
+			})
+			first := make(chan *httptest.ResponseRecorder)
+			go func() {
+				w := httptest.NewRecorder()
+				w.Header().Set("X-Outer", "set around the middleware")
+				e.h.ServeHTTP(w, request(http.MethodPost, "/things", "k", `{}`))
+				first <- w
+			}()
+			<-started
+			clock.Advance(time.Minute) // the first lease ends on the store's clock
+			after := tc.before(t, e, clock)
+			close(proceed)
+			w := <-first
+			if after != nil {
+				after()
+			}
+
+			if !errors.Is(cause, idem.ErrLeaseLost) {
+				t.Errorf("first handler's context cause %v, want ErrLeaseLost", cause)
+			}
+			if w.Code != tc.status || !strings.Contains(w.Body.String(), tc.body) {
+				t.Errorf("first: %d %q, want %d %q", w.Code, w.Body, tc.status, tc.body)
+			}
+			if got := w.Header().Get(idemhttp.HeaderReplayed) == "true"; got != tc.replayed {
+				t.Errorf("first: replayed %v, want %v", got, tc.replayed)
+			}
+			if tc.status == http.StatusConflict && w.Header().Get("Retry-After") == "" {
+				t.Errorf("409 without Retry-After: %v", w.Header())
+			}
+			if !tc.flush && (w.Header().Get("X-First") != "" || w.Header().Get("Set-Cookie") != "") {
+				t.Errorf("first: the losing handler's headers were sent: %v", w.Header())
+			}
+			if w.Header().Get("X-Outer") == "" {
+				t.Errorf("first: the header set around the middleware is gone: %v", w.Header())
+			}
+			if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), tc.warn) {
+				t.Errorf("log %q, want a warning with %q", logs.String(), tc.warn)
+			}
+			if rec, err := e.store.Get(context.Background(), "", "k"); err == nil && rec.Owner == owner {
+				t.Errorf("the stale execution's response was stored: %+v", rec)
+			}
+			if want := cmp.Or(tc.runs, 2); calls.Load() != want {
+				t.Errorf("handler ran %d times, want %d", calls.Load(), want)
+			}
+		})
 	}
-	w := <-first
-	if !errors.Is(cause, idem.ErrLeaseLost) {
-		t.Fatalf("first handler's context cause %v, want ErrLeaseLost", cause)
-	}
-	if w.Code != http.StatusCreated || w.Body.String() != "first" {
-		t.Fatalf("first: %d %q", w.Code, w.Body)
-	}
-	rec := e.record("", "k")
-	if rec.Fence != 2 || string(rec.Response.Body) != "second" {
-		t.Fatalf("record fence %d body %q; the stale completion overwrote the takeover", rec.Fence, rec.Response.Body)
-	}
-	if replay := e.do(http.MethodPost, "/things", "k", `{}`); replay.Body.String() != "second" {
-		t.Fatalf("replay %q", replay.Body)
-	}
-	e.wantCalls(2)
 }
 
 // Scopes isolate callers; scope errors answer before anything is stored.

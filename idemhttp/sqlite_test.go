@@ -33,11 +33,11 @@ func countOrders(t *testing.T, db *sql.DB) int {
 	return n
 }
 
-// createOrder inserts an order and completes the record in the same
+// createOrderTx inserts an order and completes the record in the same
 // transaction, then writes something else than what it committed: the
 // client must get the committed response. With ?fail=rollback it rolls
 // the transaction back after CompleteTx and answers 500.
-func createOrder(db *sql.DB) http.HandlerFunc {
+func createOrderTx(db *sql.DB) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		body, _ := io.ReadAll(r.Body)
@@ -84,7 +84,7 @@ func createOrder(db *sql.DB) http.HandlerFunc {
 func TestCompleteTxSQLite(t *testing.T) {
 	t.Parallel()
 	db, store := newSQLite(t)
-	e := setup(t, &idemhttp.Config{Store: store}, createOrder(db))
+	e := setup(t, &idemhttp.Config{Store: store}, createOrderTx(db))
 
 	first := e.do(http.MethodPost, "/orders", "k", `A-1`)
 	if first.Code != http.StatusCreated || first.Body.String() != `{"id":1}` ||
@@ -114,7 +114,7 @@ func TestCompleteTxSQLite(t *testing.T) {
 func TestCompleteTxRollbackSQLite(t *testing.T) {
 	t.Parallel()
 	db, store := newSQLite(t)
-	e := setup(t, &idemhttp.Config{Store: store}, createOrder(db))
+	e := setup(t, &idemhttp.Config{Store: store}, createOrderTx(db))
 	w := e.do(http.MethodPost, "/orders?fail=rollback", "k", `A-1`)
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "rolled back") {
 		t.Fatalf("rollback: %d %q", w.Code, w.Body)
@@ -186,7 +186,7 @@ func TestSQLiteStore(t *testing.T) {
 	t.Run("concurrent duplicates", func(t *testing.T) {
 		t.Parallel()
 		db, store := newSQLite(t)
-		e := setup(t, &idemhttp.Config{Store: store, Wait: 30 * time.Second}, createOrder(db))
+		e := setup(t, &idemhttp.Config{Store: store, Wait: 30 * time.Second}, createOrderTx(db))
 		const n = 30
 		var wg sync.WaitGroup
 		responses := make([]*httptest.ResponseRecorder, n)
@@ -207,11 +207,107 @@ func TestSQLiteStore(t *testing.T) {
 	t.Run("CompleteTx unsupported on memstore", func(t *testing.T) {
 		t.Parallel()
 		db, _ := newSQLite(t)
-		e := setup(t, nil, createOrder(db)) // memstore: CompleteTx fails, the handler answers 500
+		e := setup(t, nil, createOrderTx(db)) // memstore: CompleteTx fails, the handler answers 500
 		w := e.do(http.MethodPost, "/orders", "k", `A-1`)
 		if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), idem.ErrTxUnsupported.Error()) {
 			t.Fatalf("%d %q", w.Code, w.Body)
 		}
 		e.noRecord("", "k")
+	})
+}
+
+// A response a handler stores itself (CompleteTx, or Complete) goes
+// through the same filter as a recorded one: only replayable headers are
+// kept, and a body over MaxResponseBody is omitted.
+func TestHandlerCompletionFiltered(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 100)
+	secret := func() idem.Response {
+		return idem.Response{
+			StatusCode: http.StatusCreated,
+			Header: map[string][]string{
+				"Content-Type":     {"text/plain"},
+				"Location":         {"/orders/1"},
+				"Set-Cookie":       {"session=secret"},
+				"Authorization":    {"Bearer secret"},
+				"Connection":       {"close"},
+				"Keep-Alive":       {"timeout=5"},
+				"X-Internal":       {"not replayable"},
+				"content-language": {"en"}, // not canonical: kept as Content-Language
+			},
+			Body: []byte(big),
+		}
+	}
+	check := func(t *testing.T, e *env) {
+		t.Helper()
+		first := e.do(http.MethodPost, "/orders", "k", `A-1`)
+		if first.Code != http.StatusCreated || first.Body.String() != big {
+			t.Fatalf("first: %d %q", first.Code, first.Body)
+		}
+		rec := e.record("", "k")
+		want := map[string][]string{"Content-Type": {"text/plain"}, "Location": {"/orders/1"}, "Content-Language": {"en"}}
+		if rec.Status != idem.StatusCompleted || rec.Response == nil || !rec.Response.BodyOmitted ||
+			len(rec.Response.Body) != 0 || fmt.Sprint(rec.Response.Header) != fmt.Sprint(want) {
+			t.Fatalf("stored response %+v, want headers %v and the body omitted", rec.Response, want)
+		}
+		replay := e.do(http.MethodPost, "/orders", "k", `A-1`)
+		h := replay.Header()
+		if replay.Code != http.StatusCreated || replay.Body.Len() != 0 ||
+			h.Get(idemhttp.HeaderReplayed) != "true" || h.Get(idemhttp.HeaderBodyOmitted) != "true" ||
+			h.Get("Location") != "/orders/1" {
+			t.Fatalf("replay: %d %v %q", replay.Code, h, replay.Body)
+		}
+		for _, name := range []string{"Set-Cookie", "Authorization", "Connection", "Keep-Alive", "X-Internal"} {
+			if v := h.Values(name); len(v) != 0 {
+				t.Errorf("replay has %s: %q", name, v)
+			}
+		}
+		e.wantCalls(1)
+	}
+	t.Run("CompleteTx", func(t *testing.T) {
+		t.Parallel()
+		db, store := newSQLite(t)
+		e := setup(t, &idemhttp.Config{Store: store, MaxResponseBody: 64}, func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			defer func() { _ = tx.Rollback() }()
+			if _, err := tx.ExecContext(ctx, `INSERT INTO orders (sku) VALUES ('A-1')`); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			resp := secret()
+			if err := idemhttp.ExecutionFrom(ctx).CompleteTx(ctx, tx, resp); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if err := tx.Commit(); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			if len(resp.Header) != 8 || len(resp.Body) != len(big) {
+				t.Errorf("the handler's response was changed: %+v", resp)
+			}
+			idemhttp.WriteResponse(w, resp)
+		})
+		check(t, e)
+		if n := countOrders(t, db); n != 1 {
+			t.Fatalf("%d orders, want 1", n)
+		}
+	})
+	t.Run("Complete", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, &idemhttp.Config{MaxResponseBody: 64}, func(w http.ResponseWriter, r *http.Request) {
+			resp := secret()
+			if err := idemhttp.ExecutionFrom(r.Context()).Complete(r.Context(), resp); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			idemhttp.WriteResponse(w, resp)
+		})
+		check(t, e)
 	})
 }

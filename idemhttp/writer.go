@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bufio"
 	"errors"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -29,9 +30,9 @@ type recorder struct {
 	status int    // the final status the handler wrote; 0 until then
 	buf    []byte // the body: held back, then (once forwarded) the copy kept
 	late   http.Header
-	header map[string][]string // the replayable headers as sent, once prepared
+	header map[string][]string // the header as sent, once forwarded or hijacked
 
-	prepared  bool // Content-Type sniffed and header captured
+	prepared  bool // Content-Type sniffed
 	forwarded bool // the status line went to w
 	omitted   bool // the body outgrew the limit: buf is not the body
 	hijacked  bool
@@ -159,7 +160,10 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	r.prepare()
+	if !r.forwarded {
+		r.prepare()
+		r.header = maps.Clone(r.w.Header())
+	}
 	r.hijacked = true
 	r.omitted = true
 	r.buf = r.buf[:0]
@@ -179,9 +183,8 @@ func (r *recorder) finalStatus() int {
 	return r.status
 }
 
-// prepare fixes the header the client gets and captures its replayable
-// part: it sniffs the Content-Type as net/http would, so that the record
-// and the client agree on it.
+// prepare fixes the header the client gets: it sniffs the Content-Type as
+// net/http would, so that the record and the client agree on it.
 func (r *recorder) prepare() {
 	if r.prepared {
 		return
@@ -195,24 +198,17 @@ func (r *recorder) prepare() {
 			h["Content-Type"] = []string{http.DetectContentType(r.buf)}
 		}
 	}
-	for name, values := range h {
-		if len(values) == 0 || !r.m.replayable(name) {
-			continue
-		}
-		if r.header == nil {
-			r.header = make(map[string][]string, 4)
-		}
-		// idem.Response keys are canonical ("ETag" is stored as "Etag").
-		r.header[http.CanonicalHeaderKey(name)] = slices.Clip(values)
-	}
 }
 
-// forward sends the status line, the header and the body held back, once.
+// forward sends the status line, the header and the body held back, once;
+// it keeps the header as sent for the record, since the handler may still
+// change the map.
 func (r *recorder) forward() error {
 	if r.forwarded {
 		return nil
 	}
 	r.prepare()
+	r.header = maps.Clone(r.w.Header())
 	r.forwarded = true
 	r.w.WriteHeader(r.finalStatus())
 	if len(r.buf) > 0 {
@@ -223,10 +219,18 @@ func (r *recorder) forward() error {
 	return nil
 }
 
-// response returns what the record stores for the handler's response.
+// response returns the handler's response as the client gets it. The
+// guard passes it through Middleware.storable before it is stored, which
+// keeps only the replayable headers (the recorder does not filter them
+// itself). Its header map is the writer's, or the copy made when the
+// response was forwarded.
 func (r *recorder) response() idem.Response {
 	r.prepare()
-	resp := idem.Response{StatusCode: r.finalStatus(), Header: r.header, BodyOmitted: r.omitted}
+	h := r.header
+	if !r.forwarded && !r.hijacked {
+		h = r.w.Header()
+	}
+	resp := idem.Response{StatusCode: r.finalStatus(), Header: h, BodyOmitted: r.omitted}
 	if !r.omitted && len(r.buf) > 0 {
 		// buf goes back to a pool once the request ends; stores do not
 		// retain a response after Complete returns (idem.Store).
@@ -279,6 +283,17 @@ func (r *recorder) sendCommitted(resp idem.Response) {
 		_, _ = r.w.Write(body)
 	}
 	r.copyTrailers()
+}
+
+// discard drops the handler's response, none of which has reached the
+// client, so that another can be written to r.w: the header goes back to
+// before, what it held before the handler ran.
+func (r *recorder) discard(before http.Header) {
+	h := r.w.Header()
+	clear(h)
+	maps.Copy(h, before)
+	r.late = nil
+	r.forwarded = true // nothing more goes out from the recorder
 }
 
 // copyTrailers moves trailers set on the late header copy to the real
