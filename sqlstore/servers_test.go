@@ -121,7 +121,8 @@ func (srv server) addrWith(t *testing.T, pg func(url.Values), my func(*mysql.Con
 		}
 		q := u.Query()
 		pg(q)
-		u.RawQuery = q.Encode()
+		// pgx reads a space as "%20", not as "+".
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		return u.String()
 	case sqlstore.MySQL:
 		cfg, err := mysql.ParseDSN(srv.svc.Addr())

@@ -112,21 +112,49 @@ func (s *Store) stmt(ctx context.Context, tx *sql.Tx, q *query) (*sql.Stmt, erro
 	return tx.PrepareContext(ctx, q.text)
 }
 
-func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
-	st, err := s.stmt(ctx, tx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, q.args(v)...)
-}
-
-// queryRow runs q and scans its one row into dest; sql.ErrNoRows if none.
-func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, dest ...any) error {
+// run runs f on q prepared (see stmt). The cached statements belong to
+// the Store's *sql.DB, and database/sql refuses to bind them to a
+// transaction of another *sql.DB, even on the same database (the
+// caller's own pool, say): f then runs again on q prepared on tx's
+// connection. database/sql reports that refusal before it sends anything,
+// so the second run is the only one that reaches the database.
+func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.Stmt) error) error {
 	st, err := s.stmt(ctx, tx, q)
 	if err != nil {
 		return err
 	}
-	return st.QueryRowContext(ctx, q.args(v)...).Scan(dest...)
+	err = f(st)
+	if tx == nil || !foreignStmt(err) {
+		return err
+	}
+	if st, err = tx.PrepareContext(ctx, q.text); err != nil {
+		return err
+	}
+	return f(st)
+}
+
+// foreignStmt reports whether err is database/sql's refusal to bind a
+// statement prepared on one *sql.DB to a transaction of another
+// (Tx.StmtContext). database/sql has no sentinel for it: the message is
+// the only mark, and TestCompleteTxOtherDB fails if it ever changes.
+func foreignStmt(err error) bool {
+	return err != nil && err.Error() == "sql: Tx.Stmt: statement from different database used"
+}
+
+func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
+	var res sql.Result
+	err := s.run(ctx, tx, q, func(st *sql.Stmt) (err error) {
+		res, err = st.ExecContext(ctx, q.args(v)...)
+		return err
+	})
+	return res, err
+}
+
+// queryRow runs q and scans its one row into dest; sql.ErrNoRows if none.
+func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, dest ...any) error {
+	return s.run(ctx, tx, q, func(st *sql.Stmt) error {
+		return st.QueryRowContext(ctx, q.args(v)...).Scan(dest...)
+	})
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see [idem.Store]. A
@@ -361,7 +389,10 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 
 // CompleteTx is Complete run in tx, the caller's transaction on the same
 // database, so that the business effect and the stored response commit
-// together or not at all; see [idem.TxCompleter]. The record stays locked
+// together or not at all; see [idem.TxCompleter]. tx may belong to the
+// Store's *sql.DB or to any other *sql.DB open on the same database: the
+// Store's cached statements serve the first, and a statement prepared on
+// tx's connection the second. The record stays locked
 // until tx ends (on SQLite, the whole database: tx holds the write lock,
 // and under OpenSQLite the only connection, so every other write waits).
 // Begin tx IMMEDIATE on SQLite ([OpenSQLite] does), or a read in tx
