@@ -6,6 +6,7 @@
 //
 //	db, err := sqlstore.OpenSQLite(ctx, "data/idem.db")
 //	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+//	defer store.Close() // its prepared statements; db stays open
 //	err = store.Migrate(ctx) // at start-up; idempotent
 //	guard, err := idem.NewGuard(store, nil)
 //
@@ -80,6 +81,10 @@
 //     expires_at has passed, found through the expires_at index, and never
 //     a processing record whose lease is live.
 //   - Migrate is idempotent and safe from several processes at once.
+//   - The Store prepares each statement once on its *sql.DB (database/sql
+//     then keeps it prepared on every connection that runs it).
+//     [Store.Close] closes those statements, not the *sql.DB; after it,
+//     every call fails with [ErrClosed] without reaching the database.
 //   - Errors say which operation failed ("sqlstore: acquire: …").
 //     [idem.ErrNotFound] and [idem.ErrLeaseLost] are the only sentinels a
 //     caller needs; sql.ErrNoRows never escapes; a call whose context ended

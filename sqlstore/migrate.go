@@ -19,6 +19,9 @@ import (
 // does not know, is left as it is.
 func (s *Store) Migrate(ctx context.Context) error {
 	const op = "migrate"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	tx, err := s.d.beginSchema(ctx, s.db)
 	if err != nil {
 		return s.fail(ctx, op, err)

@@ -25,24 +25,33 @@ type Config struct {
 
 // Store is an [idem.Store] and [idem.TxCompleter] over database/sql. It is
 // safe for concurrent use, also by several processes sharing the
-// database. Create it with New and create its tables with Migrate.
+// database. Create it with New and create its tables with Migrate; Close
+// it when done.
 type Store struct {
-	db    *sql.DB
-	d     Dialect
-	st    *statements
-	log   *slog.Logger
-	cache *stmtCache
+	db      *sql.DB
+	d       Dialect
+	st      *statements
+	log     *slog.Logger
+	cache   *stmtCache
+	cleanup runtime.Cleanup
 }
+
+// ErrClosed is returned by every method of a Store after Close.
+var ErrClosed = errors.New("sqlstore: store closed")
 
 // stmtCache holds the Store's statements, prepared on first use (they
 // cannot be prepared before Migrate created the tables). database/sql
 // keeps each prepared on every connection that ran it, so a call parses
 // nothing.
 type stmtCache struct {
-	stmts [numQueries]atomic.Pointer[sql.Stmt]
+	stmts  [numQueries]atomic.Pointer[sql.Stmt]
+	closed atomic.Bool
 }
 
+// close closes the cache: the statements it holds now, and any that a
+// call racing with close adds later (see Store.prepared).
 func (c *stmtCache) close() {
+	c.closed.Store(true)
 	for i := range c.stmts {
 		if st := c.stmts[i].Swap(nil); st != nil {
 			_ = st.Close()
@@ -69,9 +78,32 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: &stmtCache{}}
-	// A Store has no Close: its statements are closed once it is garbage.
-	runtime.AddCleanup(s, (*stmtCache).close, s.cache)
+	// A Store that is never closed closes its statements once it is
+	// garbage.
+	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
+}
+
+// Close closes the statements the Store prepared on its *sql.DB, on every
+// connection that holds them. It does not close the *sql.DB, which is the
+// caller's. Every call made after Close returns fails with an error
+// matching [ErrClosed] and sends nothing to the database; a call running
+// while Close runs either completes or fails with ErrClosed. Close is
+// idempotent and returns nil. (A Store dropped without Close closes its
+// statements when it is garbage collected, at a time the program does not
+// control.)
+func (s *Store) Close() error {
+	s.cleanup.Stop()
+	s.cache.close()
+	return nil
+}
+
+// closed returns the error of a call op made after Close, or nil.
+func (s *Store) closed(op string) error {
+	if s.cache.closed.Load() {
+		return fmt.Errorf("%w (%s)", ErrClosed, op)
+	}
+	return nil
 }
 
 // prepared returns q prepared on the Store's database, preparing it on
@@ -87,13 +119,27 @@ func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
 	// waits for this very call to give up, as Execution.CompleteTx does
 	// for a renewal it cancels), and only ctx may end that wait. Callers
 	// racing on a cold statement each prepare it; one is kept.
+	if s.cache.closed.Load() {
+		return nil, ErrClosed
+	}
 	st, err := s.db.PrepareContext(ctx, q.text)
 	if err != nil {
 		return nil, err
 	}
 	if !s.cache.stmts[q.id].CompareAndSwap(nil, st) {
 		_ = st.Close()
-		return s.cache.stmts[q.id].Load(), nil
+		if st = s.cache.stmts[q.id].Load(); st == nil {
+			return nil, ErrClosed // Close emptied the slot meanwhile
+		}
+		return st, nil
+	}
+	// Close may have emptied the cache between the check above and the
+	// swap: take the statement back out, unless Close took it already.
+	if s.cache.closed.Load() {
+		if s.cache.stmts[q.id].CompareAndSwap(st, nil) {
+			_ = st.Close()
+		}
+		return nil, ErrClosed
 	}
 	return st, nil
 }
@@ -163,6 +209,9 @@ func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, d
 // on each dialect.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
 	const op = "acquire"
+	if err := s.closed(op); err != nil {
+		return idem.AcquireResult{}, err
+	}
 	if err := req.Validate(); err != nil {
 		return idem.AcquireResult{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -412,6 +461,9 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 // copy of resp. tieredstore uses it to cache what it completes.
 func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
 	const op = "complete"
+	if err := s.closed(op); err != nil {
+		return idem.Record{}, err
+	}
 	if !s.d.completeReturns() {
 		if err := s.complete(ctx, op, nil, l, resp, retention, nil); err != nil {
 			return idem.Record{}, err
@@ -446,6 +498,9 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 // whose statement returns the record's columns (completeReturns), they
 // fill rec.
 func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration, rec *idem.Record) error {
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -500,6 +555,9 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 // again; see [idem.Store].
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 	const op = "release"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -515,6 +573,9 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 // lease with its new Until; see [idem.Store].
 func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	const op = "extend"
+	if err := s.closed(op); err != nil {
+		return idem.Lease{}, err
+	}
 	if err := validateLease(l); err != nil {
 		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -544,6 +605,9 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 // Get returns the record, expired or not; [idem.ErrNotFound] if none.
 func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	const op = "get"
+	if err := s.closed(op); err != nil {
+		return idem.Record{}, err
+	}
 	if err := validateID(scope, key); err != nil {
 		return idem.Record{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -558,6 +622,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 // [idem.ErrNotFound] if none.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	const op = "delete"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateID(scope, key); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -582,6 +649,9 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // processing record whose lease is live.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	const op = "sweep"
+	if err := s.closed(op); err != nil {
+		return 0, err
+	}
 	if limit <= 0 {
 		limit = idem.DefaultSweepLimit
 	}
@@ -686,6 +756,10 @@ func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 // (errors.Is(err, context.Canceled) holds); sql.ErrNoRows never gets
 // here.
 func (s *Store) fail(ctx context.Context, op string, err error) error {
+	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+		// The call ran into Close (a statement it held was closed).
+		return fmt.Errorf("%w (%s: %v)", ErrClosed, op, err)
+	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("sqlstore: %s: %w (%v)", op, cerr, err)
 	}
