@@ -95,4 +95,3 @@ func TestCompleteTxOtherDB(t *testing.T) {
 		}
 	})
 }
-

@@ -26,7 +26,7 @@
 //
 // Migrate creates idem_records, one row per (scope, idempotency_key) with
 // the fingerprint, status, owner, fence, lease end, retention, the response
-// (status, headers as JSON, body as a BLOB, the body-omitted marker) and
+// (status, headers as text, body as a BLOB, the body-omitted marker) and
 // created_at, completed_at and expires_at, plus an index on expires_at for
 // Sweep. Times are integer unix milliseconds; durations are milliseconds.
 // Applied migrations are recorded, with their version, in
@@ -93,8 +93,14 @@
 //     with a hint to run Migrate when the table is missing.
 //   - Responses round-trip byte for byte (bodies of any bytes and size up
 //     to the database's limit: 1 GB on SQLite and PostgreSQL, LONGBLOB and
-//     max_allowed_packet on MySQL); so do fingerprints. Nil and empty
-//     bodies and headers are the same and come back nil.
+//     max_allowed_packet on MySQL); so do fingerprints, and header names
+//     and values whatever bytes they hold. The header is kept as the JSON
+//     object of its names and values when they are all valid UTF-8 (the
+//     encoding of every earlier version of this package, so an older
+//     build reads it), and otherwise, since JSON text cannot carry other
+//     bytes, as "2:" and a JSON object of the base64 of each name and
+//     value. Nil and empty bodies and headers are the same and come back
+//     nil.
 //
 // # Acquire on SQLite
 //

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -518,11 +517,11 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 		retentionMS:    ceilMS(retention),
 	}
 	if len(resp.Header) > 0 {
-		h, err := json.Marshal(resp.Header)
+		h, err := encodeHeader(resp.Header)
 		if err != nil {
 			return fmt.Errorf("sqlstore: %s: encode header: %w", op, err)
 		}
-		v.responseHeader = string(h)
+		v.responseHeader = h
 	}
 	// Complete alone runs the statement as an Exec even where it returns
 	// columns: database/sql starts a goroutine for every Rows read under a
@@ -712,9 +711,11 @@ func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values,
 			resp.Body = body
 		}
 		if header.Valid && header.String != "" {
-			if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+			h, err := decodeHeader(header.String)
+			if err != nil {
 				return idem.Record{}, fmt.Errorf("record (%q, %q) has a malformed header: %w", scope, key, err)
 			}
+			resp.Header = h
 		}
 		rec.Response = resp
 	default:
