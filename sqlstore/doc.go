@@ -71,6 +71,16 @@
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
 //     still completes.
+//   - A completion is safe to retry: when Complete (or CompleteRecord)
+//     matches nothing because the record is already completed under the
+//     same owner and fence, the earlier completion committed (its reply
+//     was lost, or MySQL's read back of CompleteRecord failed), and the
+//     retry returns nil (CompleteRecord: the record as stored) without
+//     writing; the stored response stays the first one. CompleteTx in
+//     that case fails with an error matching [idem.ErrFinished]: its
+//     transaction must roll back, not commit the effect a second time.
+//     Only the failure path reads: a completion that matches costs what
+//     it did.
 //   - [Store.CompleteTx] runs Complete's statement in the caller's
 //     transaction: the effect and the stored response commit together or
 //     not at all. It locks the record's row (on SQLite, the database)

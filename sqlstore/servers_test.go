@@ -257,8 +257,13 @@ func TestCompleteTx(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("CompleteTx of a completed record = %v, want ErrLeaseLost", err)
+		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrFinished) {
+			t.Fatalf("CompleteTx of a record the lease completed = %v, want ErrFinished", err)
+		}
+		stale := l
+		stale.Owner = idem.NewOwner()
+		if err := s.CompleteTx(ctx, tx, stale, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteTx of a completed record by another owner = %v, want ErrLeaseLost", err)
 		}
 	})
 }
@@ -490,8 +495,21 @@ func TestCompleteRecord(t *testing.T) {
 		if rec != got || got.Status != idem.StatusCompleted || got.Retention != time.Hour {
 			t.Fatalf("CompleteRecord = %+v, Get = %+v", rec, got)
 		}
-		if _, err := s.CompleteRecord(ctx, res.Lease, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("second CompleteRecord = %v, want ErrLeaseLost", err)
+		// A retry (the first reply was lost) returns the stored record,
+		// with the first response, whatever it carries.
+		again, err := s.CompleteRecord(ctx, res.Lease, idem.Response{StatusCode: 500}, 2*time.Hour)
+		if err != nil {
+			t.Fatalf("second CompleteRecord = %v, want the stored record", err)
+		}
+		stored, err := s.Get(ctx, r.Scope, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := storetest.DiffRecord(again, stored); d != "" || string(again.Response.Body) != "created" {
+			t.Fatalf("second CompleteRecord returned %+v, differs from Get's: %s", again, d)
+		}
+		if _, err := s.CompleteRecord(ctx, stale, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteRecord of a completed record with a stale fence = %v, want ErrLeaseLost", err)
 		}
 	})
 }

@@ -430,7 +430,10 @@ func held(req idem.AcquireRequest, rec idem.Record) idem.AcquireResult {
 
 // Complete stores resp and marks the record completed, kept for
 // retention; see [idem.Store]. It errs with [idem.ErrLeaseLost] unless the
-// record is processing under l's owner and fence.
+// record is processing under l's owner and fence, or already completed
+// under them: then Complete is the retry of a completion that committed
+// (its reply lost, say), and it returns nil and leaves the stored
+// response as it is.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	return s.complete(ctx, "complete", nil, l, resp, retention, nil)
 }
@@ -446,6 +449,22 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // Begin tx IMMEDIATE on SQLite ([OpenSQLite] does), or a read in tx
 // before CompleteTx may make the completion fail with "database is
 // locked" when another process wrote in between.
+//
+// Unlike Complete, CompleteTx on a record that l completed already fails,
+// with an error matching [idem.ErrFinished]: the completion committed
+// before, with its effect, and tx must roll back rather than commit the
+// effect a second time.
+//
+// Under REPEATABLE READ or SERIALIZABLE (PostgreSQL), an update of the
+// record committed after tx took its snapshot makes the completion fail
+// with a serialization failure (SQLSTATE 40001). Renewals do not update
+// the record (see "Renewals on PostgreSQL" in the package documentation),
+// so only a takeover, a completion, a release or a deletion does: CompleteTx
+// then reads the record outside tx, on another connection of the Store's
+// *sql.DB (tx is aborted), and returns an error matching
+// [idem.ErrLeaseLost] (or [idem.ErrFinished], if l completed it), which
+// also wraps the driver's error; should the record still be l's, the
+// serialization failure is returned as it is, wrapped.
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	if tx == nil {
 		return errors.New("sqlstore: complete in tx: nil *sql.Tx")
@@ -457,13 +476,17 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 // Get would return it after the completion, without reading it back on
 // SQLite and PostgreSQL (the completing statement returns its columns;
 // on MySQL it is Complete followed by a read). The record's Response is a
-// copy of resp. tieredstore uses it to cache what it completes.
+// copy of resp. When l completed the record already (a retry), it
+// returns the record as it is stored, with the response stored then.
+// tieredstore uses it to cache what it completes.
 func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
 	const op = "complete"
 	if err := s.closed(op); err != nil {
 		return idem.Record{}, err
 	}
 	if !s.d.completeReturns() {
+		// A read back that fails leaves the record completed: the retry
+		// finds it so, and succeeds.
 		if err := s.complete(ctx, op, nil, l, resp, retention, nil); err != nil {
 			return idem.Record{}, err
 		}
@@ -473,29 +496,22 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 		}
 		return rec, nil
 	}
-	rec := idem.Record{
-		Scope: l.Scope, Key: l.Key, Status: idem.StatusCompleted,
-		Owner: l.Owner, Fence: l.Fence,
-		Retention: time.Duration(ceilMS(retention)) * time.Millisecond,
-	}
+	var rec idem.Record
 	if err := s.complete(ctx, op, nil, l, resp, retention, &rec); err != nil {
 		return idem.Record{}, err
 	}
-	stored := resp.Clone()
-	// As Get returns them: an empty body or header reads back as nil.
-	if len(stored.Body) == 0 {
-		stored.Body = nil
-	}
-	if len(stored.Header) == 0 {
-		stored.Header = nil
-	}
-	rec.Response = &stored
 	return rec, nil
 }
 
 // complete runs complete in tx (nil: on its own). With rec, on a dialect
-// whose statement returns the record's columns (completeReturns), they
-// fill rec.
+// whose statement returns the record's columns (completeReturns), rec
+// receives the completed record.
+//
+// When the statement matches no row, the record is read (off the hot
+// path): if l completed it already, the completion is a retry, which
+// succeeds without writing (rec receives the record as stored) unless it
+// runs in tx, which fails with idem.ErrFinished; otherwise the lease is
+// lost.
 func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration, rec *idem.Record) error {
 	if err := s.closed(op); err != nil {
 		return err
@@ -526,28 +542,76 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	// Complete alone runs the statement as an Exec even where it returns
 	// columns: database/sql starts a goroutine for every Rows read under a
 	// cancellable context, and Complete needs only the affected-rows count.
+	matched := true
+	var err error
 	if rec != nil && s.d.completeReturns() {
 		var fingerprint string
 		var leaseUntil, createdAt, completedAt, expiresAt int64
-		err := s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, tx, l))
-		case err != nil:
-			return s.fail(ctx, op, err)
+		err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
+		if errors.Is(err, sql.ErrNoRows) {
+			matched, err = false, nil
+		} else if err == nil {
+			stored := resp.Clone()
+			// As Get returns them: an empty body or header reads back as nil.
+			if len(stored.Body) == 0 {
+				stored.Body = nil
+			}
+			if len(stored.Header) == 0 {
+				stored.Header = nil
+			}
+			*rec = idem.Record{
+				Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
+				Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
+				LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
+				Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
+				ExpiresAt: fromMS(expiresAt),
+			}
 		}
-		rec.Fingerprint = idem.Fingerprint(fingerprint)
-		rec.LeaseUntil = fromMS(leaseUntil)
-		rec.CreatedAt = fromMS(createdAt)
-		rec.CompletedAt = fromMS(completedAt)
-		rec.ExpiresAt = fromMS(expiresAt)
+	} else {
+		var res sql.Result
+		if res, err = s.exec(ctx, tx, s.st.complete, &v); err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil {
+				matched = n > 0
+			}
+		}
+	}
+	switch {
+	case err != nil && tx != nil && s.d.retryable(err):
+		return s.changedUnderTx(ctx, op, l, err)
+	case err != nil:
+		return s.fail(ctx, op, err)
+	case matched:
 		return nil
 	}
-	res, err := s.exec(ctx, tx, s.st.complete, &v)
-	if err != nil {
-		return s.fail(ctx, op, err)
+	done, err := s.completedBy(ctx, tx, l)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	case tx != nil:
+		return fmt.Errorf("sqlstore: %s: %w: the record is completed by this lease already (the completion committed before): roll back", op, idem.ErrFinished)
+	case rec != nil:
+		*rec = done
 	}
-	return s.checkHeld(ctx, op, tx, l, res)
+	return nil
+}
+
+// changedUnderTx explains the serialization failure err of the
+// completion in a transaction: someone changed the record after the
+// transaction took its snapshot. The transaction is aborted, so the
+// record is read outside it.
+func (s *Store) changedUnderTx(ctx context.Context, op string, l idem.Lease, err error) error {
+	rec, rerr := s.get(ctx, nil, l.Scope, l.Key)
+	mine := rerr == nil && rec.Owner == l.Owner && rec.Fence == l.Fence
+	switch {
+	case rerr != nil && !errors.Is(rerr, idem.ErrNotFound), mine && rec.Status == idem.StatusProcessing:
+		// Unknown, or the record is still l's: the failure as it is.
+		return s.fail(ctx, op, err)
+	case mine:
+		return fmt.Errorf("sqlstore: %s: %w: the record is completed by this lease already (the completion committed before): roll back (%w)", op, idem.ErrFinished, err)
+	default:
+		return fmt.Errorf("sqlstore: %s: %w (%w)", op, lostBecause(l, rec, rerr), err)
+	}
 }
 
 // Release deletes the processing record held by l so that a retry runs
@@ -741,13 +805,32 @@ func (s *Store) checkHeld(ctx context.Context, op string, tx *sql.Tx, l idem.Lea
 // idem.ErrLeaseLost whatever the read finds.
 func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	return lostBecause(l, rec, err)
+}
+
+// completedBy reads the record of l after a completion matched no row: it
+// returns the record if l completed it already, and otherwise an error
+// that wraps idem.ErrLeaseLost and says why.
+func (s *Store) completedBy(ctx context.Context, tx *sql.Tx, l idem.Lease) (idem.Record, error) {
+	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
+		return rec, nil
+	}
+	return idem.Record{}, lostBecause(l, rec, err)
+}
+
+// lostBecause is the error that says why l does not hold rec, read with
+// error err.
+func lostBecause(l idem.Lease, rec idem.Record, err error) error {
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		return fmt.Errorf("%w: no record", idem.ErrLeaseLost)
 	case err != nil:
 		return idem.ErrLeaseLost
+	case rec.Status != idem.StatusProcessing && rec.Owner == l.Owner && rec.Fence == l.Fence:
+		return fmt.Errorf("%w: the record is %s", idem.ErrLeaseLost, rec.Status)
 	case rec.Status != idem.StatusProcessing:
-		return fmt.Errorf("%w: record is %s", idem.ErrLeaseLost, rec.Status)
+		return fmt.Errorf("%w: the record is %s by fence %d", idem.ErrLeaseLost, rec.Status, rec.Fence)
 	default:
 		return fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.Fence)
 	}
