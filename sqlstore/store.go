@@ -252,10 +252,12 @@ const maxAcquireAttempts = 8
 // acquired is the Acquired result for the lease v.owner now holds, with
 // the record every dialect's acquire statement writes: lease_until = now +
 // lease_ms and expires_at = lease_until + retention_ms. leaseUntil -
-// leaseMS is the database's now at the write: a new or replaced record is
-// created then, and a takeover keeps the older created_at (the
-// fingerprint is the request's in every case: a takeover requires it).
-func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64) idem.AcquireResult {
+// leaseMS is the database's now at the write: a new record, or one that
+// replaced an expired record, is created then, and a takeover keeps the
+// older created_at (the fingerprint is the request's in every case: a
+// takeover requires it). tookOver says that the record replaced was
+// processing.
+func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64, tookOver bool) idem.AcquireResult {
 	until := fromMS(leaseUntil)
 	return idem.AcquireResult{
 		Outcome: idem.Acquired,
@@ -275,8 +277,17 @@ func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt i
 			CreatedAt:   fromMS(createdAt),
 			ExpiresAt:   fromMS(leaseUntil + v.retentionMS),
 		},
-		TookOver: fence > 1 && createdAt != leaseUntil-v.leaseMS,
+		TookOver: tookOver,
 	}
+}
+
+// tookOverByCreation is how a dialect whose acquire statement reports no
+// took_over tells a takeover (MySQL): a takeover keeps the record's
+// created_at, which then differs from the database's now at the write.
+// (It misses the replacement of a processing record abandoned past its
+// expiry, which that statement also reports with created_at kept.)
+func tookOverByCreation(v *values, fence, leaseUntil, createdAt int64) bool {
+	return fence > 1 && createdAt != leaseUntil-v.leaseMS
 }
 
 // acquireInTx: select_held; then, in one write transaction, the upsert
@@ -303,14 +314,15 @@ func (s *Store) acquireInTx(ctx context.Context, req idem.AcquireRequest, v *val
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	var fence, leaseUntil, createdAt, now int64
-	err = s.queryRow(ctx, tx, s.st.acquire, v, &fence, &leaseUntil, &createdAt, &now)
+	var fence, leaseUntil, createdAt int64
+	var tookOver bool
+	err = s.queryRow(ctx, tx, s.st.acquire, v, &fence, &leaseUntil, &createdAt, &tookOver)
 	switch {
 	case err == nil:
 		if err := tx.Commit(); err != nil {
 			return idem.AcquireResult{}, err
 		}
-		return acquired(req, v, fence, leaseUntil, createdAt), nil
+		return acquired(req, v, fence, leaseUntil, createdAt, tookOver), nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return idem.AcquireResult{}, err
 	}
@@ -337,7 +349,8 @@ func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest
 		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+			leaseUntil, createdAt := rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()
+			return acquired(req, v, rec.Fence, leaseUntil, createdAt, tookOverByCreation(v, rec.Fence, leaseUntil, createdAt)), nil
 		case err == nil:
 			return held(req, rec), nil
 		case errors.Is(err, idem.ErrNotFound), s.d.retryable(err):
@@ -385,14 +398,15 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 		// server that reports 0 takes the read below: slower, as correct.
 		if now, ierr := res.LastInsertId(); ierr == nil && now > 0 {
 			if n, rerr := res.RowsAffected(); rerr == nil && n == 1 {
-				return acquired(req, v, 1, now+v.leaseMS, now), nil
+				return acquired(req, v, 1, now+v.leaseMS, now, false), nil
 			}
 		}
 		var rec idem.Record
 		rec, err = s.get(ctx, nil, req.Scope, req.Key)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+			leaseUntil, createdAt := rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()
+			return acquired(req, v, rec.Fence, leaseUntil, createdAt, tookOverByCreation(v, rec.Fence, leaseUntil, createdAt)), nil
 		case err == nil:
 			return held(req, rec), nil
 		case !errors.Is(err, idem.ErrNotFound):
