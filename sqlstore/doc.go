@@ -34,13 +34,19 @@
 // PostgreSQL bigint/text/bytea/integer/boolean; MySQL BIGINT, VARBINARY(255)
 // for scope, key and fingerprint (compared byte for byte: utf8mb4_bin is a
 // PAD SPACE collation, under which "k" and "k " would be one key), LONGBLOB
-// for the body, LONGTEXT for the headers. On PostgreSQL, migration 2 also
-// creates the PL/pgSQL function idem_acquire_write (see "Acquire on
-// PostgreSQL"): the role that runs Migrate needs CREATE on the schema, as
-// for the table, and the roles that use the store need EXECUTE on the
-// function, which PostgreSQL grants to PUBLIC by default. Everything is
-// created in the first schema of the connection's search_path, and found
-// there by the store's statements.
+// for the body, LONGTEXT for the headers. On SQLite and PostgreSQL a
+// took_over column (SQLite migration 2, PostgreSQL migration 3) says
+// whether a processing record's lease replaced another processing record
+// (AcquireResult.TookOver). On PostgreSQL, migration 2 also creates the
+// PL/pgSQL function idem_acquire_write (see "Acquire on PostgreSQL"), and
+// migration 3 the table idem_renewals, the view idem_records_renewed and
+// the function idem_sweep (see "Renewals on PostgreSQL"): the role that
+// runs Migrate needs CREATE on the schema, as for the table, and the
+// roles that use the store need EXECUTE on the functions, which
+// PostgreSQL grants to PUBLIC by default, and SELECT, INSERT, UPDATE and
+// DELETE on the tables and SELECT on the view. Everything is created in
+// the first schema of the connection's search_path, and found there by
+// the store's statements.
 //
 // # Guarantees
 //
@@ -65,8 +71,11 @@
 //     read that locks nothing (such a record changes only when its lease
 //     or retention ends). What a new, replaced or taken-over key costs
 //     depends on the dialect; see below.
-//   - Complete, Extend, Release, Delete and Sweep are one statement each
-//     (Extend on MySQL: two, see below). Complete, Extend and Release
+//   - Complete, Extend, Release and Delete are one statement each (Extend
+//     on MySQL: two, see below); Sweep is one statement on SQLite and
+//     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
+//     PostgreSQL. Extend, and Sweep, run again after a deadlock or a
+//     serialisation failure, at most 8 times. Complete, Extend and Release
 //     match on status = processing, owner and fence; when they match
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
@@ -86,10 +95,17 @@
 //     not at all. It locks the record's row (on SQLite, the database)
 //     until the transaction ends: an Acquire that would take the record
 //     over waits for it, and then sees the record completed (or, after a
-//     rollback, still processing and takes it over).
-//   - Sweep deletes, in one statement, at most limit records whose
-//     expires_at has passed, found through the expires_at index, and never
-//     a processing record whose lease is live.
+//     rollback, still processing and takes it over). It succeeds under
+//     every isolation level of each dialect while the execution holds the
+//     record, however often the lease was renewed while the transaction
+//     ran (TestCompleteTxIsolation: READ UNCOMMITTED, READ COMMITTED,
+//     REPEATABLE READ and SERIALIZABLE on PostgreSQL and MySQL; SQLite is
+//     always serializable), and fails with an error matching
+//     [idem.ErrLeaseLost] after a takeover, under every level too.
+//   - Sweep deletes at most limit records whose expires_at has passed,
+//     found through the expires_at index, and never a processing record
+//     whose lease is live (nor one whose owner's Extend succeeded: on
+//     PostgreSQL TestExtendSweepRace pins that race).
 //   - Migrate is idempotent and safe from several processes at once.
 //   - The Store prepares each statement once on its *sql.DB (database/sql
 //     then keeps it prepared on every connection that runs it).
@@ -172,6 +188,73 @@
 //
 // A database that an older build migrated lacks the function: Acquire
 // then fails with "has Store.Migrate run?", and Migrate adds it.
+//
+// Since migration 3, idem_acquire_write inserts a new record with ON
+// CONFLICT DO NOTHING (the same cost), and on a conflict locks the
+// record there (SELECT … FOR UPDATE), reads its lease as renewed (see
+// below) in a later statement, and then replaces it (expired), takes it
+// over (processing, same fingerprint, lease ended) or returns it (held
+// by another owner). A replay or a duplicate still never calls it.
+//
+// # Renewals on PostgreSQL
+//
+// Extend does not write the record's row: it writes idem_renewals, one
+// row per key holding the lease end of the owner and fence that last
+// renewed it (migration 3). A business transaction under REPEATABLE READ
+// or SERIALIZABLE whose snapshot predates a renewal would otherwise fail
+// its CompleteTx with a serialization failure (SQLSTATE 40001): the
+// renewal updated the row it completes, after its snapshot. A row lock
+// held by a transaction that has ended is no such update, so Extend
+// checks the record with SELECT … FOR SHARE (status processing, owner,
+// fence) and upserts the renewal in the same statement.
+//
+// A processing record's lease is its renewal's when the renewal carries
+// the record's owner and fence, and its own lease_until otherwise (an
+// owner is 128 random bits: a renewal left by an earlier owner of the
+// key never matches); its expiry is that lease + its retention. Every
+// statement that decides on a lease or an expiry, or returns a record,
+// reads records through the view idem_records_renewed (Get, Acquire's
+// read) or applies the same rule (idem_acquire_write, idem_sweep). A
+// completed record ignores renewals: its LeaseUntil is the one its
+// acquisition wrote, since the completion, which runs in the caller's
+// transaction, must not read what renewals write.
+//
+// Extend, a takeover and Sweep lock the record's row before they touch
+// its renewal, so the lock orders them; whoever comes second sees what
+// the first committed. An Extend that waits for a takeover re-reads the
+// row once it is free (READ COMMITTED) and finds another owner: lease
+// lost. A takeover that waits for an Extend reads the renewal in a
+// statement that starts after its lock was granted (under READ
+// COMMITTED, a new snapshot, which shows the renewal) and then finds the
+// key in flight. If the store's sessions run REPEATABLE READ or
+// SERIALIZABLE (the server's default_transaction_isolation), the
+// function's statements share the snapshot of the acquire statement and
+// that read may miss a renewal; so a takeover also upserts the renewal
+// row for its own lease, which fails with 40001 when the row changed
+// after the snapshot, and Acquire runs again (TestExtendTakeoverRace
+// fails without it). idem_sweep locks the expired records it finds (FOR
+// UPDATE SKIP LOCKED), then decides in a later statement, in a READ
+// COMMITTED transaction whatever the session's default; it deletes the
+// renewals of the records it removes, and renewals that lapsed (their
+// lease + retention passed) and are no processing record's lease.
+// Release and Delete leave a record's renewal to Sweep.
+//
+// CompleteTx under REPEATABLE READ or SERIALIZABLE still fails with 40001
+// when someone else changed the record after the transaction's snapshot
+// (a takeover, a completion, a release or a deletion); it then reads the
+// record outside the transaction (the transaction is aborted: on another
+// connection of the Store's *sql.DB) and reports a takeover as
+// [idem.ErrLeaseLost], wrapping the driver's error too.
+//
+// Renewals cost Extend an upsert into idem_renewals instead of an update
+// of the record (one statement, one commit, as before), and an Acquire
+// that meets a processing record a read of its renewal; a replay of a
+// completed record reads nothing more. During a rolling upgrade, builds
+// without migration 3 keep working against a migrated database (their
+// Extend moves the record's own lease, which the new statements read
+// when there is no renewal of that owner, and their Acquire calls the new
+// idem_acquire_write), but their Sweep ignores renewals: run Sweep from
+// upgraded builds only.
 //
 // # Acquire on MySQL and MariaDB
 //
@@ -301,6 +384,13 @@
 //
 // # What this package does not guarantee
 //
+//   - On PostgreSQL, a server whose default_transaction_isolation is
+//     SERIALIZABLE makes concurrent Acquires of distinct keys fail with
+//     serialization failures (predicate locks on shared index pages)
+//     beyond Acquire's 8 attempts, now and before renewals moved out of
+//     the record; keep the server's default at READ COMMITTED or
+//     REPEATABLE READ (transactions of the application may use any
+//     level).
 //   - The database's clock is the clock of its server (of the primary, on
 //     PostgreSQL and MySQL): a step of that clock moves every lease. A
 //     failover to a replica whose clock differs moves them too.

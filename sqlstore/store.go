@@ -346,11 +346,11 @@ func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest
 	var err error
 	for range maxAcquireAttempts {
 		var rec idem.Record
-		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v)
+		var tookOver bool
+		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v, &tookOver)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			leaseUntil, createdAt := rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()
-			return acquired(req, v, rec.Fence, leaseUntil, createdAt, tookOverByCreation(v, rec.Fence, leaseUntil, createdAt)), nil
+			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli(), tookOver), nil
 		case err == nil:
 			return held(req, rec), nil
 		case errors.Is(err, idem.ErrNotFound), s.d.retryable(err):
@@ -662,12 +662,21 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence, leaseMS: ceilMS(ttl)}
 	var until int64
 	var err error
-	if s.st.selectLease.text == "" {
-		err = s.queryRow(ctx, nil, s.st.extend, &v, &until)
-	} else if _, err = s.exec(ctx, nil, s.st.extend, &v); err == nil {
-		// No RETURNING (MySQL): read the lease back. Nobody but l's owner
-		// moves a live lease, and the update just made it live.
-		err = s.queryRow(ctx, nil, s.st.selectLease, &v, &until)
+	// A serialisation failure (PostgreSQL, when the session's default
+	// isolation is REPEATABLE READ or SERIALIZABLE and the record or its
+	// renewal changed after the statement began) or a deadlock rolled the
+	// statement back: run it again, with a new snapshot.
+	for range maxAcquireAttempts {
+		if s.st.selectLease.text == "" {
+			err = s.queryRow(ctx, nil, s.st.extend, &v, &until)
+		} else if _, err = s.exec(ctx, nil, s.st.extend, &v); err == nil {
+			// No RETURNING (MySQL): read the lease back. Nobody but l's owner
+			// moves a live lease, and the update just made it live.
+			err = s.queryRow(ctx, nil, s.st.selectLease, &v, &until)
+		}
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, nil, l))
@@ -733,15 +742,52 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		limit = idem.DefaultSweepLimit
 	}
 	v := values{limit: int64(limit)}
-	res, err := s.exec(ctx, nil, s.st.sweep, &v)
-	if err != nil {
-		return 0, s.fail(ctx, op, err)
+	var n int64
+	var err error
+	// A deadlock (InnoDB's DELETE … ORDER BY … LIMIT against a renewal or
+	// a completion of the same rows) or a serialisation failure rolled
+	// the sweep back: it may simply run again.
+	for attempt := range maxAcquireAttempts {
+		if _, ok := s.d.(sweeperInTx); ok {
+			n, err = s.sweepInTx(ctx, &v)
+		} else {
+			var res sql.Result
+			if res, err = s.exec(ctx, nil, s.st.sweep, &v); err == nil {
+				n, err = res.RowsAffected()
+			}
+		}
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+			return 0, s.fail(ctx, op, err)
+		}
 	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, s.fail(ctx, op, err)
 	}
 	return int(n), nil
+}
+
+// sweeperInTx is a dialect whose sweep statement returns the number of
+// records it removed and runs in a transaction begun with beginWrite
+// (PostgreSQL: idem_sweep, in READ COMMITTED).
+type sweeperInTx interface{ sweepInTx() }
+
+func (s *Store) sweepInTx(ctx context.Context, v *values) (int64, error) {
+	if _, err := s.prepared(ctx, s.st.sweep); err != nil {
+		return 0, err
+	}
+	tx, err := s.d.beginWrite(ctx, s.db)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	var n int64
+	if err := s.queryRow(ctx, tx, s.st.sweep, v, &n); err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
 }
 
 // get reads one record, in tx if not nil; idem.ErrNotFound if none.
