@@ -168,3 +168,46 @@ func TestCompleteTxIsolationDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestCompleteTxIsolationCompleted: when the execution's own completion
+// committed while its business transaction ran (a retry outside the
+// transaction, say), CompleteTx fails with idem.ErrFinished under every
+// isolation level, and the effect is not committed a second time.
+func TestCompleteTxIsolationCompleted(t *testing.T) {
+	forServers(t, func(t *testing.T, srv server) {
+		db, s := srv.setup(t)
+		srv.table(t, db, "idem_test_orders")
+		for _, level := range isolationLevels {
+			t.Run(level.String(), func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				r := idem.AcquireRequest{Scope: randomName("isodone-"), Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+				l := mustAcquire(t, s, r, idem.Acquired).Lease
+				tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: level})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback()
+				srv.business(t, tx, r.Scope)
+				// A read in tx: under REPEATABLE READ it fixes tx's snapshot
+				// (MySQL takes it at the first read).
+				var n int
+				if err := tx.QueryRowContext(ctx, srv.rebind(`SELECT count(*) FROM idem_test_orders WHERE id = ?`), r.Scope).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Complete(ctx, l, idem.Response{StatusCode: 201, Body: []byte("first")}, long); err != nil {
+					t.Fatal(err)
+				}
+				err = s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 201, Body: []byte("second")}, long)
+				if !errors.Is(err, idem.ErrFinished) {
+					t.Fatalf("CompleteTx under %v of a record its lease completed meanwhile = %v, want idem.ErrFinished", level, err)
+				}
+				_ = tx.Rollback()
+				checkCompletedBy(t, s, l, "first")
+				if n := srv.businessRows(t, db, r.Scope); n != 0 {
+					t.Fatalf("%d business rows, want 0", n)
+				}
+			})
+		}
+	})
+}

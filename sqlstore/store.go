@@ -598,7 +598,7 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	case matched:
 		return nil
 	}
-	done, err := s.completedBy(ctx, tx, l)
+	done, err := s.completedBy(ctx, s.explainIn(tx), l)
 	switch {
 	case err != nil:
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
@@ -606,6 +606,26 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 		return fmt.Errorf("sqlstore: %s: %w: the record is completed by this lease already (the completion committed before): roll back", op, idem.ErrFinished)
 	case rec != nil:
 		*rec = done
+	}
+	return nil
+}
+
+// readsInTx is a dialect on which a read in the caller's transaction
+// after a completion matched nothing sees what that completion saw:
+// SQLite (the transaction holds the write lock, and under OpenSQLite the
+// only connection) and PostgreSQL (the completion and the read share the
+// transaction's snapshot under REPEATABLE READ; a newer version of the
+// row would have failed the completion with 40001). On MySQL an UPDATE
+// reads the latest version of the row, and a plain read in a REPEATABLE
+// READ transaction its snapshot, which may be older: the record is read
+// outside the transaction there.
+type readsInTx interface{ readsInTx() }
+
+// explainIn returns the transaction in which to read a record after a
+// completion in tx matched nothing: tx, or nil for a read of its own.
+func (s *Store) explainIn(tx *sql.Tx) *sql.Tx {
+	if _, ok := s.d.(readsInTx); ok {
+		return tx
 	}
 	return nil
 }
