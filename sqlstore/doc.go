@@ -112,8 +112,10 @@
 //     [Store.Close] closes those statements, not the *sql.DB; after it,
 //     every call fails with [ErrClosed] without reaching the database.
 //   - Errors say which operation failed ("sqlstore: acquire: …").
-//     [idem.ErrNotFound] and [idem.ErrLeaseLost] are the only sentinels a
-//     caller needs; sql.ErrNoRows never escapes; a call whose context ended
+//     [idem.ErrNotFound], [idem.ErrLeaseLost], [idem.ErrFinished]
+//     (CompleteTx of a record the lease completed already) and
+//     [ErrClosed] are the only sentinels a caller needs; sql.ErrNoRows
+//     never escapes; a call whose context ended
 //     fails with an error that matches the context's error; driver errors
 //     are wrapped (errors.As finds *pgconn.PgError or *mysql.MySQLError),
 //     with a hint to run Migrate when the table is missing.
