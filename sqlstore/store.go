@@ -284,8 +284,11 @@ func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt i
 // tookOverByCreation is how a dialect whose acquire statement reports no
 // took_over tells a takeover (MySQL): a takeover keeps the record's
 // created_at, which then differs from the database's now at the write.
-// (It misses the replacement of a processing record abandoned past its
-// expiry, which that statement also reports with created_at kept.)
+// It holds as long as that statement keeps created_at for every
+// processing record it replaces; once the replacement of an expired
+// record gets created_at = now, as on SQLite and PostgreSQL, the
+// replacement of an abandoned processing record needs another mark (their
+// took_over column).
 func tookOverByCreation(v *values, fence, leaseUntil, createdAt int64) bool {
 	return fence > 1 && createdAt != leaseUntil-v.leaseMS
 }
