@@ -309,7 +309,54 @@ func BenchmarkVsRoundTrip(b *testing.B) {
 			)
 			benchpair.Ratio(b, "x-insert", m[1], m[0])
 		})
+		// duplicate: Acquire on a key in flight, whose lease (on
+		// PostgreSQL, its renewal's) the answer carries, next to Get.
+		b.Run("duplicate", func(b *testing.B) {
+			l := mustLease(b, bt, "in-flight"+strconv.FormatInt(throughput.Next(), 10))
+			if _, err := bt.s.Extend(ctx, l, long); err != nil {
+				b.Fatal(err)
+			}
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "select1", F: select1(b, bt)},
+				benchpair.Func{Name: "get", F: func() {
+					if _, err := bt.s.Get(ctx, bt.scope, l.Key); err != nil {
+						b.Fatal(err)
+					}
+				}},
+				benchpair.Func{Name: "duplicate", F: func() {
+					res, err := bt.s.Acquire(ctx, bt.req(l.Key))
+					if err != nil || res.Outcome != idem.InFlight {
+						b.Fatal(res.Outcome, err)
+					}
+				}},
+			)
+			benchpair.Ratio(b, "x-select1", m[2], m[0])
+			benchpair.Ratio(b, "x-get", m[2], m[1])
+		})
+		// extend: a renewal (one durable write) next to a raw INSERT.
+		b.Run("extend", func(b *testing.B) {
+			l := mustLease(b, bt, "extended"+strconv.FormatInt(throughput.Next(), 10))
+			m := benchpair.Run(b,
+				benchpair.Func{Name: "insert", F: rawInsert(b, bt)},
+				benchpair.Func{Name: "extend", F: func() {
+					if _, err := bt.s.Extend(ctx, l, long); err != nil {
+						b.Fatal(err)
+					}
+				}},
+			)
+			benchpair.Ratio(b, "x-insert", m[1], m[0])
+		})
 	})
+}
+
+// mustLease acquires key on bt, which must be new.
+func mustLease(b *testing.B, bt benchTarget, key string) idem.Lease {
+	b.Helper()
+	res, err := bt.s.Acquire(context.Background(), bt.req(key))
+	if err != nil || res.Outcome != idem.Acquired {
+		b.Fatal(res.Outcome, err)
+	}
+	return res.Lease
 }
 
 // contentionParallelism × GOMAXPROCS goroutines call at once in

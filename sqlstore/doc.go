@@ -6,6 +6,7 @@
 //
 //	db, err := sqlstore.OpenSQLite(ctx, "data/idem.db")
 //	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+//	defer store.Close() // its prepared statements; db stays open
 //	err = store.Migrate(ctx) // at start-up; idempotent
 //	guard, err := idem.NewGuard(store, nil)
 //
@@ -27,7 +28,7 @@
 //
 // Migrate creates idem_records, one row per (scope, idempotency_key) with
 // the fingerprint, status, owner, fence, lease end, retention, the response
-// (status, headers as JSON, body as a BLOB, the body-omitted marker) and
+// (status, headers as text, body as a BLOB, the body-omitted marker) and
 // created_at, completed_at and expires_at, plus an index on expires_at for
 // Sweep. Times are integer unix milliseconds; durations are milliseconds.
 // Applied migrations are recorded, with their version, in
@@ -35,13 +36,19 @@
 // PostgreSQL bigint/text/bytea/integer/boolean; MySQL BIGINT, VARBINARY(255)
 // for scope, key and fingerprint (compared byte for byte: utf8mb4_bin is a
 // PAD SPACE collation, under which "k" and "k " would be one key), LONGBLOB
-// for the body, LONGTEXT for the headers. On PostgreSQL, migration 2 also
-// creates the PL/pgSQL function idem_acquire_write (see "Acquire on
-// PostgreSQL"): the role that runs Migrate needs CREATE on the schema, as
-// for the table, and the roles that use the store need EXECUTE on the
-// function, which PostgreSQL grants to PUBLIC by default. Everything is
-// created in the first schema of the connection's search_path, and found
-// there by the store's statements.
+// for the body, LONGTEXT for the headers. On SQLite and PostgreSQL a
+// took_over column (SQLite migration 2, PostgreSQL migration 3) says
+// whether a processing record's lease replaced another processing record
+// (AcquireResult.TookOver). On PostgreSQL, migration 2 also creates the
+// PL/pgSQL function idem_acquire_write (see "Acquire on PostgreSQL"), and
+// migration 3 the table idem_renewals, the view idem_records_renewed and
+// the function idem_sweep (see "Renewals on PostgreSQL"): the role that
+// runs Migrate needs CREATE on the schema, as for the table, and the
+// roles that use the store need EXECUTE on the functions, which
+// PostgreSQL grants to PUBLIC by default, and SELECT, INSERT, UPDATE and
+// DELETE on the tables and SELECT on the view. Everything is created in
+// the first schema of the connection's search_path, and found there by
+// the store's statements.
 //
 // # Guarantees
 //
@@ -66,32 +73,64 @@
 //     read that locks nothing (such a record changes only when its lease
 //     or retention ends). What a new, replaced or taken-over key costs
 //     depends on the dialect; see below.
-//   - Complete, Extend, Release, Delete and Sweep are one statement each
-//     (Extend on MySQL: two, see below). Complete, Extend and Release
+//   - Complete, Extend, Release and Delete are one statement each (Extend
+//     on MySQL: two, see below); Sweep is one statement on SQLite and
+//     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
+//     PostgreSQL. Extend, and Sweep, run again after a deadlock or a
+//     serialisation failure, at most 8 times. Complete, Extend and Release
 //     match on status = processing, owner and fence; when they match
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
 //     still completes.
+//   - A completion is safe to retry: when Complete (or CompleteRecord)
+//     matches nothing because the record is already completed under the
+//     same owner and fence, the earlier completion committed (its reply
+//     was lost, or MySQL's read back of CompleteRecord failed), and the
+//     retry returns nil (CompleteRecord: the record as stored) without
+//     writing; the stored response stays the first one. CompleteTx in
+//     that case fails with an error matching [idem.ErrFinished]: its
+//     transaction must roll back, not commit the effect a second time.
+//     Only the failure path reads: a completion that matches costs what
+//     it did.
 //   - [Store.CompleteTx] runs Complete's statement in the caller's
 //     transaction: the effect and the stored response commit together or
 //     not at all. It locks the record's row (on SQLite, the database)
 //     until the transaction ends: an Acquire that would take the record
 //     over waits for it, and then sees the record completed (or, after a
-//     rollback, still processing and takes it over).
-//   - Sweep deletes, in one statement, at most limit records whose
-//     expires_at has passed, found through the expires_at index, and never
-//     a processing record whose lease is live.
+//     rollback, still processing and takes it over). It succeeds under
+//     every isolation level of each dialect while the execution holds the
+//     record, however often the lease was renewed while the transaction
+//     ran (TestCompleteTxIsolation: READ UNCOMMITTED, READ COMMITTED,
+//     REPEATABLE READ and SERIALIZABLE on PostgreSQL and MySQL; SQLite is
+//     always serializable), and fails with an error matching
+//     [idem.ErrLeaseLost] after a takeover, under every level too.
+//   - Sweep deletes at most limit records whose expires_at has passed,
+//     found through the expires_at index, and never a processing record
+//     whose lease is live (nor one whose owner's Extend succeeded: on
+//     PostgreSQL TestExtendSweepRace pins that race).
 //   - Migrate is idempotent and safe from several processes at once.
+//   - The Store prepares each statement once on its *sql.DB (database/sql
+//     then keeps it prepared on every connection that runs it).
+//     [Store.Close] closes those statements, not the *sql.DB; after it,
+//     every call fails with [ErrClosed] without reaching the database.
 //   - Errors say which operation failed ("sqlstore: acquire: …").
-//     [idem.ErrNotFound] and [idem.ErrLeaseLost] are the only sentinels a
-//     caller needs; sql.ErrNoRows never escapes; a call whose context ended
+//     [idem.ErrNotFound], [idem.ErrLeaseLost], [idem.ErrFinished]
+//     (CompleteTx of a record the lease completed already) and
+//     [ErrClosed] are the only sentinels a caller needs; sql.ErrNoRows
+//     never escapes; a call whose context ended
 //     fails with an error that matches the context's error; driver errors
 //     are wrapped (errors.As finds *pgconn.PgError or *mysql.MySQLError),
 //     with a hint to run Migrate when the table is missing.
 //   - Responses round-trip byte for byte (bodies of any bytes and size up
 //     to the database's limit: 1 GB on SQLite and PostgreSQL, LONGBLOB and
-//     max_allowed_packet on MySQL); so do fingerprints. Nil and empty
-//     bodies and headers are the same and come back nil.
+//     max_allowed_packet on MySQL); so do fingerprints, and header names
+//     and values whatever bytes they hold. The header is kept as the JSON
+//     object of its names and values when they are all valid UTF-8 (the
+//     encoding of every earlier version of this package, so an older
+//     build reads it), and otherwise, since JSON text cannot carry other
+//     bytes, as "2:" and a JSON object of the base64 of each name and
+//     value. Nil and empty bodies and headers are the same and come back
+//     nil.
 //
 // # Acquire on SQLite
 //
@@ -106,12 +145,14 @@
 //
 // # Acquire on PostgreSQL
 //
-// One statement, whatever the outcome. Its first branch reads the held
-// record (live and completed, in flight, or another fingerprint) from
-// the statement's snapshot; its second branch, which runs only if there
-// is none, calls idem_acquire_write (a PL/pgSQL function that migration 2
-// creates): INSERT … ON CONFLICT (scope, idempotency_key) DO UPDATE …
-// WHERE <expired, or lease ended with the same fingerprint> RETURNING.
+// One statement, whatever the outcome. It reads the held record (live
+// and completed, in flight, or another fingerprint) from the statement's
+// snapshot, once (a CTE over idem_records_renewed, which applies
+// renewals: see "Renewals on PostgreSQL"), and returns it; only if there
+// is none it calls idem_acquire_write (a PL/pgSQL function that migration
+// 2 creates, and migration 3 replaces): in migration 2's form, INSERT …
+// ON CONFLICT (scope, idempotency_key) DO UPDATE … WHERE <expired, or
+// lease ended with the same fingerprint> RETURNING.
 // The statement returns the held record or the record it wrote, which is
 // ours if and only if it carries the random owner Acquire passed. A
 // replay or a duplicate thus costs one round trip that locks and writes
@@ -153,6 +194,76 @@
 //
 // A database that an older build migrated lacks the function: Acquire
 // then fails with "has Store.Migrate run?", and Migrate adds it.
+//
+// Since migration 3, idem_acquire_write inserts a new record with ON
+// CONFLICT DO NOTHING (the same cost), and on a conflict locks the
+// record there (SELECT … FOR UPDATE), reads its lease as renewed (see
+// below) in a later statement, and then replaces it (expired), takes it
+// over (processing, same fingerprint, lease ended) or returns it (held
+// by another owner). A replay or a duplicate still never calls it.
+//
+// # Renewals on PostgreSQL
+//
+// Extend does not write the record's row: it writes idem_renewals, one
+// row per key holding the lease end of the owner and fence that last
+// renewed it (migration 3). A business transaction under REPEATABLE READ
+// or SERIALIZABLE whose snapshot predates a renewal would otherwise fail
+// its CompleteTx with a serialization failure (SQLSTATE 40001): the
+// renewal updated the row it completes, after its snapshot. A row lock
+// held by a transaction that has ended is no such update, so Extend
+// checks the record with SELECT … FOR SHARE (status processing, owner,
+// fence) and upserts the renewal in the same statement.
+//
+// A processing record's lease is its renewal's when the renewal carries
+// the record's owner and fence, and its own lease_until otherwise (an
+// owner is 128 random bits: a renewal left by an earlier owner of the
+// key never matches); its expiry is that lease + its retention. Every
+// statement that decides on a lease or an expiry, or returns a record,
+// reads records through the view idem_records_renewed (Get, Acquire's
+// read) or applies the same rule (idem_acquire_write, idem_sweep). A
+// completed record ignores renewals: its LeaseUntil is the one its
+// acquisition wrote, since the completion, which runs in the caller's
+// transaction, must not read what renewals write.
+//
+// Extend, a takeover and Sweep lock the record's row before they touch
+// its renewal, so the lock orders them; whoever comes second sees what
+// the first committed. An Extend that waits for a takeover re-reads the
+// row once it is free (READ COMMITTED) and finds another owner: lease
+// lost. A takeover that waits for an Extend reads the renewal in a
+// statement that starts after its lock was granted (under READ
+// COMMITTED, a new snapshot, which shows the renewal) and then finds the
+// key in flight. If the store's sessions run REPEATABLE READ or
+// SERIALIZABLE (the server's default_transaction_isolation), the
+// function's statements share the snapshot of the acquire statement and
+// that read may miss a renewal; so a takeover also upserts the renewal
+// row for its own lease, which fails with 40001 when the row changed
+// after the snapshot, and Acquire runs again (TestExtendTakeoverRace
+// fails without it). idem_sweep locks the expired records it finds (FOR
+// UPDATE SKIP LOCKED), then decides in a later statement, in a READ
+// COMMITTED transaction whatever the session's default; it deletes the
+// renewals of the records it removes, and renewals that lapsed (their
+// lease + retention passed) and are no processing record's lease.
+// Release and Delete leave a record's renewal to Sweep.
+//
+// CompleteTx under REPEATABLE READ or SERIALIZABLE still fails with 40001
+// when someone else changed the record after the transaction's snapshot
+// (a takeover, a completion, a release or a deletion); it then reads the
+// record outside the transaction (the transaction is aborted: on another
+// connection of the Store's *sql.DB) and reports a takeover as
+// [idem.ErrLeaseLost], wrapping the driver's error too.
+//
+// Renewals cost Extend an upsert into idem_renewals instead of an update
+// of the record (one statement, one commit, as before: the same time,
+// within the noise). A read that reports a processing record (Get, a
+// duplicate in flight) calls idem_renewed_lease, about 20 µs on the
+// project's machine; a completed record costs a few µs more than a read
+// of the table (the view's plan), and its renewal is never read
+// (docs/benchmarks.md). During a rolling upgrade, builds
+// without migration 3 keep working against a migrated database (their
+// Extend moves the record's own lease, which the new statements read
+// when there is no renewal of that owner, and their Acquire calls the new
+// idem_acquire_write), but their Sweep ignores renewals: run Sweep from
+// upgraded builds only.
 //
 // # Acquire on MySQL and MariaDB
 //
@@ -257,8 +368,10 @@
 //	MariaDB          1.62          1.41          1.60              1.23
 //	SQLite           10.9          9.1           1.54              1.17
 //
-// A replay costs one round trip and a primary-key read of the row with
-// its stored response; Get, the plain read of the same row, is the floor
+// (Measured before migration 3; since, reads go through the view
+// idem_records_renewed, a few µs dearer for a completed record: see
+// "Renewals on PostgreSQL".) A replay costs one round trip and a
+// primary-key read of the row with its stored response; Get, the plain read of the same row, is the floor
 // of any answer that carries the record. A new key costs one statement
 // and one commit on PostgreSQL, two round trips and one commit on MySQL.
 //
@@ -317,6 +430,13 @@
 //
 // # What this package does not guarantee
 //
+//   - On PostgreSQL, a server whose default_transaction_isolation is
+//     SERIALIZABLE makes concurrent Acquires of distinct keys fail with
+//     serialization failures (predicate locks on shared index pages)
+//     beyond Acquire's 8 attempts, now and before renewals moved out of
+//     the record; keep the server's default at READ COMMITTED or
+//     REPEATABLE READ (transactions of the application may use any
+//     level).
 //   - The database's clock is the clock of its server (of the primary, on
 //     PostgreSQL and MySQL): a step of that clock moves every lease. A
 //     failover to a replica whose clock differs moves them too.
@@ -343,10 +463,10 @@
 //     processes sharing a SQLite file share a host, so they share a clock;
 //     a step of that clock moves every lease. Do not put a SQLite database
 //     on a network file system: its locks are not reliable there.
-//   - AcquireResult.TookOver is derived from created_at, which a takeover
-//     keeps and a new record sets to now; a backwards step of the clock
-//     within one millisecond of a record's creation could misreport it. It
-//     is informational: the fence is what protects the record.
+//   - AcquireResult.TookOver is informational: the fence is what protects
+//     the record. SQLite and PostgreSQL keep it in a took_over column;
+//     MySQL reports it through the acquire statement's insert id, and a
+//     driver that reports no insert id leaves it false.
 //   - A database migrated by a newer version of this package is used as
 //     it is; Migrate does not downgrade.
 package sqlstore

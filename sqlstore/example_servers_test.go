@@ -24,6 +24,7 @@ func ExamplePostgreSQL() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil { // at start-up, from any number of instances
 		log.Fatal(err)
 	}
@@ -46,6 +47,7 @@ func ExampleMySQL() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil { // at start-up, from any number of instances
 		log.Fatal(err)
 	}

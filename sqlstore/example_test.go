@@ -32,6 +32,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -78,6 +79,7 @@ func ExampleStore_CompleteTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -142,6 +144,7 @@ func ExampleStore_Sweep() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}

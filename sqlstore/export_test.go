@@ -1,6 +1,9 @@
 package sqlstore
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // SQLiteDSN exposes the DSN of OpenSQLite to the benchmarks that compare
 // connection settings.
@@ -14,3 +17,7 @@ func MigrationNames(d Dialect) []string {
 	}
 	return out
 }
+
+// MigrateTo applies s's migrations up to version upTo only, as an older
+// build would have.
+func MigrateTo(ctx context.Context, s *Store, upTo int64) error { return s.migrate(ctx, upTo) }

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"math"
 )
 
 // Migrate brings the database's schema to the version this package knows:
@@ -18,7 +19,15 @@ import (
 // others then find nothing to do. A database migrated by a newer build, with versions this build
 // does not know, is left as it is.
 func (s *Store) Migrate(ctx context.Context) error {
+	return s.migrate(ctx, math.MaxInt64)
+}
+
+// migrate applies the migrations not yet applied up to version upTo.
+func (s *Store) migrate(ctx context.Context, upTo int64) error {
 	const op = "migrate"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	tx, err := s.d.beginSchema(ctx, s.db)
 	if err != nil {
 		return s.fail(ctx, op, err)
@@ -55,7 +64,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 	var done []migration
 	for _, m := range s.d.migrations() {
-		if applied[m.version] {
+		if applied[m.version] || m.version > upTo {
 			continue
 		}
 		for i, stmt := range m.stmts {

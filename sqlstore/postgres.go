@@ -27,9 +27,12 @@ func (postgresDialect) statements() *statements  { return postgresStatements }
 func (postgresDialect) migrations() []migration  { return postgresMigrations }
 func (postgresDialect) completeReturns() bool    { return true }
 func (postgresDialect) acquireMode() acquireMode { return acquireOneStatement }
+func (postgresDialect) readsInTx()               {}
+func (postgresDialect) sweepInTx()               {}
 
 // missingTable: undefined_table, or undefined_function (idem_acquire_write
-// comes with migration 2: a database migrated by an older build).
+// comes with migration 2, idem_renewals, idem_records_renewed and
+// idem_sweep with migration 3: a database migrated by an older build).
 func (postgresDialect) missingTable(err error) bool {
 	switch sqlState(err) {
 	case "42P01", "42883":

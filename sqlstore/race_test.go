@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // race runs f(i) for i in [0, n) on n goroutines released at once.
@@ -252,39 +253,37 @@ func TestMigrate(t *testing.T) {
 		}
 		versions = append(versions, fmt.Sprintf("%d_%s", v, name))
 	}
-	if strings.Join(versions, ",") != "1_create_idem_records" {
-		t.Fatalf("recorded versions = %v", versions)
+	if want := sqlstore.MigrationNames(sqlstore.SQLite); strings.Join(versions, ",") != strings.Join(want, ",") {
+		t.Fatalf("recorded versions = %v, want %v", versions, want)
 	}
 	mustAcquire(t, s, req("k", "fp", long), idem.Acquired)
 }
 
-// TestCompleteTxColdStore: CompleteTx on a Store that has not yet
-// prepared its statements, inside a transaction that holds the only
-// connection OpenSQLite allows, must not wait for a second connection.
-func TestCompleteTxColdStore(t *testing.T) {
+// TestMigrateUpgrade: a SQLite database an older build migrated to
+// version 1, with records it wrote, is brought up to date by Migrate;
+// until then Acquire says to migrate.
+func TestMigrateUpgrade(t *testing.T) {
 	t.Parallel()
-	db, warm := setup(t)
-	l := mustAcquire(t, warm, req("k", "fp", long), idem.Acquired).Lease
-	cold := newStore(t, db)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
+	db := openDB(t, t.TempDir()+"/old.db")
+	s := newStore(t, db)
+	ctx := t.Context()
+	if err := sqlstore.MigrateTo(ctx, s, 1); err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback()
-	stale := l
-	stale.Fence++
-	if err := cold.CompleteTx(ctx, tx, stale, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("CompleteTx(stale) = %v, want ErrLeaseLost", err)
-	}
-	if err := cold.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); err != nil {
-		t.Fatalf("CompleteTx = %v", err)
-	}
-	if err := tx.Commit(); err != nil {
+	now := time.Now().UnixMilli()
+	if _, err := db.ExecContext(ctx, `INSERT INTO idem_records (scope, idempotency_key, fingerprint, status, owner, fence, lease_until, retention_ms, created_at, expires_at)
+		VALUES ('tenant', 'ended', 'fp', 'processing', 'old-owner', 2, ?1, 60000, ?2, ?1 + 60000)`, now-1000, now-5000); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := cold.Get(ctx, "tenant", "k"); err != nil || rec.Status != idem.StatusCompleted {
-		t.Fatalf("after commit: %+v, %v", rec, err)
+	if _, err := s.Acquire(ctx, req("new", "fp", long)); err == nil || !strings.Contains(err.Error(), "Migrate") {
+		t.Errorf("Acquire on a version-1 database = %v, want a hint to migrate", err)
 	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := mustAcquire(t, s, req("ended", "fp", long), idem.Acquired)
+	if !res.TookOver || res.Lease.Fence != 3 || !res.Record.CreatedAt.Equal(time.UnixMilli(now-5000)) {
+		t.Fatalf("takeover of the older build's ended lease: %+v", res)
+	}
+	mustAcquire(t, s, req("new", "fp", long), idem.Acquired)
 }

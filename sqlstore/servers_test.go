@@ -121,7 +121,8 @@ func (srv server) addrWith(t *testing.T, pg func(url.Values), my func(*mysql.Con
 		}
 		q := u.Query()
 		pg(q)
-		u.RawQuery = q.Encode()
+		// pgx reads a space as "%20", not as "+".
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		return u.String()
 	case sqlstore.MySQL:
 		cfg, err := mysql.ParseDSN(srv.svc.Addr())
@@ -256,8 +257,13 @@ func TestCompleteTx(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("CompleteTx of a completed record = %v, want ErrLeaseLost", err)
+		if err := s.CompleteTx(ctx, tx, l, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrFinished) {
+			t.Fatalf("CompleteTx of a record the lease completed = %v, want ErrFinished", err)
+		}
+		stale := l
+		stale.Owner = idem.NewOwner()
+		if err := s.CompleteTx(ctx, tx, stale, idem.Response{StatusCode: 200}, long); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteTx of a completed record by another owner = %v, want ErrLeaseLost", err)
 		}
 	})
 }
@@ -489,8 +495,21 @@ func TestCompleteRecord(t *testing.T) {
 		if rec != got || got.Status != idem.StatusCompleted || got.Retention != time.Hour {
 			t.Fatalf("CompleteRecord = %+v, Get = %+v", rec, got)
 		}
-		if _, err := s.CompleteRecord(ctx, res.Lease, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("second CompleteRecord = %v, want ErrLeaseLost", err)
+		// A retry (the first reply was lost) returns the stored record,
+		// with the first response, whatever it carries.
+		again, err := s.CompleteRecord(ctx, res.Lease, idem.Response{StatusCode: 500}, 2*time.Hour)
+		if err != nil {
+			t.Fatalf("second CompleteRecord = %v, want the stored record", err)
+		}
+		stored, err := s.Get(ctx, r.Scope, r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := storetest.DiffRecord(again, stored); d != "" || string(again.Response.Body) != "created" {
+			t.Fatalf("second CompleteRecord returned %+v, differs from Get's: %s", again, d)
+		}
+		if _, err := s.CompleteRecord(ctx, stale, resp, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Fatalf("CompleteRecord of a completed record with a stale fence = %v, want ErrLeaseLost", err)
 		}
 	})
 }
@@ -561,31 +580,75 @@ func TestServerMigrate(t *testing.T) {
 		}
 		mustAcquire(t, s, r, idem.Acquired)
 
-		if srv.dialect != sqlstore.PostgreSQL {
-			return
-		}
-		// A database that an older build migrated to version 1 only: the
-		// new Acquire says to migrate, and Migrate adds version 2 alone.
-		if _, err := db.ExecContext(ctx, `DROP FUNCTION idem_acquire_write; DELETE FROM idem_schema_migrations WHERE version = 2`); err != nil {
-			t.Fatal(err)
-		}
-		old, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Key = "k2"
-		if _, err := old.Acquire(ctx, r); err == nil || !strings.Contains(err.Error(), "Migrate") {
-			t.Errorf("Acquire on a version-1 database = %v, want a hint to migrate", err)
-		}
-		if err := old.Migrate(ctx); err != nil {
-			t.Fatalf("Migrate from version 1: %v", err)
-		}
-		mustAcquire(t, old, r, idem.Acquired)
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations`).Scan(&n); err != nil || n != len(sqlstore.MigrationNames(srv.dialect)) {
-			t.Fatalf("versions recorded after the upgrade: %d, %v", n, err)
-		}
 	})
+}
+
+// TestServerUpgrade: a PostgreSQL database that older builds migrated to
+// version 1, then 2, with records they wrote in flight, is brought up to
+// date by Migrate. Until then the new statements say to migrate; after,
+// the records written before keep their leases.
+func TestServerUpgrade(t *testing.T) {
+	srv := servers[0]
+	admin := srv.open(t, "")
+	ctx := t.Context()
+	name := randomName("idem_upgrade_")
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+name+" CASCADE") })
+	db := srv.open(t, srv.addrWith(t, func(q url.Values) { q.Set("search_path", name) }, nil))
+	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := idem.AcquireRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
+	versions := sqlstore.MigrationNames(srv.dialect)
+	for v := range int64(len(versions) - 1) {
+		if err := sqlstore.MigrateTo(ctx, s, v+1); err != nil {
+			t.Fatalf("migrate to version %d: %v", v+1, err)
+		}
+		if _, err := s.Acquire(ctx, r); err == nil || !strings.Contains(err.Error(), "Migrate") {
+			t.Errorf("Acquire on a version-%d database = %v, want a hint to migrate", v+1, err)
+		}
+	}
+	// Records an older build wrote and extended (it moved lease_until
+	// and expires_at of the row): one in flight, one whose lease ended.
+	now := time.Now().UnixMilli()
+	for _, rec := range []struct {
+		key   string
+		until int64
+	}{{"live", now + time.Hour.Milliseconds()}, {"ended", now - 1000}} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO idem_records (scope, idempotency_key, fingerprint, status, owner, fence, lease_until, retention_ms, created_at, expires_at)
+			VALUES ('s', $1, 'fp', 'processing', 'old-owner', 3, $2::bigint, 60000, $3::bigint, $2::bigint + 60000)`, rec.key, rec.until, now-5000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_schema_migrations`).Scan(&n); err != nil || n != len(versions) {
+		t.Fatalf("versions recorded after the upgrade: %d, %v; want %d", n, err, len(versions))
+	}
+	live := r
+	live.Key = "live"
+	if res := mustAcquire(t, s, live, idem.InFlight); res.Record.Owner != "old-owner" || res.Record.LeaseUntil.UnixMilli() != now+time.Hour.Milliseconds() {
+		t.Fatalf("the older build's live lease after the upgrade: %+v", res.Record)
+	}
+	old := idem.Lease{Scope: "s", Key: "live", Owner: "old-owner", Fence: 3}
+	ext, err := s.Extend(ctx, old, time.Minute)
+	if err != nil {
+		t.Fatalf("Extend of the older build's lease: %v", err)
+	}
+	if rec, err := s.Get(ctx, "s", "live"); err != nil || !rec.LeaseUntil.Equal(ext.Until) || !rec.ExpiresAt.Equal(ext.Until.Add(time.Minute)) {
+		t.Fatalf("after Extend: %+v, %v; want lease until %v", rec, err, ext.Until)
+	}
+	ended := r
+	ended.Key = "ended"
+	if res := mustAcquire(t, s, ended, idem.Acquired); !res.TookOver || res.Lease.Fence != 4 || !res.Record.CreatedAt.Equal(time.UnixMilli(now-5000)) {
+		t.Fatalf("takeover of the older build's ended lease: %+v", res)
+	}
+	mustAcquire(t, s, r, idem.Acquired)
 }
 
 // TestServerClock: the times a record holds are the database's, within

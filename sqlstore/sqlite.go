@@ -25,11 +25,16 @@ var sqliteStatements, sqliteMigrations = mustLoad("sqlite")
 func (sqliteDialect) String() string          { return "sqlite" }
 func (sqliteDialect) statements() *statements { return sqliteStatements }
 func (sqliteDialect) migrations() []migration { return sqliteMigrations }
+
+// missingTable: a missing table, or a missing column (took_over comes
+// with migration 2: a database migrated by an older build).
 func (sqliteDialect) missingTable(err error) bool {
-	return strings.Contains(err.Error(), "no such table")
+	msg := err.Error()
+	return strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column named")
 }
 func (sqliteDialect) completeReturns() bool    { return true }
 func (sqliteDialect) acquireMode() acquireMode { return acquireInTx }
+func (sqliteDialect) readsInTx()               {}
 func (sqliteDialect) retryable(error) bool     { return false }
 
 // beginWrite begins a transaction with db.BeginTx. Under OpenSQLite's

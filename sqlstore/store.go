@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,24 +24,33 @@ type Config struct {
 
 // Store is an [idem.Store] and [idem.TxCompleter] over database/sql. It is
 // safe for concurrent use, also by several processes sharing the
-// database. Create it with New and create its tables with Migrate.
+// database. Create it with New and create its tables with Migrate; Close
+// it when done.
 type Store struct {
-	db    *sql.DB
-	d     Dialect
-	st    *statements
-	log   *slog.Logger
-	cache *stmtCache
+	db      *sql.DB
+	d       Dialect
+	st      *statements
+	log     *slog.Logger
+	cache   *stmtCache
+	cleanup runtime.Cleanup
 }
+
+// ErrClosed is returned by every method of a Store after Close.
+var ErrClosed = errors.New("sqlstore: store closed")
 
 // stmtCache holds the Store's statements, prepared on first use (they
 // cannot be prepared before Migrate created the tables). database/sql
 // keeps each prepared on every connection that ran it, so a call parses
 // nothing.
 type stmtCache struct {
-	stmts [numQueries]atomic.Pointer[sql.Stmt]
+	stmts  [numQueries]atomic.Pointer[sql.Stmt]
+	closed atomic.Bool
 }
 
+// close closes the cache: the statements it holds now, and any that a
+// call racing with close adds later (see Store.prepared).
 func (c *stmtCache) close() {
+	c.closed.Store(true)
 	for i := range c.stmts {
 		if st := c.stmts[i].Swap(nil); st != nil {
 			_ = st.Close()
@@ -69,9 +77,32 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: &stmtCache{}}
-	// A Store has no Close: its statements are closed once it is garbage.
-	runtime.AddCleanup(s, (*stmtCache).close, s.cache)
+	// A Store that is never closed closes its statements once it is
+	// garbage.
+	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
+}
+
+// Close closes the statements the Store prepared on its *sql.DB, on every
+// connection that holds them. It does not close the *sql.DB, which is the
+// caller's. Every call made after Close returns fails with an error
+// matching [ErrClosed] and sends nothing to the database; a call running
+// while Close runs either completes or fails with ErrClosed. Close is
+// idempotent and returns nil. (A Store dropped without Close closes its
+// statements when it is garbage collected, at a time the program does not
+// control.)
+func (s *Store) Close() error {
+	s.cleanup.Stop()
+	s.cache.close()
+	return nil
+}
+
+// closed returns the error of a call op made after Close, or nil.
+func (s *Store) closed(op string) error {
+	if s.cache.closed.Load() {
+		return fmt.Errorf("%w (%s)", ErrClosed, op)
+	}
+	return nil
 }
 
 // prepared returns q prepared on the Store's database, preparing it on
@@ -87,13 +118,27 @@ func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
 	// waits for this very call to give up, as Execution.CompleteTx does
 	// for a renewal it cancels), and only ctx may end that wait. Callers
 	// racing on a cold statement each prepare it; one is kept.
+	if s.cache.closed.Load() {
+		return nil, ErrClosed
+	}
 	st, err := s.db.PrepareContext(ctx, q.text)
 	if err != nil {
 		return nil, err
 	}
 	if !s.cache.stmts[q.id].CompareAndSwap(nil, st) {
 		_ = st.Close()
-		return s.cache.stmts[q.id].Load(), nil
+		if st = s.cache.stmts[q.id].Load(); st == nil {
+			return nil, ErrClosed // Close emptied the slot meanwhile
+		}
+		return st, nil
+	}
+	// Close may have emptied the cache between the check above and the
+	// swap: take the statement back out, unless Close took it already.
+	if s.cache.closed.Load() {
+		if s.cache.stmts[q.id].CompareAndSwap(st, nil) {
+			_ = st.Close()
+		}
+		return nil, ErrClosed
 	}
 	return st, nil
 }
@@ -112,21 +157,49 @@ func (s *Store) stmt(ctx context.Context, tx *sql.Tx, q *query) (*sql.Stmt, erro
 	return tx.PrepareContext(ctx, q.text)
 }
 
-func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
-	st, err := s.stmt(ctx, tx, q)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, q.args(v)...)
-}
-
-// queryRow runs q and scans its one row into dest; sql.ErrNoRows if none.
-func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, dest ...any) error {
+// run runs f on q prepared (see stmt). The cached statements belong to
+// the Store's *sql.DB, and database/sql refuses to bind them to a
+// transaction of another *sql.DB, even on the same database (the
+// caller's own pool, say): f then runs again on q prepared on tx's
+// connection. database/sql reports that refusal before it sends anything,
+// so the second run is the only one that reaches the database.
+func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.Stmt) error) error {
 	st, err := s.stmt(ctx, tx, q)
 	if err != nil {
 		return err
 	}
-	return st.QueryRowContext(ctx, q.args(v)...).Scan(dest...)
+	err = f(st)
+	if tx == nil || !foreignStmt(err) {
+		return err
+	}
+	if st, err = tx.PrepareContext(ctx, q.text); err != nil {
+		return err
+	}
+	return f(st)
+}
+
+// foreignStmt reports whether err is database/sql's refusal to bind a
+// statement prepared on one *sql.DB to a transaction of another
+// (Tx.StmtContext). database/sql has no sentinel for it: the message is
+// the only mark, and TestCompleteTxOtherDB fails if it ever changes.
+func foreignStmt(err error) bool {
+	return err != nil && err.Error() == "sql: Tx.Stmt: statement from different database used"
+}
+
+func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
+	var res sql.Result
+	err := s.run(ctx, tx, q, func(st *sql.Stmt) (err error) {
+		res, err = st.ExecContext(ctx, q.args(v)...)
+		return err
+	})
+	return res, err
+}
+
+// queryRow runs q and scans its one row into dest; sql.ErrNoRows if none.
+func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, dest ...any) error {
+	return s.run(ctx, tx, q, func(st *sql.Stmt) error {
+		return st.QueryRowContext(ctx, q.args(v)...).Scan(dest...)
+	})
 }
 
 // Acquire claims the lease on (req.Scope, req.Key); see [idem.Store]. A
@@ -135,6 +208,9 @@ func (s *Store) queryRow(ctx context.Context, tx *sql.Tx, q *query, v *values, d
 // on each dialect.
 func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
 	const op = "acquire"
+	if err := s.closed(op); err != nil {
+		return idem.AcquireResult{}, err
+	}
 	if err := req.Validate(); err != nil {
 		return idem.AcquireResult{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -176,10 +252,12 @@ const maxAcquireAttempts = 8
 // acquired is the Acquired result for the lease v.owner now holds, with
 // the record every dialect's acquire statement writes: lease_until = now +
 // lease_ms and expires_at = lease_until + retention_ms. leaseUntil -
-// leaseMS is the database's now at the write: a new or replaced record is
-// created then, and a takeover keeps the older created_at (the
-// fingerprint is the request's in every case: a takeover requires it).
-func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64) idem.AcquireResult {
+// leaseMS is the database's now at the write: a new record, or one that
+// replaced an expired record, is created then, and a takeover keeps the
+// older created_at (the fingerprint is the request's in every case: a
+// takeover requires it). tookOver says that the record replaced was
+// processing.
+func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt int64, tookOver bool) idem.AcquireResult {
 	until := fromMS(leaseUntil)
 	return idem.AcquireResult{
 		Outcome: idem.Acquired,
@@ -199,7 +277,7 @@ func acquired(req idem.AcquireRequest, v *values, fence, leaseUntil, createdAt i
 			CreatedAt:   fromMS(createdAt),
 			ExpiresAt:   fromMS(leaseUntil + v.retentionMS),
 		},
-		TookOver: fence > 1 && createdAt != leaseUntil-v.leaseMS,
+		TookOver: tookOver,
 	}
 }
 
@@ -227,14 +305,15 @@ func (s *Store) acquireInTx(ctx context.Context, req idem.AcquireRequest, v *val
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
-	var fence, leaseUntil, createdAt, now int64
-	err = s.queryRow(ctx, tx, s.st.acquire, v, &fence, &leaseUntil, &createdAt, &now)
+	var fence, leaseUntil, createdAt int64
+	var tookOver bool
+	err = s.queryRow(ctx, tx, s.st.acquire, v, &fence, &leaseUntil, &createdAt, &tookOver)
 	switch {
 	case err == nil:
 		if err := tx.Commit(); err != nil {
 			return idem.AcquireResult{}, err
 		}
-		return acquired(req, v, fence, leaseUntil, createdAt), nil
+		return acquired(req, v, fence, leaseUntil, createdAt, tookOver), nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return idem.AcquireResult{}, err
 	}
@@ -258,10 +337,11 @@ func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest
 	var err error
 	for range maxAcquireAttempts {
 		var rec idem.Record
-		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v)
+		var tookOver bool
+		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v, &tookOver)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli()), nil
+			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli(), tookOver), nil
 		case err == nil:
 			return held(req, rec), nil
 		case errors.Is(err, idem.ErrNotFound), s.d.retryable(err):
@@ -313,18 +393,15 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 		id, ierr := res.LastInsertId()
 		if ierr == nil && id > mysqlReplaced {
 			if n, rerr := res.RowsAffected(); rerr == nil && n == 1 {
-				return acquired(req, v, 1, id+v.leaseMS, id), nil
+				return acquired(req, v, 1, id+v.leaseMS, id, false), nil
 			}
 		}
 		var rec idem.Record
 		rec, err = s.get(ctx, nil, req.Scope, req.Key)
 		switch {
 		case err == nil && rec.Owner == v.owner && rec.Status == idem.StatusProcessing:
-			out := acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli())
-			if ierr == nil {
-				out.TookOver = id == mysqlTookProcessing
-			}
-			return out, nil
+			tookOver := ierr == nil && id == mysqlTookProcessing
+			return acquired(req, v, rec.Fence, rec.LeaseUntil.UnixMilli(), rec.CreatedAt.UnixMilli(), tookOver), nil
 		case err == nil:
 			return held(req, rec), nil
 		case !errors.Is(err, idem.ErrNotFound):
@@ -362,19 +439,41 @@ func held(req idem.AcquireRequest, rec idem.Record) idem.AcquireResult {
 
 // Complete stores resp and marks the record completed, kept for
 // retention; see [idem.Store]. It errs with [idem.ErrLeaseLost] unless the
-// record is processing under l's owner and fence.
+// record is processing under l's owner and fence, or already completed
+// under them: then Complete is the retry of a completion that committed
+// (its reply lost, say), and it returns nil and leaves the stored
+// response as it is.
 func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	return s.complete(ctx, "complete", nil, l, resp, retention, nil)
 }
 
 // CompleteTx is Complete run in tx, the caller's transaction on the same
 // database, so that the business effect and the stored response commit
-// together or not at all; see [idem.TxCompleter]. The record stays locked
+// together or not at all; see [idem.TxCompleter]. tx may belong to the
+// Store's *sql.DB or to any other *sql.DB open on the same database: the
+// Store's cached statements serve the first, and a statement prepared on
+// tx's connection the second. The record stays locked
 // until tx ends (on SQLite, the whole database: tx holds the write lock,
 // and under OpenSQLite the only connection, so every other write waits).
 // Begin tx IMMEDIATE on SQLite ([OpenSQLite] does), or a read in tx
 // before CompleteTx may make the completion fail with "database is
 // locked" when another process wrote in between.
+//
+// Unlike Complete, CompleteTx on a record that l completed already fails,
+// with an error matching [idem.ErrFinished]: the completion committed
+// before, with its effect, and tx must roll back rather than commit the
+// effect a second time.
+//
+// Under REPEATABLE READ or SERIALIZABLE (PostgreSQL), an update of the
+// record committed after tx took its snapshot makes the completion fail
+// with a serialization failure (SQLSTATE 40001). Renewals do not update
+// the record (see "Renewals on PostgreSQL" in the package documentation),
+// so only a takeover, a completion, a release or a deletion does: CompleteTx
+// then reads the record outside tx, on another connection of the Store's
+// *sql.DB (tx is aborted), and returns an error matching
+// [idem.ErrLeaseLost] (or [idem.ErrFinished], if l completed it), which
+// also wraps the driver's error; should the record still be l's, the
+// serialization failure is returned as it is, wrapped.
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	if tx == nil {
 		return errors.New("sqlstore: complete in tx: nil *sql.Tx")
@@ -386,10 +485,17 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 // Get would return it after the completion, without reading it back on
 // SQLite and PostgreSQL (the completing statement returns its columns;
 // on MySQL it is Complete followed by a read). The record's Response is a
-// copy of resp. tieredstore uses it to cache what it completes.
+// copy of resp. When l completed the record already (a retry), it
+// returns the record as it is stored, with the response stored then.
+// tieredstore uses it to cache what it completes.
 func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
 	const op = "complete"
+	if err := s.closed(op); err != nil {
+		return idem.Record{}, err
+	}
 	if !s.d.completeReturns() {
+		// A read back that fails leaves the record completed: the retry
+		// finds it so, and succeeds.
 		if err := s.complete(ctx, op, nil, l, resp, retention, nil); err != nil {
 			return idem.Record{}, err
 		}
@@ -399,30 +505,26 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 		}
 		return rec, nil
 	}
-	rec := idem.Record{
-		Scope: l.Scope, Key: l.Key, Status: idem.StatusCompleted,
-		Owner: l.Owner, Fence: l.Fence,
-		Retention: time.Duration(ceilMS(retention)) * time.Millisecond,
-	}
+	var rec idem.Record
 	if err := s.complete(ctx, op, nil, l, resp, retention, &rec); err != nil {
 		return idem.Record{}, err
 	}
-	stored := resp.Clone()
-	// As Get returns them: an empty body or header reads back as nil.
-	if len(stored.Body) == 0 {
-		stored.Body = nil
-	}
-	if len(stored.Header) == 0 {
-		stored.Header = nil
-	}
-	rec.Response = &stored
 	return rec, nil
 }
 
 // complete runs complete in tx (nil: on its own). With rec, on a dialect
-// whose statement returns the record's columns (completeReturns), they
-// fill rec.
+// whose statement returns the record's columns (completeReturns), rec
+// receives the completed record.
+//
+// When the statement matches no row, the record is read (off the hot
+// path): if l completed it already, the completion is a retry, which
+// succeeds without writing (rec receives the record as stored) unless it
+// runs in tx, which fails with idem.ErrFinished; otherwise the lease is
+// lost.
 func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration, rec *idem.Record) error {
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -440,43 +542,114 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 		retentionMS:    ceilMS(retention),
 	}
 	if len(resp.Header) > 0 {
-		h, err := json.Marshal(resp.Header)
+		h, err := encodeHeader(resp.Header)
 		if err != nil {
 			return fmt.Errorf("sqlstore: %s: encode header: %w", op, err)
 		}
-		v.responseHeader = string(h)
+		v.responseHeader = h
 	}
 	// Complete alone runs the statement as an Exec even where it returns
 	// columns: database/sql starts a goroutine for every Rows read under a
 	// cancellable context, and Complete needs only the affected-rows count.
+	matched := true
+	var err error
 	if rec != nil && s.d.completeReturns() {
 		var fingerprint string
 		var leaseUntil, createdAt, completedAt, expiresAt int64
-		err := s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, tx, l))
-		case err != nil:
-			return s.fail(ctx, op, err)
+		err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
+		if errors.Is(err, sql.ErrNoRows) {
+			matched, err = false, nil
+		} else if err == nil {
+			stored := resp.Clone()
+			// As Get returns them: an empty body or header reads back as nil.
+			if len(stored.Body) == 0 {
+				stored.Body = nil
+			}
+			if len(stored.Header) == 0 {
+				stored.Header = nil
+			}
+			*rec = idem.Record{
+				Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
+				Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
+				LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
+				Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
+				ExpiresAt: fromMS(expiresAt),
+			}
 		}
-		rec.Fingerprint = idem.Fingerprint(fingerprint)
-		rec.LeaseUntil = fromMS(leaseUntil)
-		rec.CreatedAt = fromMS(createdAt)
-		rec.CompletedAt = fromMS(completedAt)
-		rec.ExpiresAt = fromMS(expiresAt)
+	} else {
+		var res sql.Result
+		if res, err = s.exec(ctx, tx, s.st.complete, &v); err == nil {
+			var n int64
+			if n, err = res.RowsAffected(); err == nil {
+				matched = n > 0
+			}
+		}
+	}
+	switch {
+	case err != nil && tx != nil && s.d.retryable(err):
+		return s.changedUnderTx(ctx, op, l, err)
+	case err != nil:
+		return s.fail(ctx, op, err)
+	case matched:
 		return nil
 	}
-	res, err := s.exec(ctx, tx, s.st.complete, &v)
-	if err != nil {
-		return s.fail(ctx, op, err)
+	done, err := s.completedBy(ctx, s.explainIn(tx), l)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	case tx != nil:
+		return fmt.Errorf("sqlstore: %s: %w: the record is completed by this lease already (the completion committed before): roll back", op, idem.ErrFinished)
+	case rec != nil:
+		*rec = done
 	}
-	return s.checkHeld(ctx, op, tx, l, res)
+	return nil
+}
+
+// readsInTx is a dialect on which a read in the caller's transaction
+// after a completion matched nothing sees what that completion saw:
+// SQLite (the transaction holds the write lock, and under OpenSQLite the
+// only connection) and PostgreSQL (the completion and the read share the
+// transaction's snapshot under REPEATABLE READ; a newer version of the
+// row would have failed the completion with 40001). On MySQL an UPDATE
+// reads the latest version of the row, and a plain read in a REPEATABLE
+// READ transaction its snapshot, which may be older: the record is read
+// outside the transaction there.
+type readsInTx interface{ readsInTx() }
+
+// explainIn returns the transaction in which to read a record after a
+// completion in tx matched nothing: tx, or nil for a read of its own.
+func (s *Store) explainIn(tx *sql.Tx) *sql.Tx {
+	if _, ok := s.d.(readsInTx); ok {
+		return tx
+	}
+	return nil
+}
+
+// changedUnderTx explains the serialization failure err of the
+// completion in a transaction: someone changed the record after the
+// transaction took its snapshot. The transaction is aborted, so the
+// record is read outside it.
+func (s *Store) changedUnderTx(ctx context.Context, op string, l idem.Lease, err error) error {
+	rec, rerr := s.get(ctx, nil, l.Scope, l.Key)
+	mine := rerr == nil && rec.Owner == l.Owner && rec.Fence == l.Fence
+	switch {
+	case rerr != nil && !errors.Is(rerr, idem.ErrNotFound), mine && rec.Status == idem.StatusProcessing:
+		// Unknown, or the record is still l's: the failure as it is.
+		return s.fail(ctx, op, err)
+	case mine:
+		return fmt.Errorf("sqlstore: %s: %w: the record is completed by this lease already (the completion committed before): roll back (%w)", op, idem.ErrFinished, err)
+	default:
+		return fmt.Errorf("sqlstore: %s: %w (%w)", op, lostBecause(l, rec, rerr), err)
+	}
 }
 
 // Release deletes the processing record held by l so that a retry runs
 // again; see [idem.Store].
 func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 	const op = "release"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -492,6 +665,9 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 // lease with its new Until; see [idem.Store].
 func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	const op = "extend"
+	if err := s.closed(op); err != nil {
+		return idem.Lease{}, err
+	}
 	if err := validateLease(l); err != nil {
 		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -501,12 +677,21 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence, leaseMS: ceilMS(ttl)}
 	var until int64
 	var err error
-	if s.st.selectLease.text == "" {
-		err = s.queryRow(ctx, nil, s.st.extend, &v, &until)
-	} else if _, err = s.exec(ctx, nil, s.st.extend, &v); err == nil {
-		// No RETURNING (MySQL): read the lease back. Nobody but l's owner
-		// moves a live lease, and the update just made it live.
-		err = s.queryRow(ctx, nil, s.st.selectLease, &v, &until)
+	// A serialisation failure (PostgreSQL, when the session's default
+	// isolation is REPEATABLE READ or SERIALIZABLE and the record or its
+	// renewal changed after the statement began) or a deadlock rolled the
+	// statement back: run it again, with a new snapshot.
+	for range maxAcquireAttempts {
+		if s.st.selectLease.text == "" {
+			err = s.queryRow(ctx, nil, s.st.extend, &v, &until)
+		} else if _, err = s.exec(ctx, nil, s.st.extend, &v); err == nil {
+			// No RETURNING (MySQL): read the lease back. Nobody but l's owner
+			// moves a live lease, and the update just made it live.
+			err = s.queryRow(ctx, nil, s.st.selectLease, &v, &until)
+		}
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Lease{}, fmt.Errorf("sqlstore: %s: %w", op, s.lost(ctx, nil, l))
@@ -521,6 +706,9 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 // Get returns the record, expired or not; [idem.ErrNotFound] if none.
 func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error) {
 	const op = "get"
+	if err := s.closed(op); err != nil {
+		return idem.Record{}, err
+	}
 	if err := validateID(scope, key); err != nil {
 		return idem.Record{}, fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -535,6 +723,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 // [idem.ErrNotFound] if none.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	const op = "delete"
+	if err := s.closed(op); err != nil {
+		return err
+	}
 	if err := validateID(scope, key); err != nil {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
@@ -559,19 +750,59 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // processing record whose lease is live.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	const op = "sweep"
+	if err := s.closed(op); err != nil {
+		return 0, err
+	}
 	if limit <= 0 {
 		limit = idem.DefaultSweepLimit
 	}
 	v := values{limit: int64(limit)}
-	res, err := s.exec(ctx, nil, s.st.sweep, &v)
-	if err != nil {
-		return 0, s.fail(ctx, op, err)
+	var n int64
+	var err error
+	// A deadlock (InnoDB's DELETE … ORDER BY … LIMIT against a renewal or
+	// a completion of the same rows) or a serialisation failure rolled
+	// the sweep back: it may simply run again.
+	for attempt := range maxAcquireAttempts {
+		if _, ok := s.d.(sweeperInTx); ok {
+			n, err = s.sweepInTx(ctx, &v)
+		} else {
+			var res sql.Result
+			if res, err = s.exec(ctx, nil, s.st.sweep, &v); err == nil {
+				n, err = res.RowsAffected()
+			}
+		}
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+			return 0, s.fail(ctx, op, err)
+		}
 	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, s.fail(ctx, op, err)
 	}
 	return int(n), nil
+}
+
+// sweeperInTx is a dialect whose sweep statement returns the number of
+// records it removed and runs in a transaction begun with beginWrite
+// (PostgreSQL: idem_sweep, in READ COMMITTED).
+type sweeperInTx interface{ sweepInTx() }
+
+func (s *Store) sweepInTx(ctx context.Context, v *values) (int64, error) {
+	if _, err := s.prepared(ctx, s.st.sweep); err != nil {
+		return 0, err
+	}
+	tx, err := s.d.beginWrite(ctx, s.db)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	var n int64
+	if err := s.queryRow(ctx, tx, s.st.sweep, v, &n); err != nil {
+		return 0, err
+	}
+	return n, tx.Commit()
 }
 
 // get reads one record, in tx if not nil; idem.ErrNotFound if none.
@@ -619,9 +850,11 @@ func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values,
 			resp.Body = body
 		}
 		if header.Valid && header.String != "" {
-			if err := json.Unmarshal([]byte(header.String), &resp.Header); err != nil {
+			h, err := decodeHeader(header.String)
+			if err != nil {
 				return idem.Record{}, fmt.Errorf("record (%q, %q) has a malformed header: %w", scope, key, err)
 			}
+			resp.Header = h
 		}
 		rec.Response = resp
 	default:
@@ -647,13 +880,32 @@ func (s *Store) checkHeld(ctx context.Context, op string, tx *sql.Tx, l idem.Lea
 // idem.ErrLeaseLost whatever the read finds.
 func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	return lostBecause(l, rec, err)
+}
+
+// completedBy reads the record of l after a completion matched no row: it
+// returns the record if l completed it already, and otherwise an error
+// that wraps idem.ErrLeaseLost and says why.
+func (s *Store) completedBy(ctx context.Context, tx *sql.Tx, l idem.Lease) (idem.Record, error) {
+	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
+		return rec, nil
+	}
+	return idem.Record{}, lostBecause(l, rec, err)
+}
+
+// lostBecause is the error that says why l does not hold rec, read with
+// error err.
+func lostBecause(l idem.Lease, rec idem.Record, err error) error {
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		return fmt.Errorf("%w: no record", idem.ErrLeaseLost)
 	case err != nil:
 		return idem.ErrLeaseLost
+	case rec.Status != idem.StatusProcessing && rec.Owner == l.Owner && rec.Fence == l.Fence:
+		return fmt.Errorf("%w: the record is %s", idem.ErrLeaseLost, rec.Status)
 	case rec.Status != idem.StatusProcessing:
-		return fmt.Errorf("%w: record is %s", idem.ErrLeaseLost, rec.Status)
+		return fmt.Errorf("%w: the record is %s by fence %d", idem.ErrLeaseLost, rec.Status, rec.Fence)
 	default:
 		return fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.Fence)
 	}
@@ -663,6 +915,10 @@ func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 // (errors.Is(err, context.Canceled) holds); sql.ErrNoRows never gets
 // here.
 func (s *Store) fail(ctx context.Context, op string, err error) error {
+	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+		// The call ran into Close (a statement it held was closed).
+		return fmt.Errorf("%w (%s: %v)", ErrClosed, op, err)
+	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("sqlstore: %s: %w (%v)", op, cerr, err)
 	}

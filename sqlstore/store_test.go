@@ -186,8 +186,13 @@ func TestLeaseOperations(t *testing.T) {
 	if err := s.Complete(ctx, l3, idem.Response{StatusCode: 204}, long); err != nil {
 		t.Fatalf("late Complete: %v", err)
 	}
-	if err := s.Complete(ctx, l3, idem.Response{StatusCode: 500}, long); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("second Complete = %v, want ErrLeaseLost", err)
+	// A second Complete with the same lease is a retry: nil, and the
+	// first response stays.
+	if err := s.Complete(ctx, l3, idem.Response{StatusCode: 500}, long); err != nil {
+		t.Fatalf("second Complete = %v, want nil", err)
+	}
+	if rec, err := s.Get(ctx, "tenant", "late"); err != nil || rec.Response == nil || rec.Response.StatusCode != 204 {
+		t.Fatalf("after the second Complete: %+v, %v; want the first response (204)", rec, err)
 	}
 	if err := s.Release(ctx, l3); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("Release of completed = %v, want ErrLeaseLost", err)

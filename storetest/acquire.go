@@ -10,6 +10,19 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// createdByReplacement checks the CreatedAt of rec, the record that
+// replaced the expired record old with lease l for req: it is a new
+// record, created when the replacement was written, at the store's now
+// (l.Until - req.Lease on the store's clock), not when old was.
+func (h *harness) createdByReplacement(rec, old idem.Record, l idem.Lease, req idem.AcquireRequest) {
+	h.Helper()
+	written := l.Until.Add(-req.Lease)
+	if rec.CreatedAt.Before(written.Add(-h.tol())) || rec.CreatedAt.After(written.Add(h.tol())) {
+		h.Fatalf("the replacing record's CreatedAt is %v, want the store's now when it wrote it, %v (lease until %v - lease %v) ± %v; the replaced record was created at %v",
+			rec.CreatedAt, written, l.Until, req.Lease, h.tol(), old.CreatedAt)
+	}
+}
+
 var acquireCases = []testCase{
 	{name: "AcquireNew", run: func(h *harness) {
 		req := h.req("k", "fp", longLease)
@@ -106,6 +119,7 @@ var acquireCases = []testCase{
 	{name: "AcquireTakeover", run: func(h *harness) {
 		req := h.req("k", "fp", shortLease)
 		stale := h.lease(req)
+		staleRec := h.get("k")
 		h.sleepPast(shortLease)
 
 		// The taker asks for another lease and retention: the record
@@ -120,6 +134,11 @@ var acquireCases = []testCase{
 		}
 		rec := h.get("k")
 		h.checkHeld(rec, req2, won)
+		// A takeover continues the abandoned execution's record: it was
+		// created when the key was first acquired.
+		if !rec.CreatedAt.Equal(staleRec.CreatedAt) {
+			h.Fatalf("takeover changed CreatedAt from %v to %v; want it kept", staleRec.CreatedAt, rec.CreatedAt)
+		}
 
 		// The stale owner can do nothing any more.
 		_, err := h.store.Extend(h.ctx, stale, longLease)
@@ -172,9 +191,7 @@ var acquireCases = []testCase{
 			}
 			rec := h.get(key)
 			h.checkHeld(rec, req, res.Lease)
-			if rec.CreatedAt.Before(oldRec.ExpiresAt.Add(-h.tol())) {
-				h.Fatalf("the replacing record's CreatedAt %v is before the old record expired (%v): it is a new record", rec.CreatedAt, oldRec.ExpiresAt)
-			}
+			h.createdByReplacement(rec, oldRec, res.Lease, req)
 			h.leaseLost("the old lease's Complete", h.store.Complete(h.ctx, old, idem.Response{}, longRetention))
 		}
 	}},
@@ -189,13 +206,16 @@ var acquireCases = []testCase{
 			req := h.req(key, "fp-1", shortLease)
 			req.Retention = shortRetention
 			old := h.lease(req)
+			oldRec := h.get(key)
 			h.sleepPast(shortLease + shortRetention)
 			req2 := h.req(key, fp, longLease)
 			res := h.expect(req2, idem.Acquired)
 			if res.Lease.Fence != old.Fence+1 || !res.TookOver || res.Lease.Owner == old.Owner {
 				h.Fatalf("replacing an abandoned record with %s: fence %d took over %v owner %q; want fence %d, taken over, a new owner", fp, res.Lease.Fence, res.TookOver, res.Lease.Owner, old.Fence+1)
 			}
-			h.checkHeld(h.get(key), req2, res.Lease)
+			rec := h.get(key)
+			h.checkHeld(rec, req2, res.Lease)
+			h.createdByReplacement(rec, oldRec, res.Lease, req2)
 			h.leaseLost("the abandoned lease's Complete", h.store.Complete(h.ctx, old, idem.Response{}, longRetention))
 		}
 	}},

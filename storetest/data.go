@@ -76,6 +76,24 @@ var dataCases = []testCase{
 		h.roundTrip("many", idem.Response{StatusCode: 200, Header: many})
 	}},
 
+	{name: "HeaderBytes", run: func(h *harness) {
+		// Header values are kept byte for byte, whatever the bytes: not
+		// valid UTF-8, NUL and other control bytes, empty. (Names are
+		// canonical header names in practice; values come from handlers.)
+		h.roundTrip("odd", idem.Response{StatusCode: 200, Header: map[string][]string{
+			"X-Bad-Utf8": {"a\xffb", "\x80", "\xc3\x28", "\xe2\x82", "\xed\xa0\x80"},
+			"X-Empty":    {"", "", "x"},
+			"X-Nul":      {"\x00", "a\x00b", "\x00\x00"},
+			"X-Control":  {"\x01\x1f\x7f\t\r\n", "\u2028\u2029", "\ufffd"},
+			"X-Json":     {`{"a":"\u0000"}`, `\"`, `\\`, "<&>"},
+		}, Body: []byte("a\xffb\x00\x80")})
+		all := make([]byte, 256)
+		for i := range all {
+			all[i] = byte(i)
+		}
+		h.roundTrip("all-bytes", idem.Response{StatusCode: 201, Header: map[string][]string{"X-All": {string(all), string(all[128:])}}, Body: all})
+	}},
+
 	{name: "StatusCodes", run: func(h *harness) {
 		for _, code := range []int{0, 200, 201, 202, 204, 301, 404, 409, 422, 599, 1000, -1} {
 			h.roundTrip(fmt.Sprintf("code-%d", code), idem.Response{StatusCode: code})

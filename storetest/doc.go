@@ -13,9 +13,12 @@
 // many goroutines on one key; an Acquired result must carry the record it
 // wrote, equal field for field to what Get then returns), leases and their takeover with fence + 1,
 // Complete, Extend and Release refused with [idem.ErrLeaseLost] once the
-// lease is no longer the caller's, Get, Delete, Sweep, scope isolation,
+// lease is no longer the caller's, a retried completion (Complete with
+// the owner and fence that completed the record returns nil and changes
+// nothing; CompleteTx then fails with [idem.ErrFinished]), Get, Delete,
+// Sweep, scope isolation,
 // key validation, and byte-for-byte round trips of binary and large
-// responses. With [Caps].BeginTx set it also pins [idem.TxCompleter], both
+// responses, header values included (any bytes: not UTF-8, NUL, empty). With [Caps].BeginTx set it also pins [idem.TxCompleter], both
 // directly and through [idem.Guard].
 //
 // # What a store under test must allow

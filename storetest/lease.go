@@ -57,12 +57,45 @@ var leaseCases = []testCase{
 	}},
 
 	{name: "CompleteTwice", run: func(h *harness) {
+		// A Complete whose reply was lost is retried with the same lease:
+		// the record already holds this execution's response, so the
+		// retry succeeds and changes nothing, whatever it carries.
 		l := h.lease(h.req("k", "fp", longLease))
-		first := idem.Response{StatusCode: 200, Body: []byte("first")}
+		first := idem.Response{StatusCode: 200, Header: map[string][]string{"X-A": {"1"}}, Body: []byte("first")}
 		h.complete(l, first)
 		before := h.get("k")
-		h.leaseLost("second Complete", h.store.Complete(h.ctx, l, idem.Response{StatusCode: 200, Body: []byte("second")}, longRetention))
-		h.unchanged("k", before, "a second Complete")
+		for _, again := range []idem.Response{first, {StatusCode: 500, Body: []byte("second")}} {
+			if err := h.store.Complete(h.ctx, l, again, 2*longRetention); err != nil {
+				h.Fatalf("Complete again with the same lease = %v, want nil", err)
+			}
+			h.unchanged("k", before, "a second Complete with the same lease")
+		}
+		h.checkCompleted(h.get("k"), "fp", l, first, longRetention)
+		// Another owner or fence is still refused.
+		for name, wrong := range wrongLeases(l) {
+			h.leaseLost("Complete of a completed record with "+name, h.store.Complete(h.ctx, wrong, first, longRetention))
+		}
+		h.unchanged("k", before, "a refused Complete")
+	}},
+
+	{name: "CompleteAfterTakeover", run: func(h *harness) {
+		// The stale lease's retry after a takeover is refused, before and
+		// after the winner completed.
+		req := h.req("k", "fp", shortLease)
+		stale := h.lease(req)
+		h.sleepPast(shortLease)
+		req.Lease = longLease
+		won := h.expect(req, idem.Acquired).Lease
+		h.leaseLost("stale Complete before the winner's", h.store.Complete(h.ctx, stale, idem.Response{StatusCode: 500}, longRetention))
+		resp := idem.Response{StatusCode: 200, Body: []byte("winner")}
+		h.complete(won, resp)
+		before := h.get("k")
+		h.leaseLost("stale Complete after the winner's", h.store.Complete(h.ctx, stale, idem.Response{StatusCode: 500}, longRetention))
+		h.unchanged("k", before, "a stale Complete")
+		if err := h.store.Complete(h.ctx, won, idem.Response{StatusCode: 500}, longRetention); err != nil {
+			h.Fatalf("the winner's Complete again = %v, want nil", err)
+		}
+		h.unchanged("k", before, "the winner's second Complete")
 	}},
 
 	{name: "CompleteMissing", run: func(h *harness) {

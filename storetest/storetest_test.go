@@ -37,6 +37,9 @@ type txStore struct{ *memstore.Store }
 
 func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	rec, err := s.Get(ctx, l.Scope, l.Key)
+	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
+		return fmt.Errorf("%w: the completion committed already", idem.ErrFinished)
+	}
 	if errors.Is(err, idem.ErrNotFound) || err == nil && (rec.Status != idem.StatusProcessing || rec.Owner != l.Owner || rec.Fence != l.Fence) {
 		return idem.ErrLeaseLost
 	}

@@ -62,9 +62,14 @@ var txCases = []testCase{
 		if err := h.completeTx(l, resp, true); err != nil {
 			h.Fatalf("CompleteTx: %v", err)
 		}
-		h.checkCompleted(h.get("k"), "fp", l, resp, longRetention)
+		rec := h.get("k")
+		h.checkCompleted(rec, "fp", l, resp, longRetention)
 		h.expect(req, idem.Completed)
-		h.leaseLost("Complete after a committed CompleteTx", h.store.Complete(h.ctx, l, idem.Response{}, longRetention))
+		// A retry of the completion outside the transaction finds it done.
+		if err := h.store.Complete(h.ctx, l, idem.Response{}, longRetention); err != nil {
+			h.Fatalf("Complete after a committed CompleteTx = %v, want nil", err)
+		}
+		h.unchanged("k", rec, "Complete after a committed CompleteTx")
 	}},
 
 	{name: "CompleteTxRollback", tx: true, run: func(h *harness) {
@@ -95,9 +100,36 @@ var txCases = []testCase{
 		if err := h.completeTx(won, idem.Response{StatusCode: 200}, true); err != nil {
 			h.Fatalf("winner's CompleteTx: %v", err)
 		}
-		h.leaseLost("CompleteTx twice", h.completeTx(won, idem.Response{StatusCode: 200}, true))
 		missing := idem.Lease{Scope: h.scope, Key: "never", Owner: idem.NewOwner(), Fence: 1}
 		h.leaseLost("CompleteTx of a missing record", h.completeTx(missing, idem.Response{}, true))
+	}},
+
+	{name: "CompleteTxTwice", tx: true, run: func(h *harness) {
+		// The completion committed already: a second CompleteTx with the
+		// same lease must not let the caller commit its effect again.
+		// Complete would succeed (it changes nothing); CompleteTx fails
+		// with idem.ErrFinished, and the record keeps the first response.
+		first := idem.Response{StatusCode: 201, Body: []byte("first")}
+		var l idem.Lease
+		for key, complete := range map[string]func(l idem.Lease) error{
+			"by-tx":    func(l idem.Lease) error { return h.completeTx(l, first, true) },
+			"by-plain": func(l idem.Lease) error { return h.store.Complete(h.ctx, l, first, longRetention) },
+		} {
+			l = h.lease(h.req(key, "fp", longLease))
+			if err := complete(l); err != nil {
+				h.Fatalf("first completion of %s: %v", key, err)
+			}
+			before := h.get(key)
+			err := h.completeTx(l, idem.Response{StatusCode: 201, Body: []byte("second")}, true)
+			if !errors.Is(err, idem.ErrFinished) || errors.Is(err, idem.ErrLeaseLost) {
+				h.Fatalf("CompleteTx of a record this lease completed (%s) = %v, want idem.ErrFinished (not ErrLeaseLost)", key, err)
+			}
+			h.unchanged(key, before, "a second CompleteTx")
+		}
+		// Another lease on a completed record is still "lease lost".
+		other := l
+		other.Owner = idem.NewOwner()
+		h.leaseLost("CompleteTx of a completed record with another owner", h.completeTx(other, first, true))
 	}},
 
 	{name: "GuardCompleteTxCommit", tx: true, run: func(h *harness) {

@@ -37,43 +37,47 @@ VALUES ($1, $2, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
 
 -- name: acquire
 -- params: scope key fingerprint owner lease_ms retention_ms
--- The whole of Acquire in one statement. The first branch is the record
--- if Acquire cannot take it (live and completed, processing under a live
--- lease, or bound to another fingerprint), read from the statement's
--- snapshot without a lock: a replay or a duplicate costs this read and
--- nothing else (no row is locked, no transaction id is assigned, nothing
--- is written or flushed, and idem_acquire_write is never called).
--- Otherwise idem_acquire_write (migration 2) inserts a new record, or
--- replaces a record past its expiry, or takes over a processing record
--- with the same fingerprint whose lease has ended; when its insert meets
--- a row this statement's snapshot did not show and that is not ours to
--- take, it returns that row, read in a new snapshot. The record is ours
--- if and only if its owner is the owner we passed. No row means the
--- record met vanished in between: the caller runs the statement again.
-SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+-- The whole of Acquire in one statement. It returns took_over and then
+-- the record's columns. held is the record if Acquire cannot take it
+-- (live and completed, processing under a live lease, or bound to
+-- another fingerprint), read from the statement's snapshot without a
+-- lock, with its lease as renewed (idem_records_renewed, migration 3),
+-- once: the CTE, read twice, is materialised. A replay or a duplicate
+-- costs this read and nothing else (no row is locked, no transaction id
+-- is assigned, nothing is written or flushed, and idem_acquire_write is
+-- never called). Otherwise idem_acquire_write (migrations 2 and 3)
+-- inserts a new record, or locks the record there and replaces it if it
+-- has expired, or takes it over if it is processing with the same
+-- fingerprint and its lease has ended, or else returns it as it is now:
+-- another owner's. The record is ours if and only if its owner is the
+-- owner we passed. No row means the record met vanished in between: the
+-- caller runs the statement again.
+WITH held AS (
+    SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
+           lease_until, retention_ms, response_status, response_header,
+           response_body, body_omitted, created_at, completed_at, expires_at
+    FROM idem_records_renewed
+    WHERE scope = $1 AND idempotency_key = $2
+      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint))
+SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
-FROM idem_records
-WHERE scope = $1 AND idempotency_key = $2
-  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-  AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+FROM held
 UNION ALL
-SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+SELECT took_over, scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
 FROM idem_acquire_write($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::bigint)
-WHERE NOT EXISTS (
-    SELECT 1 FROM idem_records
-    WHERE scope = $1 AND idempotency_key = $2
-      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-      AND (status = 'completed' OR fingerprint <> $3 OR lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint));
+WHERE NOT EXISTS (SELECT 1 FROM held);
 
 -- name: select_record
 -- params: scope key
+-- The record, with a processing record's lease and expiry as renewed.
 SELECT scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
-FROM idem_records
+FROM idem_records_renewed
 WHERE scope = $1 AND idempotency_key = $2;
 
 -- name: select_held
@@ -99,11 +103,29 @@ RETURNING fingerprint, lease_until, created_at, completed_at, expires_at;
 
 -- name: extend
 -- params: scope key owner fence lease_ms
-UPDATE idem_records SET
-    lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5,
-    expires_at  = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5 + retention_ms
-WHERE scope = $1 AND idempotency_key = $2
-  AND status = 'processing' AND owner = $3 AND fence = $4
+-- Writes the renewal, not the record: a business transaction that has
+-- read or will complete the record (CompleteTx) under REPEATABLE READ or
+-- SERIALIZABLE must not meet an update it did not see (40001). The
+-- record is checked under a share lock, which makes the renewal wait for
+-- a takeover, a completion or a sweep holding the row, and then see the
+-- row as they left it (no row: the lease is lost), and makes them wait
+-- for the renewal. The renewal replaces the key's previous one, whoever
+-- wrote it.
+WITH held AS (
+    SELECT retention_ms FROM idem_records
+    WHERE scope = $1 AND idempotency_key = $2
+      AND status = 'processing' AND owner = $3 AND fence = $4
+    FOR SHARE)
+INSERT INTO idem_renewals AS n (scope, idempotency_key, owner, fence, lease_until, expires_at)
+SELECT $1, $2, $3, $4,
+       floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5,
+       floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5 + retention_ms
+FROM held
+ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+    owner       = excluded.owner,
+    fence       = excluded.fence,
+    lease_until = excluded.lease_until,
+    expires_at  = excluded.expires_at
 RETURNING lease_until;
 
 -- name: select_lease
@@ -121,16 +143,10 @@ DELETE FROM idem_records WHERE scope = $1 AND idempotency_key = $2;
 
 -- name: sweep
 -- params: limit
--- The inner query walks idem_records_expires_at; SKIP LOCKED leaves rows
--- another transaction holds (a CompleteTx in progress, a concurrent
--- sweep) to a later sweep instead of waiting for them, and the lock
--- rechecks the conditions on the row's latest version. The status test
--- is redundant (a processing record expires retention after its lease
--- ends) and keeps a live lease safe whatever expires_at says.
-DELETE FROM idem_records WHERE ctid IN (
-    SELECT ctid FROM idem_records
-    WHERE expires_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
-      AND (status = 'completed' OR lease_until <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED);
+-- Run in a READ COMMITTED transaction (see idem_sweep, migration 3): it
+-- locks the expired records it finds (SKIP LOCKED leaves rows another
+-- transaction holds, a CompleteTx in progress or a concurrent sweep, to
+-- a later sweep), then deletes those that are still expired as they are
+-- now, with their renewals, and lapsed renewals no record holds. It
+-- returns the number of records removed.
+SELECT idem_sweep($1);

@@ -31,8 +31,9 @@ VALUES (?1, ?2, CAST(unixepoch('subsec') * 1000 AS INTEGER));
 -- expiry (whatever its status and fingerprint) or takes over a processing
 -- record with the same fingerprint whose lease has ended. It returns no
 -- row when the record found is none of these; the caller then reads it.
--- Replacing a processing record keeps created_at, so created_at <> now
--- tells a takeover apart.
+-- A takeover (of a record that has not expired) keeps created_at: the
+-- record goes on. A replaced expired record is a new record, created now.
+-- took_over (migration 2) says that the record replaced was processing.
 INSERT INTO idem_records AS r (
     scope, idempotency_key, fingerprint, status, owner, fence,
     lease_until, retention_ms, created_at, expires_at)
@@ -53,13 +54,14 @@ ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     response_header = NULL,
     response_body   = NULL,
     body_omitted    = 0,
-    created_at      = CASE WHEN r.status = 'processing' THEN r.created_at ELSE excluded.created_at END,
+    created_at      = CASE WHEN r.expires_at > excluded.created_at THEN r.created_at ELSE excluded.created_at END,
     completed_at    = NULL,
-    expires_at      = excluded.expires_at
+    expires_at      = excluded.expires_at,
+    took_over       = (r.status = 'processing')
 WHERE r.expires_at <= excluded.created_at
    OR (r.status = 'processing' AND r.fingerprint = excluded.fingerprint
        AND r.lease_until <= excluded.created_at)
-RETURNING fence, lease_until, created_at, lease_until - ?5;
+RETURNING fence, lease_until, created_at, took_over;
 
 -- name: select_record
 -- params: scope key
