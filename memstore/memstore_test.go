@@ -1,11 +1,9 @@
 package memstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"runtime"
 	"strconv"
 	"sync"
@@ -190,95 +188,6 @@ func TestInvalidIdentity(t *testing.T) {
 	}
 	if err := s.Complete(ctx, idem.Lease{Key: "\x00"}, idem.Response{}, time.Second); !errors.Is(err, idem.ErrInvalidKey) {
 		t.Errorf("Complete with a bad key = %v, want ErrInvalidKey", err)
-	}
-}
-
-// TestCompleteRetry pins Complete called again with the lease that
-// completed the record, as after an error on the way back: nil, and the
-// record keeps the first response and times. Any other lease, the one a
-// takeover replaced included, is refused as before.
-func TestCompleteRetry(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	s, c := newClocked(t)
-	req := idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	res, err := s.Acquire(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := res.Lease
-	first := idem.Response{StatusCode: 201, Header: map[string][]string{"A": {"1"}}, Body: []byte("first")}
-	if err := s.Complete(ctx, l, first, time.Hour); err != nil {
-		t.Fatalf("Complete: %v", err)
-	}
-	before, _ := s.Get(ctx, "", "k")
-	c.Advance(time.Second)
-	if err := s.Complete(ctx, l, idem.Response{StatusCode: 500, Body: []byte("second")}, 2*time.Hour); err != nil {
-		t.Fatalf("Complete again with the same lease = %v, want nil", err)
-	}
-	after, _ := s.Get(ctx, "", "k")
-	if !reflect.DeepEqual(after, before) || !reflect.DeepEqual(*after.Response, first) {
-		t.Fatalf("record after the second Complete = %+v\nwant it unchanged: %+v", after, before)
-	}
-	for name, wrong := range map[string]idem.Lease{
-		"another owner": {Key: "k", Owner: idem.NewOwner(), Fence: l.Fence},
-		"another fence": {Key: "k", Owner: l.Owner, Fence: l.Fence + 1},
-	} {
-		if err := s.Complete(ctx, wrong, idem.Response{StatusCode: 500}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-			t.Fatalf("Complete with %s of a completed record = %v, want idem.ErrLeaseLost", name, err)
-		}
-	}
-
-	short := idem.AcquireRequest{Key: "taken", Fingerprint: "fp", Lease: time.Second, Retention: time.Hour}
-	old, _ := s.Acquire(ctx, short)
-	c.Advance(2 * time.Second)
-	won, err := s.Acquire(ctx, short)
-	if err != nil || !won.TookOver {
-		t.Fatalf("takeover = %+v, %v", won, err)
-	}
-	for range 2 {
-		if err := s.Complete(ctx, won.Lease, idem.Response{StatusCode: 200, Body: []byte("winner")}, time.Hour); err != nil {
-			t.Fatalf("the winner's Complete: %v", err)
-		}
-	}
-	if err := s.Complete(ctx, old.Lease, idem.Response{StatusCode: 200, Body: []byte("loser")}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Fatalf("Complete of the lease taken over = %v, want idem.ErrLeaseLost", err)
-	}
-	if rec, _ := s.Get(ctx, "", "taken"); string(rec.Response.Body) != "winner" {
-		t.Fatalf("record = %+v; want the winner's response", rec)
-	}
-}
-
-// TestHeaderBytes checks that header names and values, and bodies, come
-// back byte for byte, invalid UTF-8 and empty values included, from Get
-// and from a replaying Acquire.
-func TestHeaderBytes(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	s := memstore.New(nil)
-	resp := idem.Response{
-		StatusCode: 200,
-		Header: map[string][]string{
-			"X-Bin":      {"a\xffb", "\x80", "", "a\x00b", "\xc3\x28", "\xed\xa0\x80"},
-			"X-Empty":    {""},
-			"X-Raw-\xfe": {"ok"},
-		},
-		Body: []byte("\x00\xff\x80body"),
-	}
-	req := idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-	res, _ := s.Acquire(ctx, req)
-	if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
-		t.Fatalf("Complete: %v", err)
-	}
-	got, _ := s.Get(ctx, "", "k")
-	replay, _ := s.Acquire(ctx, req)
-	for from, r := range map[string]*idem.Response{"Get": got.Response, "Acquire": replay.Record.Response} {
-		if r == nil {
-			t.Fatalf("%s returned no response", from)
-		}
-		if !reflect.DeepEqual(r.Header, resp.Header) || !bytes.Equal(r.Body, resp.Body) {
-			t.Fatalf("%s returned header %q, body %q; want %q, %q", from, r.Header, r.Body, resp.Header, resp.Body)
-		}
 	}
 }
 

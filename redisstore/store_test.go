@@ -1,11 +1,9 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -323,126 +321,6 @@ func TestPersistOldRecords(t *testing.T) {
 		if d, err := c.PTTL(ctx, key).Result(); err != nil || d != -1 {
 			t.Fatalf("PTTL after %s of a record with a TTL = %v, %v; want -1", op, d, err)
 		}
-	}
-}
-
-// TestCompleteRetry pins Complete called again with the lease that
-// completed the record, as after a reply lost on the way back: nil, and
-// the record keeps the first response and times. Any other lease is
-// refused as before.
-func TestCompleteRetry(t *testing.T) {
-	for _, setup := range setups {
-		t.Run(setup.name, func(t *testing.T) {
-			t.Parallel()
-			c := setup.client(t)
-			s := newStore(t, c, nil)
-			ctx := t.Context()
-			req := idem.AcquireRequest{Scope: "retry", Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			res, err := s.Acquire(ctx, req)
-			if err != nil || res.Outcome != idem.Acquired {
-				t.Fatalf("Acquire = %v, %v", res.Outcome, err)
-			}
-			l := res.Lease
-			first := idem.Response{StatusCode: 201, Header: map[string][]string{"A": {"1"}}, Body: []byte("first")}
-			if err := s.Complete(ctx, l, first, time.Hour); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			before, err := s.Get(ctx, req.Scope, req.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(5 * time.Millisecond) // so that a second write would change CompletedAt
-			if err := s.Complete(ctx, l, idem.Response{StatusCode: 500, Body: []byte("second")}, 2*time.Hour); err != nil {
-				t.Fatalf("Complete again with the same lease = %v, want nil", err)
-			}
-			after, err := s.Get(ctx, req.Scope, req.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fmt.Sprintf("%+v", *after.Response) != fmt.Sprintf("%+v", first) || !after.CompletedAt.Equal(before.CompletedAt) ||
-				!after.ExpiresAt.Equal(before.ExpiresAt) || after.Retention != before.Retention || after.Fence != l.Fence {
-				t.Fatalf("record after the second Complete = %+v (%+v)\nwant it unchanged: %+v (%+v)", after, *after.Response, before, *before.Response)
-			}
-			for name, wrong := range map[string]idem.Lease{
-				"another owner": {Scope: l.Scope, Key: l.Key, Owner: idem.NewOwner(), Fence: l.Fence},
-				"another fence": {Scope: l.Scope, Key: l.Key, Owner: l.Owner, Fence: l.Fence + 1},
-			} {
-				if err := s.Complete(ctx, wrong, idem.Response{StatusCode: 500}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-					t.Fatalf("Complete with %s of a completed record = %v, want idem.ErrLeaseLost", name, err)
-				}
-			}
-
-			// After a takeover, the lease that lost it is refused, and the
-			// winner may complete twice.
-			short := idem.AcquireRequest{Scope: "retry", Key: "taken", Fingerprint: "fp", Lease: 50 * time.Millisecond, Retention: time.Hour}
-			old, err := s.Acquire(ctx, short)
-			if err != nil || old.Outcome != idem.Acquired {
-				t.Fatalf("Acquire = %v, %v", old.Outcome, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-			won, err := s.Acquire(ctx, short)
-			if err != nil || !won.TookOver {
-				t.Fatalf("takeover = %+v, %v", won, err)
-			}
-			for range 2 {
-				if err := s.Complete(ctx, won.Lease, idem.Response{StatusCode: 200, Body: []byte("winner")}, time.Hour); err != nil {
-					t.Fatalf("the winner's Complete: %v", err)
-				}
-			}
-			if err := s.Complete(ctx, old.Lease, idem.Response{StatusCode: 200, Body: []byte("loser")}, time.Hour); !errors.Is(err, idem.ErrLeaseLost) {
-				t.Fatalf("Complete of the lease taken over = %v, want idem.ErrLeaseLost", err)
-			}
-			rec, err := s.Get(ctx, short.Scope, short.Key)
-			if err != nil || string(rec.Response.Body) != "winner" {
-				t.Fatalf("record = %+v, %v; want the winner's response", rec, err)
-			}
-		})
-	}
-}
-
-// TestHeaderBytes checks that header names and values, and bodies, come
-// back byte for byte, invalid UTF-8 and empty values included, from Get
-// and from a replaying Acquire.
-func TestHeaderBytes(t *testing.T) {
-	for _, setup := range setups {
-		t.Run(setup.name, func(t *testing.T) {
-			t.Parallel()
-			s := newStore(t, setup.client(t), nil)
-			ctx := t.Context()
-			resp := idem.Response{
-				StatusCode: 200,
-				Header: map[string][]string{
-					"X-Bin":      {"a\xffb", "\x80", "", "a\x00b", "\xc3\x28", "\xed\xa0\x80"},
-					"X-Empty":    {""},
-					"X-Raw-\xfe": {"ok"},
-				},
-				Body: []byte("\x00\xff\x80body"),
-			}
-			req := idem.AcquireRequest{Scope: "bytes", Key: "k", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
-			res, err := s.Acquire(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
-				t.Fatalf("Complete: %v", err)
-			}
-			got, err := s.Get(ctx, req.Scope, req.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			replay, err := s.Acquire(ctx, req)
-			if err != nil || replay.Outcome != idem.Completed {
-				t.Fatalf("replaying Acquire = %v, %v", replay.Outcome, err)
-			}
-			for from, r := range map[string]*idem.Response{"Get": got.Response, "Acquire": replay.Record.Response} {
-				if r == nil {
-					t.Fatalf("%s returned no response", from)
-				}
-				if !reflect.DeepEqual(r.Header, resp.Header) || !bytes.Equal(r.Body, resp.Body) {
-					t.Fatalf("%s returned header %q, body %q; want %q, %q", from, r.Header, r.Body, resp.Header, resp.Body)
-				}
-			}
-		})
 	}
 }
 
