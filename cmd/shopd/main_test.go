@@ -161,3 +161,70 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		t.Fatal("shopd still running 20 s after the second SIGINT")
 	}
 }
+
+// SIGTERM while shopd is still starting (here: waiting for a database
+// that accepts connections and never answers) stops it cleanly, at once
+// and with status 0, like a SIGTERM while serving; it does not report a
+// failure to start.
+func TestSignalDuringStartupStopsCleanly(t *testing.T) {
+	t.Parallel()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		silent.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-addr", "127.0.0.1:0",
+		"-db", "mysql://shop@"+silent.Addr().String()+"/shop")
+	cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select { // shopd dialled the database: it is starting
+	case c := <-accepted:
+		defer c.Close()
+	case err := <-exited:
+		t.Fatalf("shopd exited before it reached the database: %v\n%s", err, stderr.String())
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatal("shopd never dialled the database")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("shopd ended with %v after SIGTERM during startup, want status 0; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatal("shopd still running 20 s after SIGTERM during startup")
+	}
+	if strings.Contains(stdout.String(), "listening") {
+		t.Errorf("shopd printed %q although it never served", stdout.String())
+	}
+}

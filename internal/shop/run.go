@@ -171,9 +171,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer ln.Close()
 
+	// A stop requested while shopd starts (a database that is slow to
+	// answer, a long migration) ends it cleanly: the step it interrupted
+	// fails with the context's error, which is no failure to start.
+	stopped := func(err error) error {
+		if ctx.Err() == nil {
+			return err
+		}
+		log.Info("shopd: stopped before serving", "error", err)
+		return nil
+	}
+	if ctx.Err() != nil {
+		return stopped(ctx.Err())
+	}
 	db, err := target.open(ctx)
 	if err != nil {
-		return fmt.Errorf("shopd: open database: %w", err)
+		return stopped(fmt.Errorf("shopd: open database: %w", err))
 	}
 	defer db.Close()
 	sqlStore, err := sqlstore.New(db, &sqlstore.Config{Dialect: target.dialect, Logger: log})
@@ -181,10 +194,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := sqlStore.Migrate(ctx); err != nil {
-		return fmt.Errorf("shopd: migrate idempotency store: %w", err)
+		return stopped(fmt.Errorf("shopd: migrate idempotency store: %w", err))
 	}
 	if err := Migrate(ctx, db, target.dialect); err != nil {
-		return fmt.Errorf("shopd: %w", err)
+		return stopped(fmt.Errorf("shopd: %w", err))
 	}
 	var store idem.Store = sqlStore
 	if redisOpts != nil {
@@ -212,6 +225,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		WriteTimeout:      *writeTimeout,
 		IdleTimeout:       *idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if ctx.Err() != nil {
+		return stopped(ctx.Err())
 	}
 	base := "http://" + ln.Addr().String()
 	where := target.display

@@ -106,3 +106,20 @@ func TestRunRefusesUnusableAddrBeforeData(t *testing.T) {
 		})
 	}
 }
+
+// A stop requested while shopd is still starting (the first SIGINT or
+// SIGTERM cancels Run's context) is a clean stop, not a failure to start:
+// Run returns nil, whatever step the stop interrupted.
+func TestRunStoppedDuringStartupIsClean(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr bytes.Buffer
+	if err := shop.Run(ctx, []string{"-addr", "127.0.0.1:0", "-data", dir}, &stdout, &stderr); err != nil {
+		t.Fatalf("Run stopped before serving: %v, want nil (a clean stop)", err)
+	}
+	if strings.Contains(stdout.String(), "listening") {
+		t.Errorf("printed %q although it never served", stdout.String())
+	}
+}
