@@ -118,6 +118,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("shopd: unexpected arguments %q", fs.Args())
 	}
+	if *addr == "" {
+		// net.Listen would take every interface and a random port.
+		return errors.New("shopd: -addr must be host:port (127.0.0.1:8080, or :8080 for every interface)")
+	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
 	}

@@ -37,11 +37,16 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-idle-timeout", "0"}, "-idle-timeout"},
 		{[]string{"-wait", "20s", "-write-timeout", "20s"}, "-write-timeout"},
 		{[]string{"extra"}, "unexpected"},
+		// Empty, net.Listen would take every interface and a random port.
+		{[]string{"-addr", ""}, "-addr"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "data")
-			args := []string{"-addr", "127.0.0.1:0"}
+			var args []string
+			if !hasFlag(c.args, "-addr") {
+				args = []string{"-addr", "127.0.0.1:0"}
+			}
 			for _, a := range c.args {
 				args = append(args, strings.ReplaceAll(a, "DATA", dir))
 			}
