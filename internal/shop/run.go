@@ -36,9 +36,17 @@ const (
 	defaultIdleTimeout  = 60 * time.Second
 )
 
+// duplicateSignalWindow: a signal that comes this soon after the first is
+// the first stop delivered twice, not a second one. timeout(1) and other
+// supervisors signal a process and then its whole process group, and a
+// terminal's Ctrl-C reaches every process of the foreground group, so one
+// stop can arrive twice within microseconds; a person who presses Ctrl-C
+// again because the drain takes too long does so later.
+const duplicateSignalWindow = 250 * time.Millisecond
+
 // Exit statuses of Main.
 const (
-	// ExitOK: shopd stopped cleanly.
+	// ExitOK: shopd stopped cleanly (also when stopped while starting).
 	ExitOK = 0
 	// ExitInterrupted: a second signal ended shopd before in-flight
 	// requests had finished.
@@ -51,7 +59,10 @@ const (
 // Main is shopd's main. It runs Run with args until the first signal
 // arrives on signals, then lets in-flight requests finish (for up to 30 s);
 // a second signal during that drain ends Main at once, without waiting for
-// them. It returns the process's exit status (ExitOK, ExitInterrupted or
+// them. A signal within 250 ms of the first is that stop delivered twice
+// (as timeout(1) does, signalling the process and its group) and is
+// ignored. A signal while shopd is still starting stops it cleanly
+// (ExitOK). It returns the process's exit status (ExitOK, ExitInterrupted or
 // ExitError) after writing any error to stderr. The caller, shopd's main,
 // delivers SIGINT and SIGTERM on signals (with room for two) and exits
 // with the status, which also ends requests still running.
@@ -65,11 +76,20 @@ func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int
 	case err = <-done:
 	case <-signals:
 		cancel()
-		select {
-		case err = <-done:
-		case sig := <-signals:
-			fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
-			return ExitInterrupted
+		first := time.Now()
+	drain:
+		for {
+			select {
+			case err = <-done:
+				break drain
+			case sig := <-signals:
+				if time.Since(first) < duplicateSignalWindow {
+					// The first stop, delivered twice.
+					continue
+				}
+				fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
+				return ExitInterrupted
+			}
 		}
 	}
 	if err != nil {
