@@ -125,6 +125,10 @@ const (
 
 var skuPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
+// orderNoPattern matches every order number the shop issues (newOrderNo)
+// and fits its column; GET /orders/{order_no} looks up nothing else.
+var orderNoPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
 type userKey struct{}
 
 func userFrom(ctx context.Context) int64 {
@@ -328,6 +332,12 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 
 func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	no := r.PathValue("order_no")
+	if !orderNoPattern.MatchString(no) {
+		// No order has this number; and PostgreSQL would refuse invalid
+		// UTF-8 or a NUL byte in the query's parameter.
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
+		return
+	}
 	var o Order
 	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
