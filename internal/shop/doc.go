@@ -29,7 +29,9 @@
 // PROBLEMS.md in this directory lists every code shopd answers with (its
 // own and idemhttp's). Requests that Go's HTTP server refuses before any
 // handler runs (a malformed request line, a control byte in a header
-// value, headers over 1 MiB) get net/http's plain-text 400 or 431 instead.
+// value, headers over 1 MiB) get net/http's plain-text 400, 431, 501 or 505
+// instead, and a path not in clean form (//orders) is redirected to its
+// clean form (307); PROBLEMS.md lists these.
 //
 // # Running
 //
