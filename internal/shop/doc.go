@@ -39,10 +39,12 @@
 // and lets those in flight finish (up to 30 s); a second one exits at once
 // with status 1 (one within 250 ms of the first is that stop delivered
 // twice, as timeout(1) does, and is ignored). A signal while shopd is still
-// starting (waiting for its database, migrating) stops it with status 0. Connections are bounded in time by -read-timeout (a
-// request's headers and body, 30 s), -write-timeout (from a request's
-// headers to the end of its answer, 1 m; longer than -wait) and
-// -idle-timeout (a keep-alive connection between requests, 1 m). Flags
+// starting (waiting for its database, migrating) stops it with status 0.
+// Connections are bounded in time by -read-timeout (a request's headers
+// and body, 30 s), -write-timeout (from a request's headers to the end of
+// its answer, 1 m; it must exceed -read-timeout plus -wait, and when it is
+// not given it grows to -read-timeout + -wait + 30 s if that is longer)
+// and -idle-timeout (a keep-alive connection between requests, 1 m). Flags
 // are checked and -addr is bound before any data is touched.
 //
 // # Databases

@@ -34,6 +34,9 @@ const (
 	defaultReadTimeout  = 30 * time.Second
 	defaultWriteTimeout = 60 * time.Second
 	defaultIdleTimeout  = 60 * time.Second
+	// writeMargin: the default -write-timeout leaves at least this long
+	// for the handler and the answer after -read-timeout and -wait.
+	writeMargin = 30 * time.Second
 )
 
 // duplicateSignalWindow: a signal that comes this soon after the first is
@@ -110,7 +113,9 @@ func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int
 //
 // Connections are bounded in time: a request's headers and body must
 // arrive within -read-timeout (its headers within 10 s at most), its answer
-// must be written within -write-timeout of its headers, and a keep-alive
+// must be written within -write-timeout of its headers (which must exceed
+// -read-timeout plus -wait, so that a body that arrives in time, or a
+// retry that waits, still has its answer written), and a keep-alive
 // connection with no request is closed after -idle-timeout. A client that
 // stalls or trickles its body is cut off instead of holding a connection
 // and its buffer indefinitely. An answer not written in time is lost to the
@@ -129,7 +134,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
 	writeTimeout := fs.Duration("write-timeout", defaultWriteTimeout,
-		"longest time from the end of a request's headers to the end of its answer; must exceed -wait")
+		"longest time from the end of a request's headers to the end of its answer; must exceed -read-timeout plus -wait "+
+			"(unset: -read-timeout + -wait + 30s when that is longer than the default)")
 	idleTimeout := fs.Duration("idle-timeout", defaultIdleTimeout,
 		"how long a keep-alive connection may wait for its next request")
 	if err := fs.Parse(args); err != nil {
@@ -153,15 +159,31 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("shopd: -%s must be positive", d.name)
 		}
 	}
-	if *writeTimeout <= *wait {
-		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -wait (%v), or waiting retries never get their answer", *writeTimeout, *wait)
+	// The write deadline counts from the end of a request's headers: it
+	// must leave room for the body (-read-timeout) and a retry's wait, or
+	// a slow client's order is created and its answer cannot be written.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	const maxTimeout = 24 * time.Hour
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-timeout", *readTimeout}, {"wait", *wait}} {
+		if d.v > maxTimeout {
+			return fmt.Errorf("shopd: -%s must not exceed %v", d.name, maxTimeout)
+		}
+	}
+	if !set["write-timeout"] {
+		*writeTimeout = max(defaultWriteTimeout, *readTimeout+*wait+writeMargin)
+	}
+	if *writeTimeout <= *readTimeout+*wait {
+		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -read-timeout (%v) plus -wait (%v): "+
+			"it counts from a request's headers, so a slow body or a waiting retry would leave its answer unwritten", *writeTimeout, *readTimeout, *wait)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("shopd: -log-level: %w", err)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	rawDB := *dbFlag
 	switch {
 	case set["db"] && set["data"]:

@@ -36,6 +36,14 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-write-timeout", "-1s"}, "-write-timeout"},
 		{[]string{"-idle-timeout", "0"}, "-idle-timeout"},
 		{[]string{"-wait", "20s", "-write-timeout", "20s"}, "-write-timeout"},
+		// The write deadline counts from a request's headers, so a body
+		// that takes longer than -write-timeout to arrive, which
+		// -read-timeout allows, creates an order whose answer cannot be
+		// written: -write-timeout must exceed -read-timeout plus -wait.
+		{[]string{"-read-timeout", "3s", "-write-timeout", "2s"}, "-write-timeout"},
+		{[]string{"-read-timeout", "20s", "-wait", "45s", "-write-timeout", "1m"}, "-write-timeout"},
+		{[]string{"-read-timeout", "2562047h"}, "-read-timeout"},
+		{[]string{"-wait", "2562047h", "-write-timeout", "2562047h"}, "-wait"},
 		{[]string{"extra"}, "unexpected"},
 		// Empty, net.Listen would take every interface and a random port.
 		{[]string{"-addr", ""}, "-addr"},
@@ -127,4 +135,32 @@ func TestRunStoppedDuringStartupIsClean(t *testing.T) {
 	if strings.Contains(stdout.String(), "listening") {
 		t.Errorf("printed %q although it never served", stdout.String())
 	}
+}
+
+// Without -write-timeout, a -read-timeout or -wait that leaves no room
+// in the default write timeout moves it: shopd starts.
+func TestRunDerivesWriteTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr bytes.Buffer
+	stdout := &cancelOnListen{cancel: cancel}
+	err := shop.Run(ctx, []string{"-addr", "127.0.0.1:0", "-data", t.TempDir(), "-read-timeout", "2m", "-wait", "45s"}, stdout, &stderr)
+	if err != nil || !stdout.listened {
+		t.Fatalf("Run: %v (listened %v), want a start and a clean stop; stderr:\n%s", err, stdout.listened, stderr.String())
+	}
+}
+
+// cancelOnListen cancels once shopd says it listens.
+type cancelOnListen struct {
+	cancel   context.CancelFunc
+	listened bool
+}
+
+func (c *cancelOnListen) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), "listening") {
+		c.listened = true
+		c.cancel()
+	}
+	return len(p), nil
 }
