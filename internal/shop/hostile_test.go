@@ -1,9 +1,17 @@
 package shop_test
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // An order number is whatever the path holds: invalid UTF-8, a NUL byte,
@@ -53,5 +61,87 @@ func TestUncleanPathRedirectsWithoutEffect(t *testing.T) {
 	}
 	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders WHERE user_id = 8`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d orders (%v), want 1", n, err)
+	}
+}
+
+// cancelAfterAcquire is a store that cancels the request once its key is
+// acquired: the client hung up while its order was being made.
+type cancelAfterAcquire struct {
+	*sqlstore.Store
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterAcquire) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	res, err := c.Store.Acquire(ctx, req)
+	c.cancel()
+	return res, err
+}
+
+// levelCounter counts log records at Error level.
+type levelCounter struct {
+	mu     sync.Mutex
+	errors []string
+}
+
+func (h *levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h *levelCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		h.mu.Lock()
+		h.errors = append(h.errors, r.Message)
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h *levelCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *levelCounter) WithGroup(string) slog.Handler      { return h }
+
+// A client that hangs up while its order is being made is no failure of
+// the shop: nothing is logged at Error level (any client could fill the
+// error log, and page an operator, by hanging up), no order is made, and
+// a retry with the same key creates the order.
+func TestClientGoneIsNotAnError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, _ := freshSQLite(t)
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	reqCtx, cancel := context.WithCancel(ctx)
+	logs := &levelCounter{}
+	s, err := shop.New(shop.Config{DB: db, Store: cancelAfterAcquire{store, cancel}, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"sku":"GONE","quantity":1}`
+	req := httptest.NewRequestWithContext(reqCtx, http.MethodPost, "/orders", strings.NewReader(body))
+	req.Header.Set("X-User-ID", "51")
+	req.Header.Set("Idempotency-Key", "gone")
+	req.Header.Set("Content-Type", "application/json")
+	s.ServeHTTP(httptest.NewRecorder(), req)
+	if len(logs.errors) > 0 {
+		t.Errorf("a client that hung up was logged as an error: %q", logs.errors)
+	}
+	var n int
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders WHERE user_id = 51`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d orders (%v) for a cancelled request, want 0", n, err)
+	}
+
+	s2, err := shop.New(shop.Config{DB: db, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := serve(s2, http.MethodPost, "/orders", map[string]string{"X-User-ID": "51", "Idempotency-Key": "gone", "Content-Type": "application/json"}, body)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("retry: %d %s", rec.Code, rec.Body)
+	}
+	if err := db.QueryRow(`SELECT COUNT(*) FROM shop_orders WHERE user_id = 51`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d orders (%v) after the retry, want 1", n, err)
 	}
 }

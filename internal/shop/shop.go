@@ -424,8 +424,19 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such resource")
 }
 
+// fail answers 500 INTERNAL and logs why: at Error level, unless the
+// request's context had ended (the client hung up, or the execution lost
+// its lease), which no operator can act on and any client can cause.
 func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {
-	s.log.ErrorContext(r.Context(), "shop: request failed", "op", what, "error", err)
+	ctx := r.Context()
+	switch cause := context.Cause(ctx); {
+	case cause == nil:
+		s.log.ErrorContext(ctx, "shop: request failed", "op", what, "error", err)
+	case errors.Is(cause, idem.ErrLeaseLost):
+		s.log.WarnContext(ctx, "shop: request ended: its execution lost the lease", "op", what, "error", err)
+	default:
+		s.log.InfoContext(ctx, "shop: request ended: its context was cancelled (the client went away)", "op", what, "error", err, "cause", cause)
+	}
 	writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the request failed; retry with the same Idempotency-Key")
 }
 
