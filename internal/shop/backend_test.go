@@ -19,6 +19,8 @@ func TestParseDB(t *testing.T) {
 		{"sqlite:/var/lib/shop/shop.db", sqlstore.SQLite, ""},
 		{"postgres://app:pw@db:5432/shop?sslmode=disable", sqlstore.PostgreSQL, ""},
 		{"postgresql://app@db/shop", sqlstore.PostgreSQL, ""},
+		{"postgres:///shop?host=/var/run/postgresql", sqlstore.PostgreSQL, ""},
+		{"postgres://app@db?dbname=shop", sqlstore.PostgreSQL, ""},
 		{"mysql://app:pw@db:3307/shop", sqlstore.MySQL, "app:pw@tcp(db:3307)/shop"},
 		{"mysql://app@db/shop", sqlstore.MySQL, "app@tcp(db:3306)/shop"},
 		{"mysql://app:p%40ss@db/shop?tls=skip-verify&timeout=5s", sqlstore.MySQL, "app:p@ss@tcp(db:3306)/shop?timeout=5s&tls=skip-verify"},
@@ -63,6 +65,19 @@ func TestParseDBRejects(t *testing.T) {
 		"mysql://app:secretpw@db/shop?tls=bogus",
 		"mysql:app:secretpw@tcp(db:3306)",
 		"mysqlx://app:secretpw@db/shop",
+		// Without a host or a database, pgx and go-sql-driver fall back to
+		// defaults (a local server, a database named after the OS user) and
+		// shopd would migrate whatever database that is: an unset variable
+		// in -db "postgres://$HOST/shop" must not land there.
+		"postgres://",
+		"postgres:///shop",
+		"postgresql://app:secretpw@/shop",
+		"postgres://app:secretpw@db:5432",
+		"postgres://app:secretpw@db/",
+		"postgres://app:secretpw@db/shop?dbname=",
+		"mysql:",
+		"mysql:/",
+		"mysql:app:secretpw@tcp(db:3306)/",
 		"redis://app:secretpw@db/0",
 	} {
 		_, err := parseDB(raw)

@@ -59,6 +59,11 @@
 //	mysql://user:pass@host:port/db?k=v    translated into a go-sql-driver DSN; port 3306 by default, k=v are the driver's DSN parameters
 //	mysql:user:pass@tcp(host:port)/db     a raw go-sql-driver DSN (unix sockets, say)
 //
+// Every server URL or DSN must name its host (for PostgreSQL: in the
+// authority, or as ?host=/socket/dir) and its database: shopd refuses to
+// fall back on the drivers' defaults (a local server, a database named after
+// the OS user) and migrate a database nobody named.
+//
 // -data DIR is short for -db sqlite:DIR/shop.db; giving both is an error.
 // A server database gets a pool of at most 16 connections; SQLite keeps
 // sqlstore.OpenSQLite's single connection. -redis redis://host:port/db
