@@ -209,6 +209,10 @@ func parseRedis(raw string) (*redis.Options, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("-redis %s: %v (want redis://host:port/db)", redact(raw), redactErr(err, raw))
 	}
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "unix" && u.Hostname() == "" {
+		// go-redis would use localhost:6379, a Redis nobody named.
+		return nil, "", fmt.Errorf("-redis %s has no host (want redis://host:port/db)", redact(raw))
+	}
 	// A stalled call ends on the socket at tieredstore's timeout too.
 	opts.ContextTimeoutEnabled = true
 	display := raw

@@ -100,7 +100,13 @@ func TestParseRedis(t *testing.T) {
 	if strings.Contains(display, "secretpw") {
 		t.Errorf("display %q shows the password", display)
 	}
-	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon"} {
+	if opts, _, err := parseRedis("unix:///run/redis/redis.sock?db=1"); err != nil || opts.Network != "unix" {
+		t.Errorf("a unix socket: %+v, %v", opts, err)
+	}
+	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon",
+		// No host: go-redis would use localhost:6379, a Redis nobody named
+		// (an unset variable in -redis "redis://$HOST:6379/0").
+		"redis://", "redis://:6379/0", "rediss://u:secretpw@:6379/0", "redis:///0"} {
 		_, _, err := parseRedis(raw)
 		if err == nil {
 			t.Errorf("%q: accepted", raw)
