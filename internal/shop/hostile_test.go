@@ -145,3 +145,25 @@ func TestClientGoneIsNotAnError(t *testing.T) {
 		t.Fatalf("%d orders (%v) after the retry, want 1", n, err)
 	}
 }
+
+// Keys a hostile client may send (multi-byte, quotes, SQL, bidi controls,
+// 255 bytes of emoji) with the largest user ID, SKU and quantity the shop
+// takes: each creates one order and replays it, on every backend.
+func TestHostileKeysOnEveryBackend(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, _ := newShop(t, b)
+		for _, key := range []string{"😀", strings.Repeat("é", 127), `a'b"c\d`, "%s%n", "a b", "'; DROP TABLE shop_orders; --", "\u202e", "\ufeffk", strings.Repeat("😀", 63)} {
+			h := map[string]string{"X-User-ID": "9223372036854775807", "Idempotency-Key": key, "Content-Type": "application/json"}
+			body := `{"sku":"` + strings.Repeat("Z", 64) + `","quantity":1000}`
+			r1 := serve(s, http.MethodPost, "/orders", h, body)
+			r2 := serve(s, http.MethodPost, "/orders", h, body)
+			if r1.Code != 201 || r2.Code != 201 || r2.Header().Get("Idempotent-Replayed") != "true" || r1.Body.String() != r2.Body.String() {
+				t.Errorf("key %q: %d %s / %d %s", key, r1.Code, r1.Body, r2.Code, r2.Body)
+			}
+		}
+		r := serve(s, http.MethodGet, "/orders?limit=500", map[string]string{"X-User-ID": "9223372036854775807"}, "")
+		if r.Code != 200 {
+			t.Errorf("list: %d %s", r.Code, r.Body)
+		}
+	})
+}
