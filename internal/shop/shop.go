@@ -338,15 +338,17 @@ func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
+	defer cancel()
 	var o Order
-	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
+	err := s.db.QueryRowContext(ctx, s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
 	}
 	if err != nil {
-		s.fail(w, r, "get order", err)
+		s.readFailed(ctx, w, r, "get order", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, o)
@@ -369,10 +371,12 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	rows, err := s.db.QueryContext(r.Context(), s.q.listOrders,
+	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(ctx, s.q.listOrders,
 		userFrom(r.Context()), limit)
 	if err != nil {
-		s.fail(w, r, "list orders", err)
+		s.readFailed(ctx, w, r, "list orders", err)
 		return
 	}
 	defer rows.Close()
@@ -380,16 +384,35 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 	for rows.Next() {
 		var o Order
 		if err := rows.Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt); err != nil {
-			s.fail(w, r, "list orders", err)
+			s.readFailed(ctx, w, r, "list orders", err)
 			return
 		}
 		orders = append(orders, o)
 	}
 	if err := rows.Err(); err != nil {
-		s.fail(w, r, "list orders", err)
+		s.readFailed(ctx, w, r, "list orders", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"orders": orders})
+}
+
+// readQueryTimeout bounds a read of the shop's rows (GET /orders and GET
+// /orders/{order_no}): a database that stops answering, its packets
+// swallowed, would otherwise hold the request, its goroutine and a pooled
+// connection for as long as the client waits.
+const readQueryTimeout = 10 * time.Second
+
+// readFailed answers a failed read: 503 UNHEALTHY with Retry-After when
+// the database did not answer within readQueryTimeout, 500 otherwise.
+func (s *Shop) readFailed(ctx context.Context, w http.ResponseWriter, r *http.Request, what string, err error) {
+	if r.Context().Err() == nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		s.log.ErrorContext(r.Context(), "shop: the database did not answer in time", "op", what, "timeout", readQueryTimeout, "error", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnhealthy, "Unhealthy",
+			fmt.Sprintf("the database did not answer within %v", readQueryTimeout))
+		return
+	}
+	s.fail(w, r, what, err)
 }
 
 func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
