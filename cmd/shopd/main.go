@@ -9,8 +9,8 @@
 //
 // Bad flags, or an address shopd cannot listen on, exit with status 2
 // before any data is touched. The first SIGINT or SIGTERM lets in-flight
-// requests finish (exit status 0); a second one exits at once with status
-// 1, unless it comes within 250 ms of the first (one stop delivered twice,
+// requests finish (exit status 0; 1 if some still run after 30 s); a second
+// one exits at once with status 1, unless it comes within 250 ms of the first (one stop delivered twice,
 // as timeout(1) does). A signal during startup stops shopd with status 0. See internal/shop's Main and Run.
 package main
 

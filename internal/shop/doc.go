@@ -36,8 +36,8 @@
 // # Running
 //
 // Main runs shopd: the first SIGINT or SIGTERM stops accepting requests
-// and lets those in flight finish (up to 30 s); a second one exits at once
-// with status 1 (one within 250 ms of the first is that stop delivered
+// and lets those in flight finish (up to 30 s; requests still running
+// then are abandoned, status 1); a second one exits at once with status 1 (one within 250 ms of the first is that stop delivered
 // twice, as timeout(1) does, and is ignored). A signal while shopd is still
 // starting (waiting for its database, migrating) stops it with status 0.
 // Connections are bounded in time by -read-timeout (a request's headers

@@ -21,8 +21,12 @@ import (
 )
 
 // shutdownTimeout bounds how long in-flight requests may run after a stop
-// signal.
-const shutdownTimeout = 30 * time.Second
+// signal. A variable for the tests.
+var shutdownTimeout = 30 * time.Second
+
+// errDrainIncomplete: requests were still in flight when shutdownTimeout
+// ended the drain.
+var errDrainIncomplete = fmt.Errorf("shopd: requests still in flight after %v; stopping without them", shutdownTimeout)
 
 // maxReadHeaderTimeout bounds the time to read a request's headers (less
 // when -read-timeout is shorter).
@@ -51,8 +55,8 @@ const duplicateSignalWindow = 250 * time.Millisecond
 const (
 	// ExitOK: shopd stopped cleanly (also when stopped while starting).
 	ExitOK = 0
-	// ExitInterrupted: a second signal ended shopd before in-flight
-	// requests had finished.
+	// ExitInterrupted: shopd stopped before in-flight requests had
+	// finished: a second signal, or the 30 s bound of the drain.
 	ExitInterrupted = 1
 	// ExitError: shopd could not start (bad flags, an address it cannot
 	// listen on, a database it cannot open) or failed while serving.
@@ -60,7 +64,8 @@ const (
 )
 
 // Main is shopd's main. It runs Run with args until the first signal
-// arrives on signals, then lets in-flight requests finish (for up to 30 s);
+// arrives on signals, then lets in-flight requests finish (for up to 30 s,
+// then it returns ExitInterrupted without them);
 // a second signal during that drain ends Main at once, without waiting for
 // them. A signal within 250 ms of the first is that stop delivered twice
 // (as timeout(1) does, signalling the process and its group) and is
@@ -95,13 +100,16 @@ func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int
 			}
 		}
 	}
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, err)
-		}
-		return ExitError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, errDrainIncomplete):
+		fmt.Fprintln(stderr, err)
+		return ExitInterrupted
+	case !errors.Is(err, flag.ErrHelp):
+		fmt.Fprintln(stderr, err)
 	}
-	return ExitOK
+	return ExitError
 }
 
 // Run parses shopd's args, listens on -addr, opens the database (and
@@ -297,6 +305,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return errDrainIncomplete
+		}
 		return fmt.Errorf("shopd: shutdown: %w", err)
 	}
 	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
