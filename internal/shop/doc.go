@@ -36,10 +36,12 @@
 // # Running
 //
 // Main runs shopd: the first SIGINT or SIGTERM stops accepting requests
-// and lets those in flight finish (up to 30 s; requests still running
-// then are abandoned, status 1); a second one exits at once with status 1 (one within 250 ms of the first is that stop delivered
-// twice, as timeout(1) does, and is ignored). A signal while shopd is still
-// starting (waiting for its database, migrating) stops it with status 0.
+// and lets those in flight finish (up to 30 s; requests still running then
+// are abandoned, status 1); a second one exits at once with status 1 (one
+// within 250 ms of the first is that stop delivered twice, as timeout(1)
+// does, and is ignored). A signal while shopd is still starting (waiting
+// for its database, migrating) stops it with status 0. shopd ignores
+// SIGPIPE, so a log reader that went away does not end it mid-drain.
 // Connections are bounded in time by -read-timeout (a request's headers
 // and body, 30 s), -write-timeout (from a request's headers to the end of
 // its answer, 1 m; it must exceed -read-timeout plus -wait, and when it is
