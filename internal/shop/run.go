@@ -64,16 +64,16 @@ const (
 )
 
 // Main is shopd's main. It runs Run with args until the first signal
-// arrives on signals, then lets in-flight requests finish (for up to 30 s,
-// then it returns ExitInterrupted without them);
-// a second signal during that drain ends Main at once, without waiting for
-// them. A signal within 250 ms of the first is that stop delivered twice
-// (as timeout(1) does, signalling the process and its group) and is
-// ignored. A signal while shopd is still starting stops it cleanly
-// (ExitOK). It returns the process's exit status (ExitOK, ExitInterrupted or
-// ExitError) after writing any error to stderr. The caller, shopd's main,
-// delivers SIGINT and SIGTERM on signals (with room for two) and exits
-// with the status, which also ends requests still running.
+// arrives on signals, then lets in-flight requests finish for up to 30 s
+// (and returns ExitInterrupted if some still run then); a second signal
+// during that drain ends Main at once, without waiting for them. A signal
+// within 250 ms of the first is that stop delivered twice (as timeout(1)
+// does, signalling the process and its group) and is ignored. A signal
+// while shopd is still starting stops it cleanly (ExitOK). Main returns
+// the process's exit status (ExitOK, ExitInterrupted or ExitError) after
+// writing any error to stderr. The caller, shopd's main, delivers SIGINT
+// and SIGTERM on signals (with room for two) and exits with the status,
+// which also ends requests still running.
 func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
