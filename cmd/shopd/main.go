@@ -9,8 +9,11 @@
 //
 // Bad flags, or an address shopd cannot listen on, exit with status 2
 // before any data is touched. The first SIGINT or SIGTERM lets in-flight
-// requests finish (exit status 0); a second one exits at once with status
-// 1. See internal/shop's Main and Run.
+// requests finish (exit status 0; 1 if some still run after 30 s); a
+// second one exits at once with status 1, unless it comes within 250 ms of
+// the first (one stop delivered twice, as timeout(1) does). A signal during
+// startup stops shopd with status 0. SIGPIPE is ignored: a log reader that
+// went away does not end shopd. See internal/shop's Main and Run.
 package main
 
 import (
@@ -22,6 +25,10 @@ import (
 )
 
 func main() {
+	// A log reader that went away (shopd 2>&1 | tee log, Ctrl-C reaching
+	// tee too) must not kill shopd at its next log line, in the middle of
+	// the drain: its writes fail with EPIPE instead.
+	signal.Ignore(syscall.SIGPIPE)
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 	os.Exit(shop.Main(os.Args[1:], os.Stdout, os.Stderr, signals))

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -145,6 +147,9 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		}
 	}
 	waitLog("shutting down")
+	// A signal within 250 ms of the first counts as that one delivered
+	// twice; a person's second Ctrl-C comes later.
+	time.Sleep(500 * time.Millisecond)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +164,154 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("shopd still running 20 s after the second SIGINT")
+	}
+}
+
+// SIGTERM while shopd is still starting (here: waiting for a database
+// that accepts connections and never answers) stops it cleanly, at once
+// and with status 0, like a SIGTERM while serving; it does not report a
+// failure to start.
+func TestSignalDuringStartupStopsCleanly(t *testing.T) {
+	t.Parallel()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c // held open, never answered
+		}
+	}()
+	defer func() {
+		silent.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-addr", "127.0.0.1:0",
+		"-db", "mysql://shop@"+silent.Addr().String()+"/shop")
+	cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select { // shopd dialled the database: it is starting
+	case c := <-accepted:
+		defer c.Close()
+	case err := <-exited:
+		t.Fatalf("shopd exited before it reached the database: %v\n%s", err, stderr.String())
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatal("shopd never dialled the database")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("shopd ended with %v after SIGTERM during startup, want status 0; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatal("shopd still running 20 s after SIGTERM during startup")
+	}
+	if strings.Contains(stdout.String(), "listening") {
+		t.Errorf("shopd printed %q although it never served", stdout.String())
+	}
+}
+
+// A log reader that goes away (shopd 2>&1 | tee shop.log, and Ctrl-C
+// reaches tee too) does not kill shopd at its next log line: the drain
+// after SIGINT still lets the in-flight request finish, and shopd exits 0.
+func TestClosedLogPipeDoesNotKillDrain(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-addr", "127.0.0.1:0", "-data", t.TempDir(), "-read-timeout", "5m")
+	cmd.Env = append(os.Environ(), "SHOPD_MAIN=1")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logW
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logW.Close()
+	exited := make(chan error, 1)
+	addr := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() {
+			if rest, ok := strings.CutPrefix(lines.Text(), "shopd listening on "); ok {
+				addr <- strings.TrimPrefix(strings.Fields(rest)[0], "http://")
+			}
+		}
+		exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	var base string
+	select {
+	case base = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("shopd did not start listening")
+	}
+	logR.Close() // the log reader goes away
+
+	conn, err := net.Dial("tcp", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"sku":"PIPE-1","quantity":1}`
+	if _, err := io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: shop\r\nX-User-ID: 1\r\nIdempotency-Key: pipe\r\n"+
+		"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body[:4]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server reads the headers: the connection is active
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // shopd logs that it shuts down, into the closed pipe
+	if _, err := io.WriteString(conn, body[4:]); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("the in-flight order got no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Errorf("in-flight order: %d, want 201", resp.StatusCode)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("shopd ended with %v, want status 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("shopd did not exit after the drain")
 	}
 }

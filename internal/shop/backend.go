@@ -73,6 +73,20 @@ func parseDB(raw string) (dbTarget, error) {
 		if _, err := pgx.ParseConfig(raw); err != nil {
 			return dbTarget{}, fmt.Errorf("PostgreSQL URL %s: %v", u.Redacted(), redactErr(err, raw))
 		}
+		// pgx fills a missing host or database with libpq's defaults (a
+		// local server, a database named after the OS user): shopd would
+		// migrate a database nobody named.
+		q := u.Query()
+		if u.Hostname() == "" && q.Get("host") == "" {
+			return dbTarget{}, fmt.Errorf("PostgreSQL URL %s has no host (postgres://user:pass@HOST:port/db, or ?host=/socket/dir)", u.Redacted())
+		}
+		db := strings.TrimPrefix(u.Path, "/")
+		if q.Has("dbname") {
+			db = q.Get("dbname")
+		}
+		if db == "" {
+			return dbTarget{}, fmt.Errorf("PostgreSQL URL %s must name its database: postgres://user:pass@host:port/DB", u.Redacted())
+		}
 		return dbTarget{dialect: sqlstore.PostgreSQL, pgURL: raw, display: u.Redacted()}, nil
 
 	case strings.HasPrefix(raw, "mysql://"):
@@ -86,6 +100,9 @@ func parseDB(raw string) (dbTarget, error) {
 		cfg, err := mysql.ParseDSN(strings.TrimPrefix(raw, "mysql:"))
 		if err != nil {
 			return dbTarget{}, fmt.Errorf("MySQL DSN after 'mysql:': %v", redactErr(err, raw))
+		}
+		if cfg.DBName == "" {
+			return dbTarget{}, fmt.Errorf("MySQL DSN %s must name its database: mysql:user:pass@tcp(host:port)/DB", mysqlDisplay(cfg))
 		}
 		return dbTarget{dialect: sqlstore.MySQL, mysql: cfg, display: mysqlDisplay(cfg)}, nil
 	}
@@ -191,6 +208,10 @@ func parseRedis(raw string) (*redis.Options, string, error) {
 	opts, err := redis.ParseURL(raw)
 	if err != nil {
 		return nil, "", fmt.Errorf("-redis %s: %v (want redis://host:port/db)", redact(raw), redactErr(err, raw))
+	}
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "unix" && u.Hostname() == "" {
+		// go-redis would use localhost:6379, a Redis nobody named.
+		return nil, "", fmt.Errorf("-redis %s has no host (want redis://host:port/db)", redact(raw))
 	}
 	// A stalled call ends on the socket at tieredstore's timeout too.
 	opts.ContextTimeoutEnabled = true

@@ -19,6 +19,8 @@ func TestParseDB(t *testing.T) {
 		{"sqlite:/var/lib/shop/shop.db", sqlstore.SQLite, ""},
 		{"postgres://app:pw@db:5432/shop?sslmode=disable", sqlstore.PostgreSQL, ""},
 		{"postgresql://app@db/shop", sqlstore.PostgreSQL, ""},
+		{"postgres:///shop?host=/var/run/postgresql", sqlstore.PostgreSQL, ""},
+		{"postgres://app@db?dbname=shop", sqlstore.PostgreSQL, ""},
 		{"mysql://app:pw@db:3307/shop", sqlstore.MySQL, "app:pw@tcp(db:3307)/shop"},
 		{"mysql://app@db/shop", sqlstore.MySQL, "app@tcp(db:3306)/shop"},
 		{"mysql://app:p%40ss@db/shop?tls=skip-verify&timeout=5s", sqlstore.MySQL, "app:p@ss@tcp(db:3306)/shop?timeout=5s&tls=skip-verify"},
@@ -63,6 +65,19 @@ func TestParseDBRejects(t *testing.T) {
 		"mysql://app:secretpw@db/shop?tls=bogus",
 		"mysql:app:secretpw@tcp(db:3306)",
 		"mysqlx://app:secretpw@db/shop",
+		// Without a host or a database, pgx and go-sql-driver fall back to
+		// defaults (a local server, a database named after the OS user) and
+		// shopd would migrate whatever database that is: an unset variable
+		// in -db "postgres://$HOST/shop" must not land there.
+		"postgres://",
+		"postgres:///shop",
+		"postgresql://app:secretpw@/shop",
+		"postgres://app:secretpw@db:5432",
+		"postgres://app:secretpw@db/",
+		"postgres://app:secretpw@db/shop?dbname=",
+		"mysql:",
+		"mysql:/",
+		"mysql:app:secretpw@tcp(db:3306)/",
 		"redis://app:secretpw@db/0",
 	} {
 		_, err := parseDB(raw)
@@ -85,7 +100,13 @@ func TestParseRedis(t *testing.T) {
 	if strings.Contains(display, "secretpw") {
 		t.Errorf("display %q shows the password", display)
 	}
-	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon"} {
+	if opts, _, err := parseRedis("unix:///run/redis/redis.sock?db=1"); err != nil || opts.Network != "unix" {
+		t.Errorf("a unix socket: %+v, %v", opts, err)
+	}
+	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon",
+		// No host: go-redis would use localhost:6379, a Redis nobody named
+		// (an unset variable in -redis "redis://$HOST:6379/0").
+		"redis://", "redis://:6379/0", "rediss://u:secretpw@:6379/0", "redis:///0"} {
 		_, _, err := parseRedis(raw)
 		if err == nil {
 			t.Errorf("%q: accepted", raw)

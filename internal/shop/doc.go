@@ -29,16 +29,24 @@
 // PROBLEMS.md in this directory lists every code shopd answers with (its
 // own and idemhttp's). Requests that Go's HTTP server refuses before any
 // handler runs (a malformed request line, a control byte in a header
-// value, headers over 1 MiB) get net/http's plain-text 400 or 431 instead.
+// value, headers over 1 MiB) get net/http's plain-text 400, 431, 501 or 505
+// instead, and a path not in clean form (//orders) is redirected to its
+// clean form (307); PROBLEMS.md lists these.
 //
 // # Running
 //
 // Main runs shopd: the first SIGINT or SIGTERM stops accepting requests
-// and lets those in flight finish (up to 30 s); a second one exits at once
-// with status 1. Connections are bounded in time by -read-timeout (a
-// request's headers and body, 30 s), -write-timeout (from a request's
-// headers to the end of its answer, 1 m; longer than -wait) and
-// -idle-timeout (a keep-alive connection between requests, 1 m). Flags
+// and lets those in flight finish (up to 30 s; requests still running then
+// are abandoned, status 1); a second one exits at once with status 1 (one
+// within 250 ms of the first is that stop delivered twice, as timeout(1)
+// does, and is ignored). A signal while shopd is still starting (waiting
+// for its database, migrating) stops it with status 0. shopd ignores
+// SIGPIPE, so a log reader that went away does not end it mid-drain.
+// Connections are bounded in time by -read-timeout (a request's headers
+// and body, 30 s), -write-timeout (from a request's headers to the end of
+// its answer, 1 m; it must exceed -read-timeout plus -wait, and when it is
+// not given it grows to -read-timeout + -wait + 30 s if that is longer)
+// and -idle-timeout (a keep-alive connection between requests, 1 m). Flags
 // are checked and -addr is bound before any data is touched.
 //
 // # Databases
@@ -52,6 +60,11 @@
 //	postgres://user:pass@host:port/db     or postgresql://…, read by pgx
 //	mysql://user:pass@host:port/db?k=v    translated into a go-sql-driver DSN; port 3306 by default, k=v are the driver's DSN parameters
 //	mysql:user:pass@tcp(host:port)/db     a raw go-sql-driver DSN (unix sockets, say)
+//
+// Every server URL or DSN must name its host (for PostgreSQL: in the
+// authority, or as ?host=/socket/dir) and its database: shopd refuses to
+// fall back on the drivers' defaults (a local server, a database named after
+// the OS user) and migrate a database nobody named.
 //
 // -data DIR is short for -db sqlite:DIR/shop.db; giving both is an error.
 // A server database gets a pool of at most 16 connections; SQLite keeps

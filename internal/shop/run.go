@@ -21,8 +21,12 @@ import (
 )
 
 // shutdownTimeout bounds how long in-flight requests may run after a stop
-// signal.
-const shutdownTimeout = 30 * time.Second
+// signal. A variable for the tests.
+var shutdownTimeout = 30 * time.Second
+
+// errDrainIncomplete: requests were still in flight when shutdownTimeout
+// ended the drain.
+var errDrainIncomplete = fmt.Errorf("shopd: requests still in flight after %v; stopping without them", shutdownTimeout)
 
 // maxReadHeaderTimeout bounds the time to read a request's headers (less
 // when -read-timeout is shorter).
@@ -34,14 +38,25 @@ const (
 	defaultReadTimeout  = 30 * time.Second
 	defaultWriteTimeout = 60 * time.Second
 	defaultIdleTimeout  = 60 * time.Second
+	// writeMargin: the default -write-timeout leaves at least this long
+	// for the handler and the answer after -read-timeout and -wait.
+	writeMargin = 30 * time.Second
 )
+
+// duplicateSignalWindow: a signal that comes this soon after the first is
+// the first stop delivered twice, not a second one. timeout(1) and other
+// supervisors signal a process and then its whole process group, and a
+// terminal's Ctrl-C reaches every process of the foreground group, so one
+// stop can arrive twice within microseconds; a person who presses Ctrl-C
+// again because the drain takes too long does so later.
+const duplicateSignalWindow = 250 * time.Millisecond
 
 // Exit statuses of Main.
 const (
-	// ExitOK: shopd stopped cleanly.
+	// ExitOK: shopd stopped cleanly (also when stopped while starting).
 	ExitOK = 0
-	// ExitInterrupted: a second signal ended shopd before in-flight
-	// requests had finished.
+	// ExitInterrupted: shopd stopped before in-flight requests had
+	// finished: a second signal, or the 30 s bound of the drain.
 	ExitInterrupted = 1
 	// ExitError: shopd could not start (bad flags, an address it cannot
 	// listen on, a database it cannot open) or failed while serving.
@@ -49,12 +64,16 @@ const (
 )
 
 // Main is shopd's main. It runs Run with args until the first signal
-// arrives on signals, then lets in-flight requests finish (for up to 30 s);
-// a second signal during that drain ends Main at once, without waiting for
-// them. It returns the process's exit status (ExitOK, ExitInterrupted or
-// ExitError) after writing any error to stderr. The caller, shopd's main,
-// delivers SIGINT and SIGTERM on signals (with room for two) and exits
-// with the status, which also ends requests still running.
+// arrives on signals, then lets in-flight requests finish for up to 30 s
+// (and returns ExitInterrupted if some still run then); a second signal
+// during that drain ends Main at once, without waiting for them. A signal
+// within 250 ms of the first is that stop delivered twice (as timeout(1)
+// does, signalling the process and its group) and is ignored. A signal
+// while shopd is still starting stops it cleanly (ExitOK). Main returns
+// the process's exit status (ExitOK, ExitInterrupted or ExitError) after
+// writing any error to stderr. The caller, shopd's main, delivers SIGINT
+// and SIGTERM on signals (with room for two) and exits with the status,
+// which also ends requests still running.
 func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -65,20 +84,32 @@ func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int
 	case err = <-done:
 	case <-signals:
 		cancel()
-		select {
-		case err = <-done:
-		case sig := <-signals:
-			fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
-			return ExitInterrupted
+		first := time.Now()
+	drain:
+		for {
+			select {
+			case err = <-done:
+				break drain
+			case sig := <-signals:
+				if time.Since(first) < duplicateSignalWindow {
+					// The first stop, delivered twice.
+					continue
+				}
+				fmt.Fprintf(stderr, "shopd: second %v: stopping without waiting for in-flight requests\n", sig)
+				return ExitInterrupted
+			}
 		}
 	}
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, err)
-		}
-		return ExitError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, errDrainIncomplete):
+		fmt.Fprintln(stderr, err)
+		return ExitInterrupted
+	case !errors.Is(err, flag.ErrHelp):
+		fmt.Fprintln(stderr, err)
 	}
-	return ExitOK
+	return ExitError
 }
 
 // Run parses shopd's args, listens on -addr, opens the database (and
@@ -90,7 +121,9 @@ func Main(args []string, stdout, stderr io.Writer, signals <-chan os.Signal) int
 //
 // Connections are bounded in time: a request's headers and body must
 // arrive within -read-timeout (its headers within 10 s at most), its answer
-// must be written within -write-timeout of its headers, and a keep-alive
+// must be written within -write-timeout of its headers (which must exceed
+// -read-timeout plus -wait, so that a body that arrives in time, or a
+// retry that waits, still has its answer written), and a keep-alive
 // connection with no request is closed after -idle-timeout. A client that
 // stalls or trickles its body is cut off instead of holding a connection
 // and its buffer indefinitely. An answer not written in time is lost to the
@@ -109,7 +142,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
 	writeTimeout := fs.Duration("write-timeout", defaultWriteTimeout,
-		"longest time from the end of a request's headers to the end of its answer; must exceed -wait")
+		"longest time from the end of a request's headers to the end of its answer; must exceed -read-timeout plus -wait "+
+			"(unset: -read-timeout + -wait + 30s when that is longer than the default)")
 	idleTimeout := fs.Duration("idle-timeout", defaultIdleTimeout,
 		"how long a keep-alive connection may wait for its next request")
 	if err := fs.Parse(args); err != nil {
@@ -117,6 +151,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("shopd: unexpected arguments %q", fs.Args())
+	}
+	if *addr == "" {
+		// net.Listen would take every interface and a random port.
+		return errors.New("shopd: -addr must be host:port (127.0.0.1:8080, or :8080 for every interface)")
 	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
@@ -129,15 +167,31 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("shopd: -%s must be positive", d.name)
 		}
 	}
-	if *writeTimeout <= *wait {
-		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -wait (%v), or waiting retries never get their answer", *writeTimeout, *wait)
+	// The write deadline counts from the end of a request's headers: it
+	// must leave room for the body (-read-timeout) and a retry's wait, or
+	// a slow client's order is created and its answer cannot be written.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	const maxTimeout = 24 * time.Hour
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-timeout", *readTimeout}, {"wait", *wait}} {
+		if d.v > maxTimeout {
+			return fmt.Errorf("shopd: -%s must not exceed %v", d.name, maxTimeout)
+		}
+	}
+	if !set["write-timeout"] {
+		*writeTimeout = max(defaultWriteTimeout, *readTimeout+*wait+writeMargin)
+	}
+	if *writeTimeout <= *readTimeout+*wait {
+		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -read-timeout (%v) plus -wait (%v): "+
+			"it counts from a request's headers, so a slow body or a waiting retry would leave its answer unwritten", *writeTimeout, *readTimeout, *wait)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("shopd: -log-level: %w", err)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	rawDB := *dbFlag
 	switch {
 	case set["db"] && set["data"]:
@@ -171,9 +225,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer ln.Close()
 
+	// A stop requested while shopd starts (a database that is slow to
+	// answer, a long migration) ends it cleanly: the step it interrupted
+	// fails with the context's error, which is no failure to start.
+	stopped := func(err error) error {
+		if ctx.Err() == nil {
+			return err
+		}
+		log.Info("shopd: stopped before serving", "error", err)
+		return nil
+	}
+	if ctx.Err() != nil {
+		return stopped(ctx.Err())
+	}
 	db, err := target.open(ctx)
 	if err != nil {
-		return fmt.Errorf("shopd: open database: %w", err)
+		return stopped(fmt.Errorf("shopd: open database: %w", err))
 	}
 	defer db.Close()
 	sqlStore, err := sqlstore.New(db, &sqlstore.Config{Dialect: target.dialect, Logger: log})
@@ -181,10 +248,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if err := sqlStore.Migrate(ctx); err != nil {
-		return fmt.Errorf("shopd: migrate idempotency store: %w", err)
+		return stopped(fmt.Errorf("shopd: migrate idempotency store: %w", err))
 	}
 	if err := Migrate(ctx, db, target.dialect); err != nil {
-		return fmt.Errorf("shopd: %w", err)
+		return stopped(fmt.Errorf("shopd: %w", err))
 	}
 	var store idem.Store = sqlStore
 	if redisOpts != nil {
@@ -213,6 +280,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		IdleTimeout:       *idleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	if ctx.Err() != nil {
+		return stopped(ctx.Err())
+	}
 	base := "http://" + ln.Addr().String()
 	where := target.display
 	if redisDisplay != "" {
@@ -235,6 +305,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return errDrainIncomplete
+		}
 		return fmt.Errorf("shopd: shutdown: %w", err)
 	}
 	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -36,12 +36,25 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-write-timeout", "-1s"}, "-write-timeout"},
 		{[]string{"-idle-timeout", "0"}, "-idle-timeout"},
 		{[]string{"-wait", "20s", "-write-timeout", "20s"}, "-write-timeout"},
+		// The write deadline counts from a request's headers, so a body
+		// that takes longer than -write-timeout to arrive, which
+		// -read-timeout allows, creates an order whose answer cannot be
+		// written: -write-timeout must exceed -read-timeout plus -wait.
+		{[]string{"-read-timeout", "3s", "-write-timeout", "2s"}, "-write-timeout"},
+		{[]string{"-read-timeout", "20s", "-wait", "45s", "-write-timeout", "1m"}, "-write-timeout"},
+		{[]string{"-read-timeout", "2562047h"}, "-read-timeout"},
+		{[]string{"-wait", "2562047h", "-write-timeout", "2562047h"}, "-wait"},
 		{[]string{"extra"}, "unexpected"},
+		// Empty, net.Listen would take every interface and a random port.
+		{[]string{"-addr", ""}, "-addr"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			t.Parallel()
 			dir := filepath.Join(t.TempDir(), "data")
-			args := []string{"-addr", "127.0.0.1:0"}
+			var args []string
+			if !hasFlag(c.args, "-addr") {
+				args = []string{"-addr", "127.0.0.1:0"}
+			}
 			for _, a := range c.args {
 				args = append(args, strings.ReplaceAll(a, "DATA", dir))
 			}
@@ -105,4 +118,49 @@ func TestRunRefusesUnusableAddrBeforeData(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A stop requested while shopd is still starting (the first SIGINT or
+// SIGTERM cancels Run's context) is a clean stop, not a failure to start:
+// Run returns nil, whatever step the stop interrupted.
+func TestRunStoppedDuringStartupIsClean(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr bytes.Buffer
+	if err := shop.Run(ctx, []string{"-addr", "127.0.0.1:0", "-data", dir}, &stdout, &stderr); err != nil {
+		t.Fatalf("Run stopped before serving: %v, want nil (a clean stop)", err)
+	}
+	if strings.Contains(stdout.String(), "listening") {
+		t.Errorf("printed %q although it never served", stdout.String())
+	}
+}
+
+// Without -write-timeout, a -read-timeout or -wait that leaves no room
+// in the default write timeout moves it: shopd starts.
+func TestRunDerivesWriteTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stderr bytes.Buffer
+	stdout := &cancelOnListen{cancel: cancel}
+	err := shop.Run(ctx, []string{"-addr", "127.0.0.1:0", "-data", t.TempDir(), "-read-timeout", "2m", "-wait", "45s"}, stdout, &stderr)
+	if err != nil || !stdout.listened {
+		t.Fatalf("Run: %v (listened %v), want a start and a clean stop; stderr:\n%s", err, stdout.listened, stderr.String())
+	}
+}
+
+// cancelOnListen cancels once shopd says it listens.
+type cancelOnListen struct {
+	cancel   context.CancelFunc
+	listened bool
+}
+
+func (c *cancelOnListen) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), "listening") {
+		c.listened = true
+		c.cancel()
+	}
+	return len(p), nil
 }

@@ -27,6 +27,9 @@ func TestShopdTwoProcessesOneDatabase(t *testing.T) {
 		b     backend
 		redis bool
 	}{
+		// SQLite claims several processes on one host (one file).
+		{"sqlite", sqliteBackend, false},
+		{"sqlite+redis", sqliteBackend, true},
 		{"postgres", postgresBackend, false},
 		{"postgres+redis", postgresBackend, true},
 		{"mysql", mysqlBackend, false},

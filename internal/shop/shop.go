@@ -125,6 +125,10 @@ const (
 
 var skuPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
+// orderNoPattern matches every order number the shop issues (newOrderNo)
+// and fits its column; GET /orders/{order_no} looks up nothing else.
+var orderNoPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
 type userKey struct{}
 
 func userFrom(ctx context.Context) int64 {
@@ -328,15 +332,23 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 
 func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	no := r.PathValue("order_no")
+	if !orderNoPattern.MatchString(no) {
+		// No order has this number; and PostgreSQL would refuse invalid
+		// UTF-8 or a NUL byte in the query's parameter.
+		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
+	defer cancel()
 	var o Order
-	err := s.db.QueryRowContext(r.Context(), s.q.getOrder,
+	err := s.db.QueryRowContext(ctx, s.q.getOrder,
 		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
 	}
 	if err != nil {
-		s.fail(w, r, "get order", err)
+		s.readFailed(ctx, w, r, "get order", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, o)
@@ -359,10 +371,12 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	rows, err := s.db.QueryContext(r.Context(), s.q.listOrders,
+	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(ctx, s.q.listOrders,
 		userFrom(r.Context()), limit)
 	if err != nil {
-		s.fail(w, r, "list orders", err)
+		s.readFailed(ctx, w, r, "list orders", err)
 		return
 	}
 	defer rows.Close()
@@ -370,16 +384,35 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 	for rows.Next() {
 		var o Order
 		if err := rows.Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt); err != nil {
-			s.fail(w, r, "list orders", err)
+			s.readFailed(ctx, w, r, "list orders", err)
 			return
 		}
 		orders = append(orders, o)
 	}
 	if err := rows.Err(); err != nil {
-		s.fail(w, r, "list orders", err)
+		s.readFailed(ctx, w, r, "list orders", err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"orders": orders})
+}
+
+// readQueryTimeout bounds a read of the shop's rows (GET /orders and GET
+// /orders/{order_no}): a database that stops answering, its packets
+// swallowed, would otherwise hold the request, its goroutine and a pooled
+// connection for as long as the client waits.
+const readQueryTimeout = 10 * time.Second
+
+// readFailed answers a failed read: 503 UNHEALTHY with Retry-After when
+// the database did not answer within readQueryTimeout, 500 otherwise.
+func (s *Shop) readFailed(ctx context.Context, w http.ResponseWriter, r *http.Request, what string, err error) {
+	if r.Context().Err() == nil && errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		s.log.ErrorContext(r.Context(), "shop: the database did not answer in time", "op", what, "timeout", readQueryTimeout, "error", err)
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, CodeUnhealthy, "Unhealthy",
+			fmt.Sprintf("the database did not answer within %v", readQueryTimeout))
+		return
+	}
+	s.fail(w, r, what, err)
 }
 
 func (s *Shop) healthz(w http.ResponseWriter, r *http.Request) {
@@ -414,8 +447,19 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such resource")
 }
 
+// fail answers 500 INTERNAL and logs why: at Error level, unless the
+// request's context had ended (the client hung up, or the execution lost
+// its lease), which no operator can act on and any client can cause.
 func (s *Shop) fail(w http.ResponseWriter, r *http.Request, what string, err error) {
-	s.log.ErrorContext(r.Context(), "shop: request failed", "op", what, "error", err)
+	ctx := r.Context()
+	switch cause := context.Cause(ctx); {
+	case cause == nil:
+		s.log.ErrorContext(ctx, "shop: request failed", "op", what, "error", err)
+	case errors.Is(cause, idem.ErrLeaseLost):
+		s.log.WarnContext(ctx, "shop: request ended: its execution lost the lease", "op", what, "error", err)
+	default:
+		s.log.InfoContext(ctx, "shop: request ended: its context was cancelled (the client went away)", "op", what, "error", err, "cause", cause)
+	}
 	writeProblem(w, http.StatusInternalServerError, CodeInternal, "Internal error", "the request failed; retry with the same Idempotency-Key")
 }
 
