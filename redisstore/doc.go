@@ -142,6 +142,10 @@
 //     replicas (ReadOnly, RouteByLatency, RouteRandomly) it may return a
 //     stale record. Acquire and the other scripts always run on the
 //     primary.
+//   - A call's context bounds it only as far as go-redis lets it: set the
+//     client's ContextTimeoutEnabled, or go-redis ignores the deadline
+//     (the guard's StoreTimeout included) and a server that stops
+//     answering holds each call for the client's ReadTimeout and retries.
 //   - Keys are tagged for a cluster slot, but a record moved by resharding
 //     while Sweep scans a node is skipped by that Sweep (MOVED), not lost.
 //

@@ -116,8 +116,10 @@ var (
 // New returns a Store over client. A nil cfg means defaults; cfg is
 // copied.
 //
-// New sends one command to the server, CONFIG GET maxmemory-policy
-// (bounded by a few seconds), and refuses a server whose policy is
+// New sends one command to the server, CONFIG GET maxmemory-policy, waits
+// for its answer at most a few seconds (whatever the client's timeouts: a
+// call that outlives the wait ends with the client's own read timeout or
+// Close), and refuses a server whose policy is
 // allkeys-* unless cfg.AllowAllKeysEviction is set: such a server may
 // evict a live lease. noeviction and volatile-* are accepted. Where the
 // policy cannot be read (CONFIG disabled or denied, as on several managed
@@ -169,7 +171,28 @@ func (s *Store) checkEviction(allowAllKeys bool) error {
 		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy (the client has no ConfigGet); it must be noeviction or volatile-*")
 		return nil
 	}
-	m, err := cg.ConfigGet(ctx, "maxmemory-policy").Result()
+	// go-redis honours the context's deadline only with the client's
+	// ContextTimeoutEnabled; otherwise a server that never answers holds
+	// the call for the client's read timeout, or for ever. So New waits for
+	// the answer no longer than policyTimeout: a call that outlives it
+	// ends when the client's own timeout or Close ends it.
+	type answer struct {
+		m   map[string]string
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		m, err := cg.ConfigGet(ctx, "maxmemory-policy").Result()
+		ch <- answer{m, err}
+	}()
+	var m map[string]string
+	var err error
+	select {
+	case a := <-ch:
+		m, err = a.m, a.err
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	if err != nil {
 		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy; it must be noeviction or volatile-*", "error", err)
 		return nil
