@@ -71,8 +71,7 @@ func FingerprintV1(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	if len(body) > 0 && isJSONMediaType(r.Header.Get("Content-Type")) {
 		n := len(b)
 		b = append(b, 'J', 0, 0, 0, 0, 0, 0, 0, 0)
-		st.canon.src, st.canon.pos, st.canon.depth, st.canon.out = body, 0, 0, b
-		st.canon.keys, st.canon.mem = st.canon.keys[:0], st.canon.mem[:0]
+		st.canon.begin(body, b)
 		out, err := st.canon.canonical()
 		if err == nil {
 			binary.BigEndian.PutUint64(out[n+1:], uint64(len(out)-n-9))
@@ -134,6 +133,12 @@ func (st *fpState) put() {
 	}
 	if cap(st.canon.spans) > maxPooledScratch/16 {
 		st.canon.spans = nil
+	}
+	if cap(st.canon.unsorted) > maxPooledScratch/32 {
+		st.canon.unsorted = nil
+	}
+	if cap(st.canon.ordered) > maxPooledScratch/32 {
+		st.canon.ordered = nil
 	}
 	clear(st.params)
 	st.params = st.params[:0]
