@@ -968,3 +968,35 @@ func TestGuardCompleteTxAlreadyCommitted(t *testing.T) {
 		t.Fatalf("record = %+v, %v; want the first completion", rec, err)
 	}
 }
+
+// TestGuardStoreContextEndsWithCall checks that the context a store call
+// gets is done once the call has returned, also when the store asked for
+// its Done channel during the call: a goroutine the store left watching it
+// (a query's canceller, the one context.WithCancel starts for a foreign
+// parent) must end, not wait for ever.
+func TestGuardStoreContextEndsWithCall(t *testing.T) {
+	t.Parallel()
+	watcherDone := make(chan error, 1)
+	hs := &hookStore{Store: memstore.New(nil)}
+	hs.complete = func(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+		done := ctx.Done() // armed during the call
+		go func() {
+			<-done
+			watcherDone <- ctx.Err()
+		}()
+		return hs.Store.Complete(ctx, l, resp, retention)
+	}
+	g := newGuard(t, hs, &idem.GuardConfig{StoreTimeout: time.Hour})
+	exec := begin(t, g, "k-"+t.Name())
+	if err := exec.Complete(t.Context(), idem.Response{StatusCode: 200}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-watcherDone:
+		if err == nil {
+			t.Fatal("the store call's context is done but its Err is nil")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store call's context is still live 10s after the call returned (its bound is an hour)")
+	}
+}
