@@ -44,6 +44,16 @@ const maxJSONDepth = 10000
 // returns dst (its length unchanged; bytes past it may have been written)
 // and an error that says where src went wrong. Canonicalising a canonical
 // text returns it unchanged.
+//
+// Only those names are caught. A map whose key type implements
+// encoding.TextUnmarshaler (netip.Addr reads "::1" and "0::1" as one
+// address), a type with its own UnmarshalJSON, or a decoder that matches
+// names otherwise (encoding/json/v2 with case-insensitive names also
+// ignores '-' and '_') can take two names CanonicalJSON keeps apart for
+// one, and then the member order, which the canonical form drops, decides
+// what the handler reads. A handler that decodes into such types must
+// refuse such bodies itself, or its route must hash the body as raw bytes
+// (Config.Fingerprint).
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
 	st := fpPool.Get().(*fpState)
 	c := &st.canon

@@ -34,7 +34,9 @@ const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
 //     {"Quantity":1000,"quantity":1} one fingerprint although a handler
 //     decodes 1000 from the first and 1 from the second. As raw bytes,
 //     only the very same body matches it, and identical bytes decode
-//     identically.
+//     identically. Names that only a handler's own types take for one (a
+//     map keyed by netip.Addr reads "::1" and "0::1" as one key) are not
+//     caught; see CanonicalJSON.
 //   - Any other body (including a form or a JSON text sent as text/plain)
 //     is hashed byte for byte.
 //
