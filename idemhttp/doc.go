@@ -87,8 +87,8 @@
 // the host are not part of it. Config.Fingerprint replaces it per
 // middleware; its result is versioned ("v1:…").
 //
-// Two requests that a Go handler can decode differently never share a
-// fingerprint. Sorting keys alone would break that: encoding/json matches
+// Two requests that encoding/json can decode differently (into structs,
+// maps with string or integer keys, or any) never share a fingerprint. Sorting keys alone would break that: encoding/json matches
 // member names to struct fields case-insensitively (with Unicode folding:
 // the Kelvin sign is a "k", "ſ" an "s") and keeps the last of two members
 // it takes for the same name, so {"quantity":1,"Quantity":1000} and
