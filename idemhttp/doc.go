@@ -131,7 +131,8 @@
 // stores, whoever stores it: the middleware, or the handler through
 // Execution.Complete or CompleteTx (it is the guard's
 // idem.GuardConfig.Prepare). It keeps the allow-listed headers only, and
-// replaces a body over MaxResponseBody with the omitted marker. A Content-Type that net/http would sniff is sniffed by the
+// replaces a body over MaxResponseBody with the omitted marker. A replay
+// sends only the allow-listed headers of a record too, whoever stored it. A Content-Type that net/http would sniff is sniffed by the
 // middleware and stored, so first response and replay agree. As in
 // net/http, header changes after WriteHeader are not sent; trailers work.
 //
