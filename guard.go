@@ -134,7 +134,8 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 // runs gets ErrInFlight; one with another fingerprint gets ErrMismatch.
 //
 // If work returns an error or panics, the record is released so that a
-// retry runs work again. If work succeeds but the completion cannot be
+// retry runs work again (if the store cannot release it, it is left to
+// its lease). If work succeeds but the completion cannot be
 // stored, Do returns work's response together with the error: the effect
 // happened, and the record is left to its lease.
 //
@@ -164,7 +165,11 @@ func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work 
 	finished := false
 	defer func() {
 		if !finished {
-			_ = exec.Release(bg) // work panicked; let a retry run
+			// Work panicked: let a retry run, or, if the store cannot
+			// release, leave the record to its lease.
+			if exec.Release(bg) != nil {
+				exec.Abandon()
+			}
 		}
 	}()
 	resp, err = work(exec.Context())
@@ -175,6 +180,7 @@ func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work 
 			return stored, false, err
 		}
 		if rerr := exec.Release(bg); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			exec.Abandon() // the record is left to its lease
 			return Response{}, false, errors.Join(err, rerr)
 		}
 		return Response{}, false, err

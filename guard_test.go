@@ -1000,3 +1000,44 @@ func TestGuardStoreContextEndsWithCall(t *testing.T) {
 		t.Fatal("the store call's context is still live 10s after the call returned (its bound is an hour)")
 	}
 }
+
+// TestGuardDoReleaseFails checks that Do leaves nothing running when it
+// cannot release the record (work failed or panicked, and the store is
+// down): the execution is abandoned, its context ends and the watchdog
+// stops renewing, so the record is left to its lease as Do's doc says,
+// instead of being renewed until the maximum execution time (5 min by
+// default) while no one runs.
+func TestGuardDoReleaseFails(t *testing.T) {
+	t.Parallel()
+	errDown := errors.New("store down")
+	errBoom := errors.New("boom")
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprint("panics=", panics), func(t *testing.T) {
+			t.Parallel()
+			s := &hookStore{Store: memstore.New(nil), release: func(context.Context, idem.Lease) error { return errDown }}
+			g := newGuard(t, s, &idem.GuardConfig{Lease: 30 * time.Millisecond})
+			var workCtx context.Context
+			func() {
+				defer func() { _ = recover() }()
+				_, _, err := g.Do(t.Context(), "scope", "k", "fp", func(ctx context.Context) (idem.Response, error) {
+					workCtx = ctx
+					if panics {
+						panic("work exploded")
+					}
+					return idem.Response{}, errBoom
+				})
+				if !errors.Is(err, errBoom) || !errors.Is(err, errDown) {
+					t.Errorf("Do = %v, want the work's and the store's errors", err)
+				}
+			}()
+			if workCtx.Err() == nil {
+				t.Fatal("Do returned and the execution's context is still live: its watchdog still renews the lease")
+			}
+			before := s.extends.Load()
+			time.Sleep(100 * time.Millisecond) // three leases
+			if n := s.extends.Load() - before; n != 0 {
+				t.Fatalf("%d renewals after Do returned; the record must be left to its lease", n)
+			}
+		})
+	}
+}
