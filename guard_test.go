@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1040,4 +1042,44 @@ func TestGuardDoReleaseFails(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGuardContextErrAtLeaseEnd checks that the execution's context says
+// the lease may have ended (Err is ErrLeaseLost) as soon as the lease
+// last confirmed has ended, also when the watchdog's timer has not run
+// yet: a process starved of CPU (here, one P kept busy by the work) runs
+// its timers late, and work that checks ctx.Err() before its effect must
+// not go on past the lease, when another execution may hold the key.
+// It runs itself in a child process with GOMAXPROCS=1.
+func TestGuardContextErrAtLeaseEnd(t *testing.T) {
+	if os.Getenv("IDEM_TEST_ONE_P") != "1" {
+		t.Parallel()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestGuardContextErrAtLeaseEnd$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "IDEM_TEST_ONE_P=1", "GOMAXPROCS=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	const lease = 5 * time.Millisecond
+	hs := &hookStore{Store: memstore.New(nil)}
+	hs.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		<-ctx.Done() // no renewal is ever confirmed
+		return idem.Lease{}, ctx.Err()
+	}
+	g := newGuard(t, hs, &idem.GuardConfig{Lease: lease})
+	before := time.Now()
+	exec := begin(t, g, "k")
+	ctx := exec.Context()
+	// Keep the only P busy past the lease's end (well under the 10 ms
+	// after which the runtime preempts a running goroutine): no timer runs.
+	for time.Since(before) < lease+2*time.Millisecond {
+	}
+	if err := ctx.Err(); err == nil {
+		t.Fatalf("%v after the lease began, with no renewal confirmed, ctx.Err() = nil; want ErrLeaseLost", time.Since(before))
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want ErrLeaseLost", cause)
+	}
+	exec.Abandon()
 }
