@@ -84,8 +84,8 @@ type canonicalizer struct {
 	// end, so that each byte is copied once however deep such objects
 	// nest.
 	unsorted []object
-	ordered  []member
-	moved    int // bytes copied to put members in order (the tests read it)
+	ordered  []span // the text of each member ("key":value) in out
+	moved    int    // bytes copied to put members in order (the tests read it)
 }
 
 // object is an object of out whose members are out of order: its text
@@ -388,7 +388,9 @@ func (c *canonicalizer) object() error {
 			return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
 		})
 		first := len(c.ordered)
-		c.ordered = append(c.ordered, members...)
+		for _, m := range members {
+			c.ordered = append(c.ordered, span{m.start, m.end})
+		}
 		c.unsorted = append(c.unsorted, object{start: open, end: len(c.out), first: first, last: len(c.ordered)})
 	}
 	c.mem = c.mem[:memBase]

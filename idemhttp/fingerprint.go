@@ -139,7 +139,7 @@ func (st *fpState) put() {
 	if cap(st.canon.unsorted) > maxPooledScratch/32 {
 		st.canon.unsorted = nil
 	}
-	if cap(st.canon.ordered) > maxPooledScratch/32 {
+	if cap(st.canon.ordered) > maxPooledScratch/16 {
 		st.canon.ordered = nil
 	}
 	clear(st.params)
