@@ -168,7 +168,10 @@
 // handler set are dropped; those set before it ran (by middleware around
 // this one) stay. A response that has started (Flush, streaming past
 // MaxResponseBody, Hijack) cannot be taken back: its client gets it as
-// written, and the loss is logged.
+// written, and the loss is logged. So once the handler's context says the
+// lease was lost, a response that has not started stays held back: Flush
+// (http.ResponseController's) and Hijack fail with an error matching
+// idem.ErrLeaseLost.
 //
 // # Streaming and hijacking
 //

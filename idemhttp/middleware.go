@@ -365,7 +365,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		ex.header = h.Clone()
 	}
 	rec := &ex.rec
-	rec.w, rec.m, rec.buf = w, m, bufs.resp[:0]
+	rec.w, rec.m, rec.buf, rec.ctx = w, m, bufs.resp[:0], exec.Context()
 	r2 := r.WithContext(exec.Context())
 	ex.body.Reset(body)
 	r2.Body = &ex.body
