@@ -44,6 +44,9 @@ var closedChan = func() chan struct{} {
 func (c *boundedContext) release() {
 	c.mu.Lock()
 	c.released = true
+	// A Done handed out during the call closes now: whatever still
+	// watches it (a goroutine the store started) must end.
+	c.finishLocked(context.Canceled)
 	t, stop := c.timer, c.stopParent
 	c.mu.Unlock()
 	if t != nil {

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -134,7 +136,8 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 // runs gets ErrInFlight; one with another fingerprint gets ErrMismatch.
 //
 // If work returns an error or panics, the record is released so that a
-// retry runs work again. If work succeeds but the completion cannot be
+// retry runs work again (if the store cannot release it, it is left to
+// its lease). If work succeeds but the completion cannot be
 // stored, Do returns work's response together with the error: the effect
 // happened, and the record is left to its lease.
 //
@@ -164,7 +167,11 @@ func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work 
 	finished := false
 	defer func() {
 		if !finished {
-			_ = exec.Release(bg) // work panicked; let a retry run
+			// Work panicked: let a retry run, or, if the store cannot
+			// release, leave the record to its lease.
+			if exec.Release(bg) != nil {
+				exec.Abandon()
+			}
 		}
 	}()
 	resp, err = work(exec.Context())
@@ -175,6 +182,7 @@ func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work 
 			return stored, false, err
 		}
 		if rerr := exec.Release(bg); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			exec.Abandon() // the record is left to its lease
 			return Response{}, false, errors.Join(err, rerr)
 		}
 		return Response{}, false, err
@@ -218,6 +226,21 @@ type execContext struct {
 	e *Execution
 }
 
+// Err is the context's error. Past the end of the lease last confirmed
+// (or of the maximum execution time) while the watchdog runs, it ends the
+// watchdog and cancels the context itself, should the timer not have run
+// yet (a process starved of CPU runs its timers late): work that checks
+// Err before its effect never goes on past the lease.
+func (c *execContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if e := c.e; time.Since(e.base) >= time.Duration(e.due.Load()) {
+		e.expire()
+	}
+	return c.Context.Err()
+}
+
 func (c *execContext) Value(key any) any {
 	if key == (ctxKey{}) {
 		return c.e
@@ -259,6 +282,12 @@ type Execution struct {
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
 	maxUntil    time.Time          // end of the maximum execution time
+	// base is when the Acquire was sent; due is how long after base the
+	// context must end while the watchdog runs (the earlier of validUntil
+	// and maxUntil), math.MaxInt64 while it does not. Err reads it
+	// without e.mu.
+	base time.Time
+	due  atomic.Int64
 
 	// callMu serialises the store calls made under a bound (bound,
 	// unbound); call is the current one's.
@@ -272,6 +301,7 @@ func (g *Guard) start(e *Execution, parent context.Context, l Lease, acquireSent
 	e.lease = l
 	// The store counted the lease from no earlier than when the request
 	// was sent.
+	e.base = acquireSent
 	e.validUntil = acquireSent.Add(g.cfg.Lease)
 	e.maxUntil = acquireSent.Add(g.cfg.MaxExecution)
 	cctx, cancel := context.WithCancelCause(parent)
@@ -281,6 +311,7 @@ func (g *Guard) start(e *Execution, parent context.Context, l Lease, acquireSent
 	now := time.Now()
 	d := e.nextWake(now)
 	e.wakeAt = now.Add(d)
+	e.setDue()
 	e.timer = time.AfterFunc(d, e.tick)
 	e.mu.Unlock()
 }
@@ -322,7 +353,10 @@ func (e *Execution) unbound() {
 //     counting the lease from just before it sent the call that confirmed
 //     it, so the context ends no later than the store's lease (up to the
 //     clocks' drift over one lease). A renewal that answers after that
-//     does not revive the execution.
+//     does not revive the execution. The watchdog's timer cancels it; if
+//     the timer runs late (a process starved of CPU), Err cancels it when
+//     called after that end, so work that checks Err before its effect
+//     never goes on past the lease. (Done closes when the timer runs.)
 //   - with cause ErrMaxExecution after the maximum execution time;
 //   - with context.Canceled when the execution ends.
 //
@@ -378,7 +412,39 @@ func (e *Execution) expiredCause(now time.Time) error {
 // wake sets the timer to fire after d. e.mu held.
 func (e *Execution) wake(now time.Time, d time.Duration) {
 	e.wakeAt = now.Add(d)
+	e.setDue()
 	e.timer.Reset(d)
+}
+
+// setDue publishes when the context must end, for Err. e.mu held.
+func (e *Execution) setDue() {
+	if !e.running() {
+		e.due.Store(math.MaxInt64)
+		return
+	}
+	end := e.validUntil
+	if e.maxUntil.Before(end) {
+		end = e.maxUntil
+	}
+	e.due.Store(int64(end.Sub(e.base)))
+}
+
+// expire ends the watchdog and cancels the context if the lease last
+// confirmed, or the maximum execution time, has ended while the watchdog
+// runs (what tick does when its timer fires then).
+func (e *Execution) expire() {
+	e.mu.Lock()
+	if !e.running() {
+		e.mu.Unlock()
+		return
+	}
+	l := e.lease
+	cause := e.expiredCause(time.Now())
+	if cause != nil {
+		e.endWatch()
+	}
+	e.mu.Unlock()
+	e.report(l, cause, nil)
 }
 
 // halt stops the timer and cancels the running renewal, if any; its
@@ -386,6 +452,7 @@ func (e *Execution) wake(now time.Time, d time.Duration) {
 // context must not hold up the completion). e.mu held.
 func (e *Execution) halt() {
 	e.epoch++
+	e.due.Store(math.MaxInt64)
 	e.timer.Stop()
 	e.renewing = false
 	if e.renewCancel != nil {

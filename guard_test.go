@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -967,4 +969,117 @@ func TestGuardCompleteTxAlreadyCommitted(t *testing.T) {
 	if err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "first commit" {
 		t.Fatalf("record = %+v, %v; want the first completion", rec, err)
 	}
+}
+
+// TestGuardStoreContextEndsWithCall checks that the context a store call
+// gets is done once the call has returned, also when the store asked for
+// its Done channel during the call: a goroutine the store left watching it
+// (a query's canceller, the one context.WithCancel starts for a foreign
+// parent) must end, not wait for ever.
+func TestGuardStoreContextEndsWithCall(t *testing.T) {
+	t.Parallel()
+	watcherDone := make(chan error, 1)
+	hs := &hookStore{Store: memstore.New(nil)}
+	hs.complete = func(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+		done := ctx.Done() // armed during the call
+		go func() {
+			<-done
+			watcherDone <- ctx.Err()
+		}()
+		return hs.Store.Complete(ctx, l, resp, retention)
+	}
+	g := newGuard(t, hs, &idem.GuardConfig{StoreTimeout: time.Hour})
+	exec := begin(t, g, "k-"+t.Name())
+	if err := exec.Complete(t.Context(), idem.Response{StatusCode: 200}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-watcherDone:
+		if err == nil {
+			t.Fatal("the store call's context is done but its Err is nil")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store call's context is still live 10s after the call returned (its bound is an hour)")
+	}
+}
+
+// TestGuardDoReleaseFails checks that Do leaves nothing running when it
+// cannot release the record (work failed or panicked, and the store is
+// down): the execution is abandoned, its context ends and the watchdog
+// stops renewing, so the record is left to its lease as Do's doc says,
+// instead of being renewed until the maximum execution time (5 min by
+// default) while no one runs.
+func TestGuardDoReleaseFails(t *testing.T) {
+	t.Parallel()
+	errDown := errors.New("store down")
+	errBoom := errors.New("boom")
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprint("panics=", panics), func(t *testing.T) {
+			t.Parallel()
+			s := &hookStore{Store: memstore.New(nil), release: func(context.Context, idem.Lease) error { return errDown }}
+			g := newGuard(t, s, &idem.GuardConfig{Lease: 30 * time.Millisecond})
+			var workCtx context.Context
+			func() {
+				defer func() { _ = recover() }()
+				_, _, err := g.Do(t.Context(), "scope", "k", "fp", func(ctx context.Context) (idem.Response, error) {
+					workCtx = ctx
+					if panics {
+						panic("work exploded")
+					}
+					return idem.Response{}, errBoom
+				})
+				if !errors.Is(err, errBoom) || !errors.Is(err, errDown) {
+					t.Errorf("Do = %v, want the work's and the store's errors", err)
+				}
+			}()
+			if workCtx.Err() == nil {
+				t.Fatal("Do returned and the execution's context is still live: its watchdog still renews the lease")
+			}
+			before := s.extends.Load()
+			time.Sleep(100 * time.Millisecond) // three leases
+			if n := s.extends.Load() - before; n != 0 {
+				t.Fatalf("%d renewals after Do returned; the record must be left to its lease", n)
+			}
+		})
+	}
+}
+
+// TestGuardContextErrAtLeaseEnd checks that the execution's context says
+// the lease may have ended (Err is ErrLeaseLost) as soon as the lease
+// last confirmed has ended, also when the watchdog's timer has not run
+// yet: a process starved of CPU (here, one P kept busy by the work) runs
+// its timers late, and work that checks ctx.Err() before its effect must
+// not go on past the lease, when another execution may hold the key.
+// It runs itself in a child process with GOMAXPROCS=1.
+func TestGuardContextErrAtLeaseEnd(t *testing.T) {
+	if os.Getenv("IDEM_TEST_ONE_P") != "1" {
+		t.Parallel()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestGuardContextErrAtLeaseEnd$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "IDEM_TEST_ONE_P=1", "GOMAXPROCS=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	const lease = 5 * time.Millisecond
+	hs := &hookStore{Store: memstore.New(nil)}
+	hs.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		<-ctx.Done() // no renewal is ever confirmed
+		return idem.Lease{}, ctx.Err()
+	}
+	g := newGuard(t, hs, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	began := time.Now() // the lease was counted from before this
+	ctx := exec.Context()
+	// Keep the only P busy past the lease's end (well under the 10 ms
+	// after which the runtime preempts a running goroutine): no timer runs.
+	for time.Since(began) < lease+time.Millisecond {
+	}
+	if err := ctx.Err(); err == nil {
+		t.Fatalf("%v after the lease began, with no renewal confirmed, ctx.Err() = nil; want ErrLeaseLost", time.Since(began))
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want ErrLeaseLost", cause)
+	}
+	exec.Abandon()
 }

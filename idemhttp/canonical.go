@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"slices"
 	"strconv"
@@ -43,11 +44,20 @@ const maxJSONDepth = 10000
 // returns dst (its length unchanged; bytes past it may have been written)
 // and an error that says where src went wrong. Canonicalising a canonical
 // text returns it unchanged.
+//
+// Only those names are caught. A map whose key type implements
+// encoding.TextUnmarshaler (netip.Addr reads "::1" and "0::1" as one
+// address), a type with its own UnmarshalJSON, or a decoder that matches
+// names otherwise (encoding/json/v2 with case-insensitive names also
+// ignores '-' and '_') can take two names CanonicalJSON keeps apart for
+// one, and then the member order, which the canonical form drops, decides
+// what the handler reads. A handler that decodes into such types must
+// refuse such bodies itself, or its route must hash the body as raw bytes
+// (Config.Fingerprint).
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
 	st := fpPool.Get().(*fpState)
 	c := &st.canon
-	c.src, c.pos, c.depth, c.out = src, 0, 0, dst
-	c.keys, c.mem = c.keys[:0], c.mem[:0]
+	c.begin(src, dst)
 	out, err := c.canonical()
 	c.src, c.out = nil, nil
 	st.put()
@@ -66,9 +76,24 @@ type canonicalizer struct {
 	out   []byte
 	keys  []byte   // decoded keys of the objects being parsed, a stack
 	mem   []member // members of the objects being parsed, a stack
-	tmp   []byte   // scratch for reordering members
+	tmp   []byte   // scratch: the text with every object's members in order
 	fold  []byte   // scratch: the folded names of one object
 	spans []span   // scratch: where each folded name is in fold
+	// The objects whose members are out of order, and their members in
+	// order: the text is written as read, and put in order once at the
+	// end, so that each byte is copied once however deep such objects
+	// nest.
+	unsorted []object
+	ordered  []span // the text of each member ("key":value) in out
+	moved    int    // bytes copied to put members in order (the tests read it)
+}
+
+// object is an object of out whose members are out of order: its text
+// out[start:end] ('{' to '}'), and its members in order,
+// ordered[first:last].
+type object struct {
+	start, end  int
+	first, last int
 }
 
 // span is a range of a byte slice.
@@ -100,7 +125,16 @@ func (c *canonicalizer) fail(msg string) error {
 	return &jsonError{offset: c.pos, msg: msg}
 }
 
+// begin readies c to canonicalise src, appending to out.
+func (c *canonicalizer) begin(src, out []byte) {
+	c.src, c.pos, c.depth, c.out = src, 0, 0, out
+	c.keys, c.mem = c.keys[:0], c.mem[:0]
+	c.unsorted, c.ordered = c.unsorted[:0], c.ordered[:0]
+	c.moved = 0
+}
+
 func (c *canonicalizer) canonical() ([]byte, error) {
+	base := len(c.out)
 	c.skipSpace()
 	if c.pos == len(c.src) {
 		return nil, c.fail("no value")
@@ -112,7 +146,36 @@ func (c *canonicalizer) canonical() ([]byte, error) {
 	if c.pos != len(c.src) {
 		return nil, c.fail("data after the value")
 	}
+	if len(c.unsorted) > 0 {
+		// Recorded as they closed (inner first): order them by position.
+		slices.SortFunc(c.unsorted, func(a, b object) int { return cmp.Compare(a.start, b.start) })
+		c.tmp = c.emit(c.tmp[:0], base, len(c.out))
+		c.moved += len(c.tmp)
+		c.out = append(c.out[:base], c.tmp...)
+	}
 	return c.out, nil
+}
+
+// emit appends out[lo:hi] to dst with the members of every object out of
+// order in it put in order.
+func (c *canonicalizer) emit(dst []byte, lo, hi int) []byte {
+	for {
+		i, _ := slices.BinarySearchFunc(c.unsorted, lo, func(o object, pos int) int { return cmp.Compare(o.start, pos) })
+		if i == len(c.unsorted) || c.unsorted[i].start >= hi {
+			return append(dst, c.out[lo:hi]...)
+		}
+		o := c.unsorted[i]
+		dst = append(dst, c.out[lo:o.start]...)
+		dst = append(dst, '{')
+		for k, m := range c.ordered[o.first:o.last] {
+			if k > 0 {
+				dst = append(dst, ',')
+			}
+			dst = c.emit(dst, m.start, m.end)
+		}
+		dst = append(dst, '}')
+		lo = o.end
+	}
 }
 
 func (c *canonicalizer) skipSpace() {
@@ -318,7 +381,17 @@ func (c *canonicalizer) object() error {
 			"(exactly, or as encoding/json matches names: case-insensitively, or as the same integer)"}
 	}
 	if !sorted {
-		c.reorder(open, c.mem[memBase:])
+		members := c.mem[memBase:]
+		keys := c.keys
+		// No two names are equal (the object is not ambiguous).
+		slices.SortFunc(members, func(a, b member) int {
+			return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
+		})
+		first := len(c.ordered)
+		for _, m := range members {
+			c.ordered = append(c.ordered, span{m.start, m.end})
+		}
+		c.unsorted = append(c.unsorted, object{start: open, end: len(c.out), first: first, last: len(c.ordered)})
 	}
 	c.mem = c.mem[:memBase]
 	c.keys = c.keys[:keyBase]
@@ -421,25 +494,6 @@ func foldRune(r rune) rune {
 			return r2
 		}
 		r = r2
-	}
-}
-
-// reorder rewrites the object that starts at out[open] with its members
-// sorted by key (stably, so equal keys keep their order). The object's
-// length does not change.
-func (c *canonicalizer) reorder(open int, members []member) {
-	keys := c.keys
-	slices.SortStableFunc(members, func(a, b member) int {
-		return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
-	})
-	c.tmp = append(c.tmp[:0], c.out[open:]...)
-	w := open + 1
-	for i, m := range members {
-		if i > 0 {
-			c.out[w] = ','
-			w++
-		}
-		w += copy(c.out[w:], c.tmp[m.start-open:m.end-open])
 	}
 }
 

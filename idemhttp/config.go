@@ -314,18 +314,26 @@ func (m *Middleware) storable(resp idem.Response) idem.Response {
 	if resp.BodyOmitted || int64(len(resp.Body)) > m.maxResp {
 		resp.Body, resp.BodyOmitted = nil, true
 	}
+	resp.Header = m.replayableHeader(resp.Header)
+	return resp
+}
+
+// replayableHeader returns the replayable headers of header (under their
+// canonical names, empty ones dropped): header itself when it holds
+// nothing else, else a new map.
+func (m *Middleware) replayableHeader(header map[string][]string) map[string][]string {
 	keep := true
-	for name, values := range resp.Header {
+	for name, values := range header {
 		if len(values) == 0 || !m.replayable(name) || http.CanonicalHeaderKey(name) != name {
 			keep = false
 			break
 		}
 	}
 	if keep {
-		return resp
+		return header
 	}
 	var h map[string][]string
-	for name, values := range resp.Header {
+	for name, values := range header {
 		if len(values) == 0 || !m.replayable(name) {
 			continue
 		}
@@ -336,8 +344,7 @@ func (m *Middleware) storable(resp idem.Response) idem.Response {
 		canon := http.CanonicalHeaderKey(name)
 		h[canon] = append(slices.Clip(h[canon]), values...)
 	}
-	resp.Header = h
-	return resp
+	return h
 }
 
 // With returns a Middleware whose configuration is m's, changed by fn

@@ -87,8 +87,8 @@
 // the host are not part of it. Config.Fingerprint replaces it per
 // middleware; its result is versioned ("v1:…").
 //
-// Two requests that a Go handler can decode differently never share a
-// fingerprint. Sorting keys alone would break that: encoding/json matches
+// Two requests that encoding/json can decode differently (into structs,
+// maps with string or integer keys, or any) never share a fingerprint. Sorting keys alone would break that: encoding/json matches
 // member names to struct fields case-insensitively (with Unicode folding:
 // the Kelvin sign is a "k", "ſ" an "s") and keeps the last of two members
 // it takes for the same name, so {"quantity":1,"Quantity":1000} and
@@ -131,7 +131,8 @@
 // stores, whoever stores it: the middleware, or the handler through
 // Execution.Complete or CompleteTx (it is the guard's
 // idem.GuardConfig.Prepare). It keeps the allow-listed headers only, and
-// replaces a body over MaxResponseBody with the omitted marker. A Content-Type that net/http would sniff is sniffed by the
+// replaces a body over MaxResponseBody with the omitted marker. A replay
+// sends only the allow-listed headers of a record too, whoever stored it. A Content-Type that net/http would sniff is sniffed by the
 // middleware and stored, so first response and replay agree. As in
 // net/http, header changes after WriteHeader are not sent; trailers work.
 //
@@ -167,7 +168,10 @@
 // handler set are dropped; those set before it ran (by middleware around
 // this one) stay. A response that has started (Flush, streaming past
 // MaxResponseBody, Hijack) cannot be taken back: its client gets it as
-// written, and the loss is logged.
+// written, and the loss is logged. So once the handler's context says the
+// lease was lost, a response that has not started stays held back: Flush
+// (http.ResponseController's) and Hijack fail with an error matching
+// idem.ErrLeaseLost.
 //
 // # Streaming and hijacking
 //

@@ -34,7 +34,9 @@ const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
 //     {"Quantity":1000,"quantity":1} one fingerprint although a handler
 //     decodes 1000 from the first and 1 from the second. As raw bytes,
 //     only the very same body matches it, and identical bytes decode
-//     identically.
+//     identically. Names that only a handler's own types take for one (a
+//     map keyed by netip.Addr reads "::1" and "0::1" as one key) are not
+//     caught; see CanonicalJSON.
 //   - Any other body (including a form or a JSON text sent as text/plain)
 //     is hashed byte for byte.
 //
@@ -71,8 +73,7 @@ func FingerprintV1(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	if len(body) > 0 && isJSONMediaType(r.Header.Get("Content-Type")) {
 		n := len(b)
 		b = append(b, 'J', 0, 0, 0, 0, 0, 0, 0, 0)
-		st.canon.src, st.canon.pos, st.canon.depth, st.canon.out = body, 0, 0, b
-		st.canon.keys, st.canon.mem = st.canon.keys[:0], st.canon.mem[:0]
+		st.canon.begin(body, b)
 		out, err := st.canon.canonical()
 		if err == nil {
 			binary.BigEndian.PutUint64(out[n+1:], uint64(len(out)-n-9))
@@ -134,6 +135,12 @@ func (st *fpState) put() {
 	}
 	if cap(st.canon.spans) > maxPooledScratch/16 {
 		st.canon.spans = nil
+	}
+	if cap(st.canon.unsorted) > maxPooledScratch/32 {
+		st.canon.unsorted = nil
+	}
+	if cap(st.canon.ordered) > maxPooledScratch/16 {
+		st.canon.ordered = nil
 	}
 	clear(st.params)
 	st.params = st.params[:0]

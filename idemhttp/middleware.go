@@ -365,7 +365,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		ex.header = h.Clone()
 	}
 	rec := &ex.rec
-	rec.w, rec.m, rec.buf = w, m, bufs.resp[:0]
+	rec.w, rec.m, rec.buf, rec.ctx = w, m, bufs.resp[:0], exec.Context()
 	r2 := r.WithContext(exec.Context())
 	ex.body.Reset(body)
 	r2.Body = &ex.body
@@ -543,15 +543,19 @@ func (m *Middleware) runUnguarded(w http.ResponseWriter, r *http.Request, next h
 	next.ServeHTTP(w, r2)
 }
 
-// replay answers with a stored response.
+// replay answers with a stored response: its replayable headers only,
+// whoever stored it (a record written by an earlier version, or by a
+// writer without this middleware's filter, may hold Set-Cookie).
 func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec idem.Record) {
 	if rec.Response == nil {
 		m.log.ErrorContext(r.Context(), "idemhttp: completed record without a response", "scope", rec.Scope, "key", rec.Key)
 		m.unavailable(w)
 		return
 	}
+	resp := *rec.Response
+	resp.Header = m.replayableHeader(resp.Header)
 	w.Header()[HeaderReplayed] = []string{"true"}
-	WriteResponse(w, *rec.Response)
+	WriteResponse(w, resp)
 }
 
 func (m *Middleware) mismatch(w http.ResponseWriter) {

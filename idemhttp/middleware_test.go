@@ -778,6 +778,9 @@ func TestLeaseLost(t *testing.T) {
 		before func(t *testing.T, e *env, clock *fakeClock) (after func())
 		// flush: the first handler flushes its response before it waits.
 		flush bool
+		// flushLate: the first handler flushes its response after its
+		// context said the lease was lost (hijackLate: hijacks then).
+		flushLate, hijackLate bool
 		// self: the first handler completes the execution itself, then
 		// answers 500.
 		self     bool
@@ -846,6 +849,24 @@ func TestLeaseLost(t *testing.T) {
 		status: http.StatusConflict, body: `"code":"PROCESSING"`,
 		warn: "key taken by another request",
 	}, {
+		name:      "flushed after the lease was lost",
+		flushLate: true,
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			e.do(http.MethodPost, "/things", "k", `{}`)
+			return nil
+		},
+		status: http.StatusCreated, body: "second", replayed: true,
+		warn: "the response of the execution that took the key over",
+	}, {
+		name:       "hijacked after the lease was lost",
+		hijackLate: true,
+		before: func(t *testing.T, e *env, clock *fakeClock) func() {
+			e.do(http.MethodPost, "/things", "k", `{}`)
+			return nil
+		},
+		status: http.StatusCreated, body: "second", replayed: true,
+		warn: "the response of the execution that took the key over",
+	}, {
 		name:  "response already started",
 		flush: true,
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
@@ -900,9 +921,19 @@ func TestLeaseLost(t *testing.T) {
 					w.WriteHeader(http.StatusInternalServerError)
 					return
 				}
+				if tc.hijackLate {
+					if _, _, err := http.NewResponseController(w).Hijack(); !errors.Is(err, idem.ErrLeaseLost) {
+						t.Errorf("Hijack after the lease was lost: %v, want ErrLeaseLost", err)
+					}
+				}
 				if !tc.flush {
 					w.WriteHeader(http.StatusCreated)
 					_, _ = io.WriteString(w, "first")
+				}
+				if tc.flushLate {
+					if err := http.NewResponseController(w).Flush(); !errors.Is(err, idem.ErrLeaseLost) {
+						t.Errorf("Flush after the lease was lost: %v, want ErrLeaseLost", err)
+					}
 				}
 			})
 			first := make(chan *httptest.ResponseRecorder)

@@ -2,7 +2,9 @@ package idemhttp
 
 import (
 	"bufio"
+	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"net/http"
@@ -27,8 +29,9 @@ var errWriteAfterReturn = errors.New("idemhttp: Write after the handler returned
 type recorder struct {
 	w      http.ResponseWriter
 	m      *Middleware
-	status int    // the final status the handler wrote; 0 until then
-	buf    []byte // the body: held back, then (once forwarded) the copy kept
+	ctx    context.Context // the execution's
+	status int             // the final status the handler wrote; 0 until then
+	buf    []byte          // the body: held back, then (once forwarded) the copy kept
 	late   http.Header
 	header map[string][]string // the header as sent, once forwarded or hijacked
 
@@ -118,15 +121,30 @@ func (r *recorder) keep(p []byte) {
 	r.buf = append(r.buf, p...)
 }
 
+// errLeaseLost answers a Flush or Hijack that would start the response of
+// an execution whose lease was lost.
+var errLeaseLost = fmt.Errorf("idemhttp: response held back: %w", idem.ErrLeaseLost)
+
+// leaseLost reports whether the execution's context ended for a lost
+// lease: nothing of its response may start going out then, since another
+// execution may hold the key and the client is to get what a retry gets.
+func (r *recorder) leaseLost() bool {
+	return r.ctx != nil && r.ctx.Err() != nil && errors.Is(context.Cause(r.ctx), idem.ErrLeaseLost)
+}
+
 // FlushError sends the status, headers and body written so far, and
 // streams the rest of the response. The record still keeps the body if it
-// stays within MaxResponseBody.
+// stays within MaxResponseBody. Once the execution's context says its
+// lease was lost, a response that has not started stays held back: the
+// flush fails with an error matching idem.ErrLeaseLost.
 func (r *recorder) FlushError() error {
 	switch {
 	case r.done:
 		return errWriteAfterReturn
 	case r.hijacked:
 		return http.ErrHijacked
+	case !r.forwarded && r.leaseLost():
+		return errLeaseLost
 	}
 	if r.status == 0 {
 		r.status = http.StatusOK
@@ -144,12 +162,16 @@ func (r *recorder) Flush() { _ = r.FlushError() }
 // net/http does) and hands the connection over. The record then completes
 // with the status written before (200 if none), the replayable headers and
 // no body (BodyOmitted), unless the release policy releases that status.
+// Once the execution's context says its lease was lost, it fails with an
+// error matching idem.ErrLeaseLost (unless the response has started).
 func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	switch {
 	case r.done:
 		return nil, nil, errWriteAfterReturn
 	case r.hijacked:
 		return nil, nil, http.ErrHijacked
+	case !r.forwarded && r.leaseLost():
+		return nil, nil, errLeaseLost
 	}
 	if r.status != 0 {
 		if err := r.forward(); err != nil {

@@ -96,13 +96,15 @@
 //     a retry of an evicted one then runs again, as after its retention.
 //     Once nothing is evictable, writes fail as under noeviction.
 //   - allkeys-*: any key may be evicted, a live lease included. [New]
-//     reads the policy with one CONFIG GET and refuses such a server
+//     reads the policy with one CONFIG GET (per master of a cluster, per
+//     shard of a ring) and refuses such a server
 //     unless [Config].AllowAllKeysEviction accepts the risk (it then logs
 //     a warning). Where CONFIG is disabled or denied (many managed
 //     services), New cannot read the policy: it logs that at info level
 //     and goes on, and checking the policy is the operator's task. New
-//     reads it once, from the one node its CONFIG GET reaches: give every
-//     node of a cluster the same policy, and do not change it later.
+//     reads it once, from the masters of the moment: give every node of a
+//     cluster (replicas, which a failover promotes, included) the same
+//     policy, and do not change it later.
 //
 // The store writes one key per record and nothing else (no index, no
 // marker), so no other key of it can be evicted.
@@ -142,6 +144,10 @@
 //     replicas (ReadOnly, RouteByLatency, RouteRandomly) it may return a
 //     stale record. Acquire and the other scripts always run on the
 //     primary.
+//   - A call's context bounds it only as far as go-redis lets it: set the
+//     client's ContextTimeoutEnabled, or go-redis ignores the deadline
+//     (the guard's StoreTimeout included) and a server that stops
+//     answering holds each call for the client's ReadTimeout and retries.
 //   - Keys are tagged for a cluster slot, but a record moved by resharding
 //     while Sweep scans a node is skipped by that Sweep (MOVED), not lost.
 //

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,5 +205,48 @@ func TestNewEvictionPolicy(t *testing.T) {
 				t.Fatalf("Acquire = %v, %v", res.Outcome, err)
 			}
 		})
+	}
+}
+
+// TestNewEvictionPolicyCluster checks that New reads the policy of every
+// master of a cluster, not of the one node a CONFIG GET happens to reach:
+// a cluster with one allkeys-* master is refused every time. It changes a
+// node of the package's own test cluster, so it does not run in parallel
+// (no other test of the package runs meanwhile) and restores the policy.
+func TestNewEvictionPolicyCluster(t *testing.T) {
+	c := clusterClient(t)
+	ctx := t.Context()
+	var (
+		mu      sync.Mutex
+		masters []*redis.Client
+	)
+	if err := c.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, n)
+		return nil
+	}); err != nil || len(masters) < 2 {
+		t.Fatalf("masters: %d, %v", len(masters), err)
+	}
+	bad := masters[len(masters)-1]
+	before, err := bad.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bad.ConfigSet(context.Background(), "maxmemory-policy", before["maxmemory-policy"]).Err(); err != nil {
+			t.Errorf("restoring the policy: %v", err)
+		}
+	})
+	for i := range 20 {
+		if _, err := redisstore.New(c, nil); err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
+			t.Fatalf("New %d on a cluster with an allkeys-lru master = %v, want it refused", i, err)
+		}
+	}
+	if _, err := redisstore.New(c, &redisstore.Config{AllowAllKeysEviction: true}); err != nil {
+		t.Fatalf("New with AllowAllKeysEviction: %v", err)
 	}
 }

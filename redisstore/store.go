@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -116,10 +117,13 @@ var (
 // New returns a Store over client. A nil cfg means defaults; cfg is
 // copied.
 //
-// New sends one command to the server, CONFIG GET maxmemory-policy
-// (bounded by a few seconds), and refuses a server whose policy is
-// allkeys-* unless cfg.AllowAllKeysEviction is set: such a server may
-// evict a live lease. noeviction and volatile-* are accepted. Where the
+// New sends one command to the server, CONFIG GET maxmemory-policy (to
+// every master of a cluster, every shard of a ring), waits for the
+// answers at most a few seconds (whatever the client's timeouts: a call
+// that outlives the wait ends with the client's own read timeout or
+// Close), and refuses a server whose policy is allkeys-* (a cluster with
+// one such master) unless cfg.AllowAllKeysEviction is set: such a server
+// may evict a live lease. noeviction and volatile-* are accepted. Where the
 // policy cannot be read (CONFIG disabled or denied, as on several managed
 // services; the server unreachable; a client without ConfigGet) New logs
 // it at info level and goes on. The policy is read once: a server
@@ -157,36 +161,98 @@ func New(client Client, cfg *Config) (*Store, error) {
 // policyTimeout bounds New's CONFIG GET.
 const policyTimeout = 3 * time.Second
 
-// checkEviction reads the server's maxmemory-policy and refuses allkeys-*
-// unless allowAllKeys; see New.
+// configGetter is a client that can read a server's configuration.
+type configGetter interface {
+	ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
+}
+
+// nodePolicy is the maxmemory-policy of one server, or why it could not be
+// read.
+type nodePolicy struct {
+	policy string
+	err    error
+}
+
+// readPolicies reads the maxmemory-policy of every master of a cluster
+// (every shard of a ring), or of the one server of any other client.
+func (s *Store) readPolicies(ctx context.Context) ([]nodePolicy, error) {
+	var (
+		mu       sync.Mutex
+		policies []nodePolicy
+	)
+	read := func(ctx context.Context, n configGetter) error {
+		m, err := n.ConfigGet(ctx, "maxmemory-policy").Result()
+		mu.Lock()
+		defer mu.Unlock()
+		policies = append(policies, nodePolicy{m["maxmemory-policy"], err})
+		return nil
+	}
+	var err error
+	switch c := s.client.(type) {
+	case interface {
+		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return read(ctx, n) })
+	case interface {
+		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return read(ctx, n) })
+	case configGetter:
+		err = read(ctx, c)
+	default:
+		return nil, errors.New("the client has no ConfigGet")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return policies, err
+}
+
+// checkEviction reads the maxmemory-policy of the server (of every master
+// of a cluster) and refuses allkeys-* unless allowAllKeys; see New.
 func (s *Store) checkEviction(allowAllKeys bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), policyTimeout)
 	defer cancel()
-	cg, ok := s.client.(interface {
-		ConfigGet(ctx context.Context, parameter string) *redis.MapStringStringCmd
-	})
-	if !ok {
-		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy (the client has no ConfigGet); it must be noeviction or volatile-*")
+	// go-redis honours the context's deadline only with the client's
+	// ContextTimeoutEnabled; otherwise a server that never answers holds
+	// the call for the client's read timeout, or for ever. So New waits for
+	// the answers no longer than policyTimeout: a call that outlives it
+	// ends when the client's own timeout or Close ends it.
+	type answer struct {
+		policies []nodePolicy
+		err      error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		p, err := s.readPolicies(ctx)
+		ch <- answer{p, err}
+	}()
+	var a answer
+	select {
+	case a = <-ch:
+	case <-ctx.Done():
+		a.err = ctx.Err()
+	}
+	if a.err != nil {
+		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy; it must be noeviction or volatile-*", "error", a.err)
 		return nil
 	}
-	m, err := cg.ConfigGet(ctx, "maxmemory-policy").Result()
-	if err != nil {
-		s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy; it must be noeviction or volatile-*", "error", err)
-		return nil
-	}
-	policy := m["maxmemory-policy"]
-	switch {
-	case policy == "noeviction":
-	case strings.HasPrefix(policy, "volatile-"):
-		s.log.DebugContext(ctx, "redisstore: the server may evict completed records before their retention ends; a retry of an evicted one runs again", "maxmemory-policy", policy)
-	case strings.HasPrefix(policy, "allkeys-"):
-		if !allowAllKeys {
-			return fmt.Errorf("redisstore: the server's maxmemory-policy is %s, which may evict a processing record and let a duplicate request run its effect again: "+
-				"set it to noeviction or a volatile-* policy, or accept the risk with Config.AllowAllKeysEviction", policy)
+	for _, p := range a.policies {
+		policy := p.policy
+		switch {
+		case p.err != nil:
+			s.log.InfoContext(ctx, "redisstore: cannot read the server's maxmemory-policy; it must be noeviction or volatile-*", "error", p.err)
+		case policy == "noeviction":
+		case strings.HasPrefix(policy, "volatile-"):
+			s.log.DebugContext(ctx, "redisstore: the server may evict completed records before their retention ends; a retry of an evicted one runs again", "maxmemory-policy", policy)
+		case strings.HasPrefix(policy, "allkeys-"):
+			if !allowAllKeys {
+				return fmt.Errorf("redisstore: the server's maxmemory-policy is %s, which may evict a processing record and let a duplicate request run its effect again: "+
+					"set it to noeviction or a volatile-* policy, or accept the risk with Config.AllowAllKeysEviction", policy)
+			}
+			s.log.WarnContext(ctx, "redisstore: the server may evict processing records: a duplicate request may then run its effect again (accepted by Config.AllowAllKeysEviction)", "maxmemory-policy", policy)
+		default:
+			s.log.InfoContext(ctx, "redisstore: unknown maxmemory-policy; it must be noeviction or volatile-*", "maxmemory-policy", policy)
 		}
-		s.log.WarnContext(ctx, "redisstore: the server may evict processing records: a duplicate request may then run its effect again (accepted by Config.AllowAllKeysEviction)", "maxmemory-policy", policy)
-	default:
-		s.log.InfoContext(ctx, "redisstore: unknown maxmemory-policy; it must be noeviction or volatile-*", "maxmemory-policy", policy)
 	}
 	return nil
 }
