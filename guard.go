@@ -261,6 +261,7 @@ type Execution struct {
 	// pending is the response a CompleteTx handed to the store (or that a
 	// store's ErrFinished says was committed); Committed confirms it.
 	pending *Response
+	kept    Response // what pending points to after Complete or CompleteTx
 	// committed reports that Committed confirmed pending in the store.
 	committed bool
 
@@ -633,6 +634,14 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 	resp = e.g.prepare(resp)
 	err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
 	e.unbound()
+	if err == nil {
+		// Committed reports it, so that a caller that lets work complete
+		// by itself (Do, idemhttp) hands out what was stored.
+		e.mu.Lock()
+		e.kept = resp
+		e.pending, e.committed = &e.kept, true
+		e.mu.Unlock()
+	}
 	e.settle(err, false)
 	return err
 }
@@ -663,19 +672,20 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 	resp = e.g.prepare(resp)
 	err = txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention)
 	if err == nil || errors.Is(err, ErrFinished) {
-		stored := resp
 		e.mu.Lock()
-		e.pending = &stored
+		e.kept = resp
+		e.pending = &e.kept
 		e.mu.Unlock()
 	}
 	e.settle(err, true)
 	return err
 }
 
-// Committed reports whether a completion made by CompleteTx committed; if
-// so it ends the execution and returns the stored response, which is what
-// every replay will serve. It asks the store (one Get) only when CompleteTx
-// was called; otherwise it returns false at no cost. Call it once the
+// Committed reports whether a completion made by CompleteTx (or by
+// Complete) committed; if so it ends the execution and returns the stored
+// response, which is what every replay will serve. It asks the store (one
+// Get) only when CompleteTx was called and has not been confirmed yet;
+// otherwise it answers at no cost. Call it once the
 // transaction has ended. When the transaction rolled back, the execution
 // stays open and its watchdog resumes: Complete or Release it.
 func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {

@@ -1083,3 +1083,27 @@ func TestGuardContextErrAtLeaseEnd(t *testing.T) {
 	}
 	exec.Abandon()
 }
+
+// TestGuardDoWorkCompletes: work that completes its execution itself
+// (FromContext(ctx).Complete) gets what it stored back from Do, with no
+// error, and the record keeps that response.
+func TestGuardDoWorkCompletes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := memstore.New(nil)
+	g := newGuard(t, s, nil)
+	stored := idem.Response{StatusCode: 201, Body: []byte("stored by work")}
+	resp, replayed, err := g.Do(ctx, "scope", "k", "fp", func(ctx context.Context) (idem.Response, error) {
+		if err := idem.FromContext(ctx).Complete(ctx, stored); err != nil {
+			return idem.Response{}, err
+		}
+		return idem.Response{StatusCode: 200, Body: []byte("returned")}, nil
+	})
+	if err != nil || replayed || string(resp.Body) != "stored by work" || resp.StatusCode != 201 {
+		t.Fatalf("Do = %+v, %v, %v; want what work stored, no error", resp, replayed, err)
+	}
+	rec, err := s.Get(ctx, "scope", "k")
+	if err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "stored by work" {
+		t.Fatalf("record = %+v, %v; want work's completion", rec, err)
+	}
+}
