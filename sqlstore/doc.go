@@ -247,10 +247,11 @@
 //
 // CompleteTx under REPEATABLE READ or SERIALIZABLE still fails with 40001
 // when someone else changed the record after the transaction's snapshot
-// (a takeover, a completion, a release or a deletion); it then reads the
-// record outside the transaction (the transaction is aborted: on another
-// connection of the Store's *sql.DB) and reports a takeover as
-// [idem.ErrLeaseLost], wrapping the driver's error too.
+// (a takeover, a completion, a release or a deletion); the server has
+// aborted the transaction, so CompleteTx rolls it back (freeing its
+// connection, which may be the pool's last: TestCompleteTxOnePool), reads
+// the record on a connection of the Store's *sql.DB, and reports a
+// takeover as [idem.ErrLeaseLost], wrapping the driver's error too.
 //
 // Renewals cost Extend an upsert into idem_renewals instead of an update
 // of the record (one statement, one commit, as before: the same time,

@@ -459,6 +459,10 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // before CompleteTx may make the completion fail with "database is
 // locked" when another process wrote in between.
 //
+// When the completion matches nothing, CompleteTx reads the record in tx,
+// never on another connection, which would wait forever when tx holds
+// the last connection of the Store's pool.
+//
 // Unlike Complete, CompleteTx on a record that l completed already fails,
 // with an error matching [idem.ErrFinished]: the completion committed
 // before, with its effect, and tx must roll back rather than commit the
@@ -468,9 +472,12 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // record committed after tx took its snapshot makes the completion fail
 // with a serialization failure (SQLSTATE 40001). Renewals do not update
 // the record (see "Renewals on PostgreSQL" in the package documentation),
-// so only a takeover, a completion, a release or a deletion does: CompleteTx
-// then reads the record outside tx, on another connection of the Store's
-// *sql.DB (tx is aborted), and returns an error matching
+// so only a takeover, a completion, a release or a deletion does. The
+// server has then aborted tx (as InnoDB has after choosing tx as a
+// deadlock's victim): CompleteTx rolls tx back, so that its connection
+// returns to its pool (the caller's own Rollback then returns
+// sql.ErrTxDone), reads the record on a connection of the Store's
+// *sql.DB, and returns an error matching
 // [idem.ErrLeaseLost] (or [idem.ErrFinished], if l completed it), which
 // also wraps the driver's error; should the record still be l's, the
 // serialization failure is returned as it is, wrapped.
@@ -587,13 +594,13 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	}
 	switch {
 	case err != nil && tx != nil && s.d.retryable(err):
-		return s.changedUnderTx(ctx, op, l, err)
+		return s.changedUnderTx(ctx, op, tx, l, err)
 	case err != nil:
 		return s.fail(ctx, op, err)
 	case matched:
 		return nil
 	}
-	done, err := s.completedBy(ctx, s.explainIn(tx), l)
+	done, err := s.completedBy(ctx, tx, l)
 	switch {
 	case err != nil:
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
@@ -605,31 +612,16 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	return nil
 }
 
-// readsInTx is a dialect on which a read in the caller's transaction
-// after a completion matched nothing sees what that completion saw:
-// SQLite (the transaction holds the write lock, and under OpenSQLite the
-// only connection) and PostgreSQL (the completion and the read share the
-// transaction's snapshot under REPEATABLE READ; a newer version of the
-// row would have failed the completion with 40001). On MySQL an UPDATE
-// reads the latest version of the row, and a plain read in a REPEATABLE
-// READ transaction its snapshot, which may be older: the record is read
-// outside the transaction there.
-type readsInTx interface{ readsInTx() }
-
-// explainIn returns the transaction in which to read a record after a
-// completion in tx matched nothing: tx, or nil for a read of its own.
-func (s *Store) explainIn(tx *sql.Tx) *sql.Tx {
-	if _, ok := s.d.(readsInTx); ok {
-		return tx
-	}
-	return nil
-}
-
-// changedUnderTx explains the serialization failure err of the
-// completion in a transaction: someone changed the record after the
-// transaction took its snapshot. The transaction is aborted, so the
-// record is read outside it.
-func (s *Store) changedUnderTx(ctx context.Context, op string, l idem.Lease, err error) error {
+// changedUnderTx explains the serialization failure or deadlock err of
+// the completion in tx: someone changed the record after tx took its
+// snapshot (PostgreSQL), or InnoDB chose tx as a deadlock's victim. The
+// database has aborted tx (PostgreSQL: every statement but ROLLBACK now
+// fails; InnoDB: it rolled tx back), so the record is read outside it,
+// on a connection of the Store's pool. tx is rolled back first: it holds
+// a connection, perhaps the last one of that very pool, which the read
+// would otherwise wait for until ctx ends.
+func (s *Store) changedUnderTx(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, err error) error {
+	_ = tx.Rollback()
 	rec, rerr := s.get(ctx, nil, l.Scope, l.Key)
 	mine := rerr == nil && rec.Owner == l.Owner && rec.Fence == l.Fence
 	switch {
@@ -883,11 +875,25 @@ func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 	return lostBecause(l, rec, err)
 }
 
-// completedBy reads the record of l after a completion matched no row: it
-// returns the record if l completed it already, and otherwise an error
-// that wraps idem.ErrLeaseLost and says why.
+// completedBy reads the record of l after a completion, in tx if not
+// nil, matched no row: it returns the record if l completed it already,
+// and otherwise an error that wraps idem.ErrLeaseLost and says why.
+//
+// The read runs in tx, never on another connection: tx may hold the
+// pool's last connection. It must see the row the completion saw:
+// select_record does on SQLite (tx holds the write lock) and PostgreSQL
+// (the completion and the read share tx's snapshot under REPEATABLE READ
+// and SERIALIZABLE; a newer version of the row would have failed the
+// completion with 40001); on MySQL, where an UPDATE reads the latest
+// version of the row and a plain read in a REPEATABLE READ transaction
+// its snapshot, select_record_in_tx is a locking read, which reads the
+// latest version too.
 func (s *Store) completedBy(ctx context.Context, tx *sql.Tx, l idem.Lease) (idem.Record, error) {
-	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	q := s.st.selectRecord
+	if tx != nil && s.st.selectRecordInTx.text != "" {
+		q = s.st.selectRecordInTx
+	}
+	rec, err := s.scanRecord(ctx, tx, q, &values{scope: l.Scope, key: l.Key})
 	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
 		return rec, nil
 	}

@@ -180,6 +180,25 @@ SELECT scope, idempotency_key, fingerprint, status, owner, fence,
 FROM idem_records
 WHERE scope = ? AND idempotency_key = ?;
 
+-- name: select_record_in_tx
+-- params: scope key
+-- The record as the completion in the caller's transaction saw it, after
+-- the completion matched nothing: a locking read, which reads the latest
+-- committed version of the row as the UPDATE did, whatever the
+-- transaction's isolation level (a plain read under REPEATABLE READ would
+-- read the transaction's snapshot, which may predate the completion or
+-- takeover that made the UPDATE match nothing). It runs on the
+-- transaction's connection: a read on another connection of the pool
+-- would wait for the transaction's own when the pool has one. The shared
+-- lock lasts until the transaction ends, which the caller then rolls
+-- back. LOCK IN SHARE MODE is the spelling MySQL 8 and MariaDB both read.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = ? AND idempotency_key = ?
+LOCK IN SHARE MODE;
+
 -- name: select_held
 -- params: scope key fingerprint
 -- The record, if Acquire cannot take it: live and completed, live and
