@@ -340,12 +340,14 @@
 // of its assignments (above). The conformance suite and Migrate run under
 // SIMULTANEOUS_ASSIGNMENT, ORACLE (MariaDB), ANSI, PIPES_AS_CONCAT +
 // ANSI_QUOTES + NO_BACKSLASH_ESCAPES, and TRADITIONAL with all of these
-// and clientFoundRows (TestMySQLModeConformance, TestMySQLModeAcquire).
-// One exception: MariaDB's EMPTY_STRING_IS_NULL turns an empty string
-// bound to a statement into NULL, so under it the empty scope and the
-// empty fingerprint cannot be stored or found (Acquire fails with
-// "Column 'scope' cannot be null"); do not set it for the store's
-// connections.
+// and clientFoundRows, and under MariaDB's EMPTY_STRING_IS_NULL, alone
+// and with ORACLE (TestMySQLModeConformance, TestMySQLModeAcquire).
+// EMPTY_STRING_IS_NULL turns an empty string bound to a statement into
+// NULL (a '' literal too, but not the empty hex literal X''), so every
+// scope and fingerprint a statement binds, which may be empty, is written
+// COALESCE(?, X''): the empty scope and the empty fingerprint are stored
+// and found as empty strings under every mode. (An empty body is then
+// stored as NULL, which reads back as the nil body it is anyway.)
 //
 // Migrate on MySQL takes GET_LOCK('idem_migrate', 30) on one connection
 // and releases it at the end. MySQL commits every DDL statement on its
