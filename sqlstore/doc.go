@@ -343,11 +343,15 @@
 // and clientFoundRows, and under MariaDB's EMPTY_STRING_IS_NULL, alone
 // and with ORACLE (TestMySQLModeConformance, TestMySQLModeAcquire).
 // EMPTY_STRING_IS_NULL turns an empty string bound to a statement into
-// NULL (a '' literal too, but not the empty hex literal X''), so every
-// scope and fingerprint a statement binds, which may be empty, is written
-// COALESCE(?, X''): the empty scope and the empty fingerprint are stored
-// and found as empty strings under every mode. (An empty body is then
-// stored as NULL, which reads back as the nil body it is anyway.)
+// NULL (an empty string literal too, but not an empty hex literal), so
+// every scope and fingerprint a statement binds, which may be empty, is
+// written
+//
+//	COALESCE(?, X'')
+//
+// and the empty scope and the empty fingerprint are stored and found as
+// empty strings under every mode. (An empty body is then stored as NULL,
+// which reads back as the nil body it is anyway.)
 //
 // Migrate on MySQL takes GET_LOCK('idem_migrate', 30) on one connection
 // and releases it at the end. MySQL commits every DDL statement on its
