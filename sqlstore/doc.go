@@ -76,8 +76,12 @@
 //   - Complete, Extend, Release and Delete are one statement each (Extend
 //     on MySQL: two, see below); Sweep is one statement on SQLite and
 //     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
-//     PostgreSQL. Extend, and Sweep, run again after a deadlock or a
-//     serialisation failure, at most 8 times. Complete, Extend and Release
+//     PostgreSQL. Complete, Release, Delete, Extend and Sweep run again
+//     after a deadlock or a serialisation failure (PostgreSQL raises one
+//     when the sessions default to REPEATABLE READ or SERIALIZABLE and the
+//     statement waited for a concurrent change of its row:
+//     TestPostgresDefaultIsolationWrites), at most 8 times; CompleteTx,
+//     in the caller's transaction, does not. Complete, Extend and Release
 //     match on status = processing, owner and fence; when they match
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over

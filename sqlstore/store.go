@@ -411,6 +411,27 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 	return idem.AcquireResult{}, fmt.Errorf("key still contended after %d attempts: %w", maxAcquireAttempts, err)
 }
 
+// again runs f, a statement on its own (autocommit), and runs it again,
+// at most maxAcquireAttempts times in all, while it fails with a deadlock
+// or a serialisation failure. Such a failure rolled the statement back,
+// so it may simply run again, with a new snapshot: on PostgreSQL, when
+// the sessions default to REPEATABLE READ or SERIALIZABLE, a write that
+// waited for a concurrent change of its row (a takeover, say) fails so
+// once that change commits, and the next run sees the change
+// (TestPostgresDefaultIsolationWrites).
+func (s *Store) again(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := range maxAcquireAttempts {
+		if err = f(); err == nil || !s.d.retryable(err) {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt)*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
 // sleepCtx sleeps for d or until ctx ends.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -559,31 +580,33 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	// columns: database/sql starts a goroutine for every Rows read under a
 	// cancellable context, and Complete needs only the affected-rows count.
 	matched := true
-	var err error
-	if rec != nil && s.d.completeReturns() {
-		var fingerprint string
-		var leaseUntil, createdAt, completedAt, expiresAt int64
-		err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
-		if errors.Is(err, sql.ErrNoRows) {
-			matched, err = false, nil
-		} else if err == nil {
-			stored := resp.Clone()
-			// As Get returns them: an empty body or header reads back as nil.
-			if len(stored.Body) == 0 {
-				stored.Body = nil
+	run := func() (err error) {
+		matched = true
+		if rec != nil && s.d.completeReturns() {
+			var fingerprint string
+			var leaseUntil, createdAt, completedAt, expiresAt int64
+			err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
+			if errors.Is(err, sql.ErrNoRows) {
+				matched, err = false, nil
+			} else if err == nil {
+				stored := resp.Clone()
+				// As Get returns them: an empty body or header reads back as nil.
+				if len(stored.Body) == 0 {
+					stored.Body = nil
+				}
+				if len(stored.Header) == 0 {
+					stored.Header = nil
+				}
+				*rec = idem.Record{
+					Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
+					Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
+					LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
+					Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
+					ExpiresAt: fromMS(expiresAt),
+				}
 			}
-			if len(stored.Header) == 0 {
-				stored.Header = nil
-			}
-			*rec = idem.Record{
-				Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
-				Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
-				LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
-				Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
-				ExpiresAt: fromMS(expiresAt),
-			}
+			return err
 		}
-	} else {
 		var res sql.Result
 		if res, err = s.exec(ctx, tx, s.st.complete, &v); err == nil {
 			var n int64
@@ -591,6 +614,13 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 				matched = n > 0
 			}
 		}
+		return err
+	}
+	var err error
+	if tx == nil {
+		err = s.again(ctx, run)
+	} else {
+		err = run()
 	}
 	switch {
 	case err != nil && tx != nil && s.d.retryable(err):
@@ -646,7 +676,11 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
 	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence}
-	res, err := s.exec(ctx, nil, s.st.release, &v)
+	var res sql.Result
+	err := s.again(ctx, func() (err error) {
+		res, err = s.exec(ctx, nil, s.st.release, &v)
+		return err
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
@@ -722,7 +756,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
 	v := values{scope: scope, key: key}
-	res, err := s.exec(ctx, nil, s.st.deleteRecord, &v)
+	var res sql.Result
+	err := s.again(ctx, func() (err error) {
+		res, err = s.exec(ctx, nil, s.st.deleteRecord, &v)
+		return err
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
