@@ -257,7 +257,12 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 			return err
 		}
 		if rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
-			s.put(ctx, name, rec, retention-time.Since(sent))
+			// A retry of a completion that committed before (its reply was
+			// lost) returns the record as then stored: its ExpiresAt counts
+			// from the first completion, with that call's retention, so the
+			// entry must end by it too (the application's clock, as for a
+			// record found in the truth).
+			s.put(ctx, name, rec, min(retention-time.Since(sent), time.Until(rec.ExpiresAt)))
 		} else {
 			s.del(ctx, name)
 		}
@@ -345,7 +350,13 @@ func (s *store) refill(ctx context.Context, name string, l idem.Lease, want idem
 		s.del(ctx, name)
 		return
 	}
-	s.put(ctx, name, rec, d-time.Since(sent))
+	ttl := d - time.Since(sent)
+	if want == idem.StatusCompleted {
+		// A retried Complete finds the record as the first completion
+		// stored it (see Complete).
+		ttl = min(ttl, time.Until(rec.ExpiresAt))
+	}
+	s.put(ctx, name, rec, ttl)
 }
 
 // fillCompleted caches a completed record the truth returned, until its
