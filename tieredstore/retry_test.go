@@ -2,6 +2,7 @@ package tieredstore_test
 
 import (
 	"encoding/base64"
+	"errors"
 	"testing"
 	"time"
 
@@ -62,5 +63,41 @@ func retriedComplete(t *testing.T, truth idem.Store) {
 	got, err := s.Acquire(ctx, req)
 	if err != nil || got.Outcome != idem.Completed || string(got.Record.Response.Body) != "first" {
 		t.Fatalf("replay = %v %+v, %v; want the first response", got.Outcome, got.Record.Response, err)
+	}
+}
+
+// TestRetriedCompleteTxDropsInFlightEntry: a CompleteTx retried after the
+// first one committed (its reply lost) fails with idem.ErrFinished; the
+// record is completed, so the in-flight entry must go as it does after a
+// successful CompleteTx, or the retries of the client would be answered
+// InFlight (409) instead of the stored response until the entry's TTL.
+func TestRetriedCompleteTxDropsInFlightEntry(t *testing.T) {
+	t.Parallel()
+	rc := redisClient(t)
+	db, truth := newTruth(t)
+	s := newTiered(t, rc, rc, truth, &tieredstore.Config{MarkerTTL: time.Hour})
+	txc := s.(idem.TxCompleter)
+	ctx := t.Context()
+	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
+	res, err := s.Acquire(ctx, req)
+	if err != nil || res.Outcome != idem.Acquired {
+		t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+	}
+	// The first completion commits in the truth; its reply is lost.
+	if err := truth.Complete(ctx, res.Lease, idem.Response{StatusCode: 201, Body: []byte("first")}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = txc.CompleteTx(ctx, tx, res.Lease, idem.Response{StatusCode: 201, Body: []byte("retry")}, time.Hour)
+	_ = tx.Rollback()
+	if !errors.Is(err, idem.ErrFinished) {
+		t.Fatalf("retried CompleteTx = %v, want idem.ErrFinished", err)
+	}
+	got, err := s.Acquire(ctx, req)
+	if err != nil || got.Outcome != idem.Completed || string(got.Record.Response.Body) != "first" {
+		t.Fatalf("replay after the retried CompleteTx = %v %+v, %v; want the first response", got.Outcome, got.Record.Response, err)
 	}
 }

@@ -279,12 +279,17 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // idem.TxCompleter, and deletes the key's in-flight entry: until tx
 // commits, duplicates are answered by the truth, and the first Get or
 // Acquire after the commit caches the completed record.
+//
+// When the truth answers idem.ErrFinished (a retry of a CompleteTx whose
+// commit's reply was lost: the record is completed already) the in-flight
+// entry is deleted too, or it would answer InFlight instead of the stored
+// response until its TTL.
 func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
-	if err := s.txc.CompleteTx(ctx, tx, l, resp, retention); err != nil {
-		return err
+	err := s.txc.CompleteTx(ctx, tx, l, resp, retention)
+	if err == nil || errors.Is(err, idem.ErrFinished) {
+		s.del(ctx, s.entryKey(l.Scope, l.Key))
 	}
-	s.del(ctx, s.entryKey(l.Scope, l.Key))
-	return nil
+	return err
 }
 
 // Release deletes the record in the truth, then its in-flight entry; see
