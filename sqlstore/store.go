@@ -481,8 +481,8 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // locked" when another process wrote in between.
 //
 // When the completion matches nothing, CompleteTx reads the record in tx,
-// never on another connection, which would wait forever when tx holds
-// the last connection of the Store's pool.
+// never on another connection, which would wait until ctx ends when tx
+// holds the last connection of the Store's pool.
 //
 // Unlike Complete, CompleteTx on a record that l completed already fails,
 // with an error matching [idem.ErrFinished]: the completion committed
