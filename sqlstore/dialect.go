@@ -89,6 +89,7 @@ type statements struct {
 	insertMigration       *query
 	acquire               *query
 	selectRecord          *query
+	selectRecordInTx      *query // may be empty: select_record serves (see Store.completedBy)
 	selectHeld            *query // may be empty: acquire reads it (PostgreSQL)
 	complete              *query
 	extend                *query
@@ -99,7 +100,7 @@ type statements struct {
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 13
+const numQueries = 14
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -109,6 +110,7 @@ func (st *statements) byName() map[string]**query {
 		"insert_migration":        &st.insertMigration,
 		"acquire":                 &st.acquire,
 		"select_record":           &st.selectRecord,
+		"select_record_in_tx":     &st.selectRecordInTx,
 		"select_held":             &st.selectHeld,
 		"complete":                &st.complete,
 		"extend":                  &st.extend,
@@ -284,7 +286,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
 		}
-		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" && name != "select_held" {
+		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" && name != "select_held" && name != "select_record_in_tx" {
 			return nil, fmt.Errorf("%s: statement %q is empty", file, name)
 		}
 	}

@@ -76,8 +76,12 @@
 //   - Complete, Extend, Release and Delete are one statement each (Extend
 //     on MySQL: two, see below); Sweep is one statement on SQLite and
 //     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
-//     PostgreSQL. Extend, and Sweep, run again after a deadlock or a
-//     serialisation failure, at most 8 times. Complete, Extend and Release
+//     PostgreSQL. Complete, Release, Delete, Extend and Sweep run again
+//     after a deadlock or a serialisation failure (PostgreSQL raises one
+//     when the sessions default to REPEATABLE READ or SERIALIZABLE and the
+//     statement waited for a concurrent change of its row:
+//     TestPostgresDefaultIsolationWrites), at most 8 times; CompleteTx,
+//     in the caller's transaction, does not. Complete, Extend and Release
 //     match on status = processing, owner and fence; when they match
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
@@ -247,10 +251,11 @@
 //
 // CompleteTx under REPEATABLE READ or SERIALIZABLE still fails with 40001
 // when someone else changed the record after the transaction's snapshot
-// (a takeover, a completion, a release or a deletion); it then reads the
-// record outside the transaction (the transaction is aborted: on another
-// connection of the Store's *sql.DB) and reports a takeover as
-// [idem.ErrLeaseLost], wrapping the driver's error too.
+// (a takeover, a completion, a release or a deletion); the server has
+// aborted the transaction, so CompleteTx rolls it back (freeing its
+// connection, which may be the pool's last: TestCompleteTxOnePool), reads
+// the record on a connection of the Store's *sql.DB, and reports a
+// takeover as [idem.ErrLeaseLost], wrapping the driver's error too.
 //
 // Renewals cost Extend an upsert into idem_renewals instead of an update
 // of the record (one statement, one commit, as before: the same time,
@@ -339,12 +344,18 @@
 // of its assignments (above). The conformance suite and Migrate run under
 // SIMULTANEOUS_ASSIGNMENT, ORACLE (MariaDB), ANSI, PIPES_AS_CONCAT +
 // ANSI_QUOTES + NO_BACKSLASH_ESCAPES, and TRADITIONAL with all of these
-// and clientFoundRows (TestMySQLModeConformance, TestMySQLModeAcquire).
-// One exception: MariaDB's EMPTY_STRING_IS_NULL turns an empty string
-// bound to a statement into NULL, so under it the empty scope and the
-// empty fingerprint cannot be stored or found (Acquire fails with
-// "Column 'scope' cannot be null"); do not set it for the store's
-// connections.
+// and clientFoundRows, and under MariaDB's EMPTY_STRING_IS_NULL, alone
+// and with ORACLE (TestMySQLModeConformance, TestMySQLModeAcquire).
+// EMPTY_STRING_IS_NULL turns an empty string bound to a statement into
+// NULL (an empty string literal too, but not an empty hex literal), so
+// every scope and fingerprint a statement binds, which may be empty, is
+// written
+//
+//	COALESCE(?, X'')
+//
+// and the empty scope and the empty fingerprint are stored and found as
+// empty strings under every mode. (An empty body is then stored as NULL,
+// which reads back as the nil body it is anyway.)
 //
 // Migrate on MySQL takes GET_LOCK('idem_migrate', 30) on one connection
 // and releases it at the end. MySQL commits every DDL statement on its

@@ -21,7 +21,7 @@ import (
 // No DSN setting is required: times are BIGINT milliseconds (parseTime is
 // irrelevant), statements run one at a time (multiStatements is not
 // needed), and neither the session's time zone nor its sql_mode matters
-// (MariaDB's EMPTY_STRING_IS_NULL aside). The package documentation says
+// (MariaDB's EMPTY_STRING_IS_NULL and ORACLE included). The package documentation says
 // what each statement costs and why, and which versions are tested.
 var MySQL Dialect = mysqlDialect{}
 

@@ -33,8 +33,10 @@ var mysqlServer = func() server {
 // (ANSI_QUOTES, PIPES_AS_CONCAT, IGNORE_SPACE, …); ANSI and the flags after
 // it change how quotes, || and backslashes read; the last mixes them with
 // the strict modes. A mode the server does not know (MySQL has neither
-// SIMULTANEOUS_ASSIGNMENT nor ORACLE) skips. EMPTY_STRING_IS_NULL is not
-// supported (see the package documentation).
+// SIMULTANEOUS_ASSIGNMENT nor ORACLE) skips. EMPTY_STRING_IS_NULL
+// (MariaDB 10.3+) turns an empty string bound to a statement into NULL:
+// the empty scope and the empty fingerprint must still be stored and
+// found.
 // The last also sets clientFoundRows, under which an upsert that changes
 // nothing reports one affected row, as an insert does.
 var mysqlModes = []mysqlSession{
@@ -43,6 +45,8 @@ var mysqlModes = []mysqlSession{
 	{mode: "ANSI"},
 	{mode: "PIPES_AS_CONCAT,ANSI_QUOTES,NO_BACKSLASH_ESCAPES"},
 	{mode: "TRADITIONAL,ANSI,NO_BACKSLASH_ESCAPES,HIGH_NOT_PRECEDENCE,SIMULTANEOUS_ASSIGNMENT", foundRows: true},
+	{mode: "EMPTY_STRING_IS_NULL"},
+	{mode: "ORACLE,EMPTY_STRING_IS_NULL"},
 }
 
 // mysqlSession is how a test's connections set up their sessions.

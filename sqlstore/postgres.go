@@ -27,7 +27,6 @@ func (postgresDialect) statements() *statements  { return postgresStatements }
 func (postgresDialect) migrations() []migration  { return postgresMigrations }
 func (postgresDialect) completeReturns() bool    { return true }
 func (postgresDialect) acquireMode() acquireMode { return acquireOneStatement }
-func (postgresDialect) readsInTx()               {}
 func (postgresDialect) sweepInTx()               {}
 
 // missingTable: undefined_table, or undefined_function (idem_acquire_write

@@ -34,7 +34,6 @@ func (sqliteDialect) missingTable(err error) bool {
 }
 func (sqliteDialect) completeReturns() bool    { return true }
 func (sqliteDialect) acquireMode() acquireMode { return acquireInTx }
-func (sqliteDialect) readsInTx()               {}
 func (sqliteDialect) retryable(error) bool     { return false }
 
 // beginWrite begins a transaction with db.BeginTx. Under OpenSQLite's

@@ -411,6 +411,27 @@ func (s *Store) acquireUpsertRead(ctx context.Context, req idem.AcquireRequest, 
 	return idem.AcquireResult{}, fmt.Errorf("key still contended after %d attempts: %w", maxAcquireAttempts, err)
 }
 
+// again runs f, a statement on its own (autocommit), and runs it again,
+// at most maxAcquireAttempts times in all, while it fails with a deadlock
+// or a serialisation failure. Such a failure rolled the statement back,
+// so it may simply run again, with a new snapshot: on PostgreSQL, when
+// the sessions default to REPEATABLE READ or SERIALIZABLE, a write that
+// waited for a concurrent change of its row (a takeover, say) fails so
+// once that change commits, and the next run sees the change
+// (TestPostgresDefaultIsolationWrites).
+func (s *Store) again(ctx context.Context, f func() error) error {
+	var err error
+	for attempt := range maxAcquireAttempts {
+		if err = f(); err == nil || !s.d.retryable(err) {
+			return err
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt)*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
 // sleepCtx sleeps for d or until ctx ends.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -459,6 +480,10 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // before CompleteTx may make the completion fail with "database is
 // locked" when another process wrote in between.
 //
+// When the completion matches nothing, CompleteTx reads the record in tx,
+// never on another connection, which would wait until ctx ends when tx
+// holds the last connection of the Store's pool.
+//
 // Unlike Complete, CompleteTx on a record that l completed already fails,
 // with an error matching [idem.ErrFinished]: the completion committed
 // before, with its effect, and tx must roll back rather than commit the
@@ -468,9 +493,12 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // record committed after tx took its snapshot makes the completion fail
 // with a serialization failure (SQLSTATE 40001). Renewals do not update
 // the record (see "Renewals on PostgreSQL" in the package documentation),
-// so only a takeover, a completion, a release or a deletion does: CompleteTx
-// then reads the record outside tx, on another connection of the Store's
-// *sql.DB (tx is aborted), and returns an error matching
+// so only a takeover, a completion, a release or a deletion does. The
+// server has then aborted tx (as InnoDB has after choosing tx as a
+// deadlock's victim): CompleteTx rolls tx back, so that its connection
+// returns to its pool (the caller's own Rollback then returns
+// sql.ErrTxDone), reads the record on a connection of the Store's
+// *sql.DB, and returns an error matching
 // [idem.ErrLeaseLost] (or [idem.ErrFinished], if l completed it), which
 // also wraps the driver's error; should the record still be l's, the
 // serialization failure is returned as it is, wrapped.
@@ -552,31 +580,33 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	// columns: database/sql starts a goroutine for every Rows read under a
 	// cancellable context, and Complete needs only the affected-rows count.
 	matched := true
-	var err error
-	if rec != nil && s.d.completeReturns() {
-		var fingerprint string
-		var leaseUntil, createdAt, completedAt, expiresAt int64
-		err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
-		if errors.Is(err, sql.ErrNoRows) {
-			matched, err = false, nil
-		} else if err == nil {
-			stored := resp.Clone()
-			// As Get returns them: an empty body or header reads back as nil.
-			if len(stored.Body) == 0 {
-				stored.Body = nil
+	run := func() (err error) {
+		matched = true
+		if rec != nil && s.d.completeReturns() {
+			var fingerprint string
+			var leaseUntil, createdAt, completedAt, expiresAt int64
+			err = s.queryRow(ctx, tx, s.st.complete, &v, &fingerprint, &leaseUntil, &createdAt, &completedAt, &expiresAt)
+			if errors.Is(err, sql.ErrNoRows) {
+				matched, err = false, nil
+			} else if err == nil {
+				stored := resp.Clone()
+				// As Get returns them: an empty body or header reads back as nil.
+				if len(stored.Body) == 0 {
+					stored.Body = nil
+				}
+				if len(stored.Header) == 0 {
+					stored.Header = nil
+				}
+				*rec = idem.Record{
+					Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
+					Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
+					LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
+					Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
+					ExpiresAt: fromMS(expiresAt),
+				}
 			}
-			if len(stored.Header) == 0 {
-				stored.Header = nil
-			}
-			*rec = idem.Record{
-				Scope: l.Scope, Key: l.Key, Fingerprint: idem.Fingerprint(fingerprint),
-				Status: idem.StatusCompleted, Owner: l.Owner, Fence: l.Fence,
-				LeaseUntil: fromMS(leaseUntil), Retention: time.Duration(v.retentionMS) * time.Millisecond,
-				Response: &stored, CreatedAt: fromMS(createdAt), CompletedAt: fromMS(completedAt),
-				ExpiresAt: fromMS(expiresAt),
-			}
+			return err
 		}
-	} else {
 		var res sql.Result
 		if res, err = s.exec(ctx, tx, s.st.complete, &v); err == nil {
 			var n int64
@@ -584,16 +614,23 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 				matched = n > 0
 			}
 		}
+		return err
+	}
+	var err error
+	if tx == nil {
+		err = s.again(ctx, run)
+	} else {
+		err = run()
 	}
 	switch {
 	case err != nil && tx != nil && s.d.retryable(err):
-		return s.changedUnderTx(ctx, op, l, err)
+		return s.changedUnderTx(ctx, op, tx, l, err)
 	case err != nil:
 		return s.fail(ctx, op, err)
 	case matched:
 		return nil
 	}
-	done, err := s.completedBy(ctx, s.explainIn(tx), l)
+	done, err := s.completedBy(ctx, tx, l)
 	switch {
 	case err != nil:
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
@@ -605,31 +642,16 @@ func (s *Store) complete(ctx context.Context, op string, tx *sql.Tx, l idem.Leas
 	return nil
 }
 
-// readsInTx is a dialect on which a read in the caller's transaction
-// after a completion matched nothing sees what that completion saw:
-// SQLite (the transaction holds the write lock, and under OpenSQLite the
-// only connection) and PostgreSQL (the completion and the read share the
-// transaction's snapshot under REPEATABLE READ; a newer version of the
-// row would have failed the completion with 40001). On MySQL an UPDATE
-// reads the latest version of the row, and a plain read in a REPEATABLE
-// READ transaction its snapshot, which may be older: the record is read
-// outside the transaction there.
-type readsInTx interface{ readsInTx() }
-
-// explainIn returns the transaction in which to read a record after a
-// completion in tx matched nothing: tx, or nil for a read of its own.
-func (s *Store) explainIn(tx *sql.Tx) *sql.Tx {
-	if _, ok := s.d.(readsInTx); ok {
-		return tx
-	}
-	return nil
-}
-
-// changedUnderTx explains the serialization failure err of the
-// completion in a transaction: someone changed the record after the
-// transaction took its snapshot. The transaction is aborted, so the
-// record is read outside it.
-func (s *Store) changedUnderTx(ctx context.Context, op string, l idem.Lease, err error) error {
+// changedUnderTx explains the serialization failure or deadlock err of
+// the completion in tx: someone changed the record after tx took its
+// snapshot (PostgreSQL), or InnoDB chose tx as a deadlock's victim. The
+// database has aborted tx (PostgreSQL: every statement but ROLLBACK now
+// fails; InnoDB: it rolled tx back), so the record is read outside it,
+// on a connection of the Store's pool. tx is rolled back first: it holds
+// a connection, perhaps the last one of that very pool, which the read
+// would otherwise wait for until ctx ends.
+func (s *Store) changedUnderTx(ctx context.Context, op string, tx *sql.Tx, l idem.Lease, err error) error {
+	_ = tx.Rollback()
 	rec, rerr := s.get(ctx, nil, l.Scope, l.Key)
 	mine := rerr == nil && rec.Owner == l.Owner && rec.Fence == l.Fence
 	switch {
@@ -654,7 +676,11 @@ func (s *Store) Release(ctx context.Context, l idem.Lease) error {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
 	v := values{scope: l.Scope, key: l.Key, owner: l.Owner, fence: l.Fence}
-	res, err := s.exec(ctx, nil, s.st.release, &v)
+	var res sql.Result
+	err := s.again(ctx, func() (err error) {
+		res, err = s.exec(ctx, nil, s.st.release, &v)
+		return err
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
@@ -730,7 +756,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return fmt.Errorf("sqlstore: %s: %w", op, err)
 	}
 	v := values{scope: scope, key: key}
-	res, err := s.exec(ctx, nil, s.st.deleteRecord, &v)
+	var res sql.Result
+	err := s.again(ctx, func() (err error) {
+		res, err = s.exec(ctx, nil, s.st.deleteRecord, &v)
+		return err
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
@@ -883,11 +913,25 @@ func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 	return lostBecause(l, rec, err)
 }
 
-// completedBy reads the record of l after a completion matched no row: it
-// returns the record if l completed it already, and otherwise an error
-// that wraps idem.ErrLeaseLost and says why.
+// completedBy reads the record of l after a completion, in tx if not
+// nil, matched no row: it returns the record if l completed it already,
+// and otherwise an error that wraps idem.ErrLeaseLost and says why.
+//
+// The read runs in tx, never on another connection: tx may hold the
+// pool's last connection. It must see the row the completion saw:
+// select_record does on SQLite (tx holds the write lock) and PostgreSQL
+// (the completion and the read share tx's snapshot under REPEATABLE READ
+// and SERIALIZABLE; a newer version of the row would have failed the
+// completion with 40001); on MySQL, where an UPDATE reads the latest
+// version of the row and a plain read in a REPEATABLE READ transaction
+// its snapshot, select_record_in_tx is a locking read, which reads the
+// latest version too.
 func (s *Store) completedBy(ctx context.Context, tx *sql.Tx, l idem.Lease) (idem.Record, error) {
-	rec, err := s.get(ctx, tx, l.Scope, l.Key)
+	q := s.st.selectRecord
+	if tx != nil && s.st.selectRecordInTx.text != "" {
+		q = s.st.selectRecordInTx
+	}
+	rec, err := s.scanRecord(ctx, tx, q, &values{scope: l.Scope, key: l.Key})
 	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
 		return rec, nil
 	}

@@ -30,7 +30,10 @@
 //     (someone else's lease, perhaps in a process whose Redis write failed)
 //     is never cached.
 //   - completed: the completed record, written by Complete with TTL =
-//     retention counted from before the truth call, or by an Acquire or
+//     retention counted from before the truth call, and no later than the
+//     record's ExpiresAt by the application's clock (a Complete retried
+//     after its reply was lost finds the record its first call completed,
+//     which expires retention after that call), or by an Acquire or
 //     Get that found a live completed record in the truth, with TTL =
 //     ExpiresAt − now (the application's clock), capped at the record's
 //     retention.

@@ -257,7 +257,12 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 			return err
 		}
 		if rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
-			s.put(ctx, name, rec, retention-time.Since(sent))
+			// A retry of a completion that committed before (its reply was
+			// lost) returns the record as then stored: its ExpiresAt counts
+			// from the first completion, with that call's retention, so the
+			// entry must end by it too (the application's clock, as for a
+			// record found in the truth).
+			s.put(ctx, name, rec, min(retention-time.Since(sent), time.Until(rec.ExpiresAt)))
 		} else {
 			s.del(ctx, name)
 		}
@@ -274,12 +279,17 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // idem.TxCompleter, and deletes the key's in-flight entry: until tx
 // commits, duplicates are answered by the truth, and the first Get or
 // Acquire after the commit caches the completed record.
+//
+// When the truth answers idem.ErrFinished (a retry of a CompleteTx whose
+// commit's reply was lost: the record is completed already) the in-flight
+// entry is deleted too, or it would answer InFlight instead of the stored
+// response until its TTL.
 func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
-	if err := s.txc.CompleteTx(ctx, tx, l, resp, retention); err != nil {
-		return err
+	err := s.txc.CompleteTx(ctx, tx, l, resp, retention)
+	if err == nil || errors.Is(err, idem.ErrFinished) {
+		s.del(ctx, s.entryKey(l.Scope, l.Key))
 	}
-	s.del(ctx, s.entryKey(l.Scope, l.Key))
-	return nil
+	return err
 }
 
 // Release deletes the record in the truth, then its in-flight entry; see
@@ -345,7 +355,13 @@ func (s *store) refill(ctx context.Context, name string, l idem.Lease, want idem
 		s.del(ctx, name)
 		return
 	}
-	s.put(ctx, name, rec, d-time.Since(sent))
+	ttl := d - time.Since(sent)
+	if want == idem.StatusCompleted {
+		// A retried Complete finds the record as the first completion
+		// stored it (see Complete).
+		ttl = min(ttl, time.Until(rec.ExpiresAt))
+	}
+	s.put(ctx, name, rec, ttl)
 }
 
 // fillCompleted caches a completed record the truth returned, until its

@@ -1,8 +1,11 @@
 -- Statements of the MySQL dialect (MySQL 8.0 and 8.4, MariaDB 10.6 or
--- later). They read alike under any sql_mode (EMPTY_STRING_IS_NULL aside):
--- strings in single quotes, no backslash, no || or &&, no NOT operator,
--- and no assignment that depends on the order in which ON DUPLICATE KEY
--- UPDATE or UPDATE assigns (see acquire).
+-- later). They read alike under any sql_mode: strings in single quotes,
+-- no backslash, no || or &&, no NOT operator, no assignment that depends
+-- on the order in which ON DUPLICATE KEY UPDATE or UPDATE assigns (see
+-- acquire), and every scope and fingerprint bound as COALESCE(?, X''):
+-- MariaDB's EMPTY_STRING_IS_NULL turns an empty string bound to a
+-- statement into NULL (the literal '' too, but not X''), and the empty
+-- scope and fingerprint are legitimate values.
 --
 -- Each statement starts with "-- name: NAME" and lists the parameters it
 -- binds, in order, on "-- params:" lines, one entry per ? (MySQL's
@@ -107,7 +110,7 @@ INSERT INTO idem_records (
     scope, idempotency_key, fingerprint, status, owner, fence,
     lease_until, retention_ms, created_at, expires_at)
 VALUES (
-    ?, ?, ?, 'processing', ?, 1,
+    COALESCE(?, X''), ?, COALESCE(?, X''), 'processing', ?, 1,
     (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?,
     ?,
     LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)),
@@ -116,7 +119,7 @@ ON DUPLICATE KEY UPDATE
     owner = CASE WHEN LAST_INSERT_ID(
                 CASE WHEN status = 'processing'
                           AND (expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-                               OR (fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+                               OR (fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
                      THEN 1
                      WHEN expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
                      THEN 2
@@ -124,52 +127,52 @@ ON DUPLICATE KEY UPDATE
         THEN ? ELSE owner END,
     created_at = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
              AND expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
         THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) ELSE created_at END,
     fence = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN fence + 1 ELSE fence END,
     fingerprint = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
-        THEN ? ELSE fingerprint END,
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+        THEN COALESCE(?, X'') ELSE fingerprint END,
     status = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN 'processing' ELSE status END,
     lease_until = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? ELSE lease_until END,
     retention_ms = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN ? ELSE retention_ms END,
     response_status = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN NULL ELSE response_status END,
     response_header = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN NULL ELSE response_header END,
     response_body = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN NULL ELSE response_body END,
     body_omitted = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN FALSE ELSE body_omitted END,
     completed_at = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN NULL ELSE completed_at END,
     expires_at = CASE WHEN (owner = ?
               OR expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-              OR (status = 'processing' AND fingerprint = ? AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
+              OR (status = 'processing' AND fingerprint = COALESCE(?, X'') AND lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)))
         THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + ? ELSE expires_at END;
 
 -- name: select_record
@@ -178,7 +181,26 @@ SELECT scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
 FROM idem_records
-WHERE scope = ? AND idempotency_key = ?;
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
+
+-- name: select_record_in_tx
+-- params: scope key
+-- The record as the completion in the caller's transaction saw it, after
+-- the completion matched nothing: a locking read, which reads the latest
+-- committed version of the row as the UPDATE did, whatever the
+-- transaction's isolation level (a plain read under REPEATABLE READ would
+-- read the transaction's snapshot, which may predate the completion or
+-- takeover that made the UPDATE match nothing). It runs on the
+-- transaction's connection: a read on another connection of the pool
+-- would wait for the transaction's own when the pool has one. The shared
+-- lock lasts until the transaction ends, which the caller then rolls
+-- back. LOCK IN SHARE MODE is the spelling MySQL 8 and MariaDB both read.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
+LOCK IN SHARE MODE;
 
 -- name: select_held
 -- params: scope key fingerprint
@@ -190,9 +212,9 @@ SELECT scope, idempotency_key, fingerprint, status, owner, fence,
        lease_until, retention_ms, response_status, response_header,
        response_body, body_omitted, created_at, completed_at, expires_at
 FROM idem_records
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND expires_at > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-  AND (status = 'completed' OR fingerprint <> ? OR lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
+  AND (status = 'completed' OR fingerprint <> COALESCE(?, X'') OR lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
 
 -- name: complete
 -- params: response_status response_header response_body body_omitted retention_ms retention_ms scope key owner fence
@@ -205,7 +227,7 @@ UPDATE idem_records SET
     retention_ms    = ?,
     completed_at    = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000),
     expires_at      = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
 
 -- name: extend
@@ -216,24 +238,24 @@ WHERE scope = ? AND idempotency_key = ?
 UPDATE idem_records SET
     lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?,
     expires_at  = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + retention_ms
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
 
 -- name: select_lease
 -- params: scope key owner fence
 SELECT lease_until FROM idem_records
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
 
 -- name: release
 -- params: scope key owner fence
 DELETE FROM idem_records
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
 
 -- name: delete
 -- params: scope key
-DELETE FROM idem_records WHERE scope = ? AND idempotency_key = ?;
+DELETE FROM idem_records WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
 
 -- name: sweep
 -- params: limit

@@ -80,6 +80,12 @@ SELECT scope, idempotency_key, fingerprint, status, owner, fence,
 FROM idem_records_renewed
 WHERE scope = $1 AND idempotency_key = $2;
 
+-- name: select_record_in_tx
+-- Not used: select_record run in the caller's transaction sees what its
+-- completion saw (they share the transaction's snapshot under REPEATABLE
+-- READ and SERIALIZABLE; a newer version of the row would have failed
+-- the completion with 40001).
+
 -- name: select_held
 -- Not used: the acquire statement reads the held record itself (and
 -- idem_acquire_write when it must).

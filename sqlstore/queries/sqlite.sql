@@ -71,6 +71,10 @@ SELECT scope, idempotency_key, fingerprint, status, owner, fence,
 FROM idem_records
 WHERE scope = ?1 AND idempotency_key = ?2;
 
+-- name: select_record_in_tx
+-- Not used: select_record run in the caller's transaction, which holds
+-- the write lock, sees what its completion saw.
+
 -- name: select_held
 -- params: scope key fingerprint
 -- The record, if Acquire cannot take it: live and completed, live and
