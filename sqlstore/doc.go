@@ -134,7 +134,10 @@
 //     build reads it), and otherwise, since JSON text cannot carry other
 //     bytes, as "2:" and a JSON object of the base64 of each name and
 //     value. Nil and empty bodies and headers are the same and come back
-//     nil.
+//     nil. During a rolling upgrade, a build older than this encoding
+//     fails to read a record written in the "2:" form (with an error
+//     naming a malformed header): upgrade every instance before a handler
+//     sends header values that are not valid UTF-8.
 //
 // # Acquire on SQLite
 //

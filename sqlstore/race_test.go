@@ -143,11 +143,14 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	// The lease is long enough for 30 serialised commits on a slow disk
-	// (120 ms lost up to 21 of 30 legitimately under the race detector),
-	// and short enough that a completion stalled Lease/3 behind each
-	// renewal would lose most of them.
-	const lease = 400 * time.Millisecond
+	// The lease is long enough for 30 serialised commits on a slow, loaded
+	// disk (120 ms lost up to 21 of 30 legitimately under the race
+	// detector, 400 ms up to 20 when other test processes shared the two
+	// cores, now that the watchdog gives a lease up at its end even while
+	// a renewal waits for the connection), and short enough that a
+	// completion stalled Lease/3 behind each renewal (30 × 333 ms) would
+	// lose most of them.
+	const lease = time.Second
 	g, err := idem.NewGuard(s, &idem.GuardConfig{Lease: lease})
 	if err != nil {
 		t.Fatal(err)

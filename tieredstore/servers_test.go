@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -21,28 +18,24 @@ import (
 // must agree with each truth, field for field.
 func TestConformanceServers(t *testing.T) {
 	for _, tc := range []struct {
-		svc     testenv.Service
-		driver  string
 		dialect sqlstore.Dialect
+		fresh   func(testing.TB) (*sql.DB, string)
 	}{
-		{testenv.Postgres, "pgx", sqlstore.PostgreSQL},
-		{testenv.MySQL, "mysql", sqlstore.MySQL},
+		{sqlstore.PostgreSQL, testdb.Postgres},
+		{sqlstore.MySQL, testdb.MySQL},
 	} {
 		t.Run(tc.dialect.String(), func(t *testing.T) {
 			t.Parallel()
-			addr := tc.svc.Need(t)
-			db, err := sql.Open(tc.driver, addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = db.Close() })
-			db.SetMaxOpenConns(10)
+			// A database of its own: other test processes sweep idem's
+			// tables in the shared one, and the suite reads expired
+			// records.
+			db, _ := tc.fresh(t)
 			truth, err := sqlstore.New(db, &sqlstore.Config{Dialect: tc.dialect})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := truth.Migrate(t.Context()); err != nil {
-				testenv.Unavailable(t, tc.svc.Name, tc.svc.Var, err)
+				t.Fatal(err)
 			}
 			c := redisClient(t)
 			s := newTiered(t, c, c, truth, nil)

@@ -2,18 +2,11 @@ package shop_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"net/url"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -54,55 +47,14 @@ func freshSQLite(t *testing.T) (*sql.DB, string) {
 	return db, "sqlite:" + path
 }
 
-// freshPostgres creates a schema of the test's own and returns a pool
-// whose search_path is that schema.
-func freshPostgres(t *testing.T) (*sql.DB, string) {
-	addr := testenv.Postgres.Need(t)
-	admin := openServer(t, "pgx", addr, testenv.Postgres)
-	schema := randomName("shop_test_")
-	mustExec(t, admin, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { mustExec(t, admin, "DROP SCHEMA "+schema+" CASCADE") })
-	u, err := url.Parse(addr)
-	if err != nil {
-		t.Fatalf("%s: %v", testenv.Postgres.Var, err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return openServer(t, "pgx", u.String(), testenv.Postgres), u.String()
-}
+// freshPostgres: a schema of the test's own (internal/testdb).
+func freshPostgres(t *testing.T) (*sql.DB, string) { return testdb.Postgres(t) }
 
-// freshMySQL creates a database of the test's own.
+// freshMySQL: a database of the test's own (internal/testdb), and the -db
+// value that reaches it.
 func freshMySQL(t *testing.T) (*sql.DB, string) {
-	addr := testenv.MySQL.Need(t)
-	cfg, err := mysql.ParseDSN(addr)
-	if err != nil {
-		t.Fatalf("%s: %v", testenv.MySQL.Var, err)
-	}
-	admin := openServer(t, "mysql", addr, testenv.MySQL)
-	name := randomName("shop_test_")
-	mustExec(t, admin, "CREATE DATABASE "+name)
-	t.Cleanup(func() { mustExec(t, admin, "DROP DATABASE "+name) })
-	cfg.DBName = name
-	dsn := cfg.FormatDSN()
-	return openServer(t, "mysql", dsn, testenv.MySQL), "mysql:" + dsn
-}
-
-// openServer opens a pool on a database server, or skips t as unavailable.
-func openServer(t *testing.T, driver, dsn string, svc testenv.Service) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatalf("sql.Open(%s): %v", driver, err)
-	}
-	t.Cleanup(func() { db.Close() })
-	db.SetMaxOpenConns(8)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		testenv.Unavailable(t, svc.Name, svc.Var, err)
-	}
-	return db
+	db, dsn := testdb.MySQL(t)
+	return db, "mysql:" + dsn
 }
 
 func mustExec(t *testing.T, db *sql.DB, stmt string) {
@@ -110,11 +62,4 @@ func mustExec(t *testing.T, db *sql.DB, stmt string) {
 	if _, err := db.ExecContext(context.Background(), stmt); err != nil {
 		t.Fatalf("%s: %v", stmt, err)
 	}
-}
-
-// randomName returns prefix followed by 12 random hex digits.
-func randomName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
 }

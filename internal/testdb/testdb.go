@@ -1,0 +1,92 @@
+// Package testdb gives a test a database of its own on the PostgreSQL and
+// MySQL/MariaDB servers that internal/testenv finds: a schema or a
+// database with a random name, dropped when the test ends. Tests that
+// share idem's tables with other test processes (which sweep them) use it
+// when they need expired records to stay until they read them.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+// Postgres creates a schema of the test's own and returns a pool whose
+// search_path is that schema, and its URL. It skips t (or fails it, under
+// IDEM_REQUIRE_SERVICES=1) when the server is unreachable.
+func Postgres(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	addr := testenv.Postgres.Need(t)
+	admin := Open(t, "pgx", addr, testenv.Postgres)
+	schema := RandomName("idem_test_")
+	exec(t, admin, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { exec(t, admin, "DROP SCHEMA "+schema+" CASCADE") })
+	u, err := url.Parse(addr)
+	if err != nil {
+		t.Fatalf("%s: %v", testenv.Postgres.Var, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return Open(t, "pgx", u.String(), testenv.Postgres), u.String()
+}
+
+// MySQL creates a database of the test's own and returns a pool on it,
+// and its go-sql-driver DSN. It skips t (or fails it, under
+// IDEM_REQUIRE_SERVICES=1) when the server is unreachable.
+func MySQL(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	addr := testenv.MySQL.Need(t)
+	cfg, err := mysql.ParseDSN(addr)
+	if err != nil {
+		t.Fatalf("%s: %v", testenv.MySQL.Var, err)
+	}
+	admin := Open(t, "mysql", addr, testenv.MySQL)
+	name := RandomName("idem_test_")
+	exec(t, admin, "CREATE DATABASE "+name)
+	t.Cleanup(func() { exec(t, admin, "DROP DATABASE "+name) })
+	cfg.DBName = name
+	dsn := cfg.FormatDSN()
+	return Open(t, "mysql", dsn, testenv.MySQL), dsn
+}
+
+// Open opens a pool of at most 8 connections on a database server, closed
+// when the test ends, or skips t as the service being unavailable.
+func Open(t testing.TB, driver, dsn string, svc testenv.Service) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatalf("sql.Open(%s): %v", driver, err)
+	}
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(8)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		testenv.Unavailable(t, svc.Name, svc.Var, err)
+	}
+	return db
+}
+
+// RandomName returns prefix followed by 12 random hex digits.
+func RandomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func exec(t testing.TB, db *sql.DB, stmt string) {
+	t.Helper()
+	if _, err := db.ExecContext(context.Background(), stmt); err != nil {
+		t.Errorf("%s: %v", stmt, err)
+	}
+}
