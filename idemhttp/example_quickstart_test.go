@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -69,7 +70,7 @@ func Example_quickStart() {
 	}
 	defer os.RemoveAll(dir)
 
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -123,7 +124,7 @@ func ExampleJSONResponse() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "shop.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "shop.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

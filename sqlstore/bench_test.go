@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"flag"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,7 +22,7 @@ import (
 )
 
 // The single-goroutine benchmarks measure one call, on SQLite (a file
-// database opened by OpenSQLite: WAL, synchronous=FULL, every commit
+// database opened by sqlite.Open: WAL, synchronous=FULL, every commit
 // fsynced) and on each server (skipped when it is unreachable).
 // BaselineSelect1 and BaselineInsert put them in proportion: a prepared
 // SELECT 1 (one round trip), and a raw one-row INSERT in its own
@@ -365,7 +366,7 @@ var contentionParallelism = flag.Int("contention.parallelism", 16, "goroutines p
 
 // BenchmarkContention compares SQLite connection settings under 32
 // concurrent callers (SetParallelism(16) on this package's 2-core
-// machines; more on bigger ones). It is how the settings of OpenSQLite
+// machines; more on bigger ones). It is how the settings of sqlite.Open
 // were chosen; see the package documentation for the numbers. Metrics:
 // p50/p99 latency of one operation, and errors per operation (any error,
 // "database is locked" included).
@@ -377,7 +378,7 @@ func BenchmarkContention(b *testing.B) {
 		sync     string
 		maxConns int // 0: unlimited
 	}{
-		{"wal-full-1conn", "FULL", 1}, // OpenSQLite's settings
+		{"wal-full-1conn", "FULL", 1}, // sqlite.Open's settings
 		{"wal-full-8conns", "FULL", 8},
 		{"wal-full-unlimited", "FULL", 0},
 		{"wal-normal-1conn", "NORMAL", 1},
@@ -424,7 +425,7 @@ func BenchmarkContention(b *testing.B) {
 			b.Run(m.name+"/"+w.name, func(b *testing.B) {
 				ctx := context.Background()
 				path := filepath.Join(b.TempDir(), "c.db")
-				dsn := strings.Replace(sqlstore.SQLiteDSN(path), "_synchronous=FULL", "_synchronous="+m.sync, 1)
+				dsn := strings.Replace(sqlite.DSN(path), "_synchronous=FULL", "_synchronous="+m.sync, 1)
 				db, err := sql.Open("sqlite", dsn)
 				if err != nil {
 					b.Fatal(err)

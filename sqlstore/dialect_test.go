@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -76,7 +77,7 @@ func TestLoadMigrations(t *testing.T) {
 // by an index, never by a scan of the table.
 func TestQueryPlans(t *testing.T) {
 	t.Parallel()
-	db, err := OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

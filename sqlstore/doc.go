@@ -4,7 +4,7 @@
 // statements (queries/NAME.sql) and migrations (migrations/NAME/),
 // embedded in the package.
 //
-//	db, err := sqlstore.OpenSQLite(ctx, "data/idem.db")
+//	db, err := sqlite.Open(ctx, "data/idem.db") // package github.com/idemkit/idem/sqlstore/sqlite
 //	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
 //	defer store.Close() // its prepared statements; db stays open
 //	err = store.Migrate(ctx) // at start-up; idempotent
@@ -391,7 +391,7 @@
 //
 // # SQLite: settings, and how they were chosen
 //
-// [OpenSQLite] opens the file in WAL mode with busy_timeout=10000,
+// [github.com/idemkit/idem/sqlstore/sqlite.Open] opens the file in WAL mode with busy_timeout=10000,
 // _txlock=immediate and synchronous=FULL, and allows the pool a single
 // connection (SetMaxOpenConns(1)).
 //
@@ -471,7 +471,7 @@
 //     waits for the connection its own transaction holds, until its
 //     context ends. Inside a transaction, use the transaction only.
 //   - On SQLite, while a transaction that called CompleteTx is open it
-//     holds the database's write lock (and, under OpenSQLite, its only connection):
+//     holds the database's write lock (and, under sqlite.Open, its only connection):
 //     every other write waits for it. Keep such transactions short.
 //   - SQLite's clock is the clock of the host that runs the statement. The
 //     processes sharing a SQLite file share a host, so they share a clock;

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"os"
 	"path/filepath"
@@ -23,7 +24,7 @@ func Example() {
 	}
 	defer os.RemoveAll(dir)
 
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "idem.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "idem.db"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func ExampleStore_CompleteTx() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "shop.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "shop.db"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func ExampleStore_CompleteTx() {
 	}
 
 	placeOrder := func(ctx context.Context) (idem.Response, error) {
-		tx, err := db.BeginTx(ctx, nil) // IMMEDIATE: OpenSQLite sets _txlock=immediate
+		tx, err := db.BeginTx(ctx, nil) // IMMEDIATE: sqlite.Open sets _txlock=immediate
 		if err != nil {
 			return idem.Response{}, err
 		}
@@ -135,7 +136,7 @@ func ExampleStore_Sweep() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "idem.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "idem.db"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,10 +5,6 @@ import (
 	"fmt"
 )
 
-// SQLiteDSN exposes the DSN of OpenSQLite to the benchmarks that compare
-// connection settings.
-var SQLiteDSN = sqliteDSN
-
 // MigrationNames returns d's migrations as "VERSION_NAME", in order.
 func MigrationNames(d Dialect) []string {
 	var out []string

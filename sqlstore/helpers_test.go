@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"testing"
 
@@ -23,9 +24,9 @@ func setup(t testing.TB) (*sql.DB, *sqlstore.Store) {
 
 func openDB(t testing.TB, path string) *sql.DB {
 	t.Helper()
-	db, err := sqlstore.OpenSQLite(context.Background(), path)
+	db, err := sqlite.Open(context.Background(), path)
 	if err != nil {
-		t.Fatalf("OpenSQLite: %v", err)
+		t.Fatalf("sqlite.Open: %v", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	return db

@@ -131,7 +131,7 @@ func TestCompleteTxUnderLoad(t *testing.T) {
 //
 // The last point holds because Execution.CompleteTx cancels a renewal in
 // progress: on SQLite that renewal waits for the write lock (and, under
-// OpenSQLite, the one connection) that the handler's own transaction
+// sqlite.Open, the one connection) that the handler's own transaction
 // holds. A watchdog that waited for its renewal instead stalled each such
 // handler for Lease/3 with the lock held, and lost 13 to 27 leases of 30
 // in this test (then with a 120 ms lease). Executions that fail are

@@ -22,7 +22,7 @@ import (
 // BenchmarkThroughput: 64 goroutines at once (SetParallelism(64 /
 // GOMAXPROCS)), each operation Acquire on a new key then Complete, against
 // 64 goroutines running a prepared SELECT 1. The servers' pools hold
-// scalePool connections; SQLite keeps OpenSQLite's single connection.
+// scalePool connections; SQLite keeps sqlite.Open's single connection.
 //
 // BenchmarkScale: Acquire on a new key, a replay of a random completed
 // key, and a replay of a recent one (among the last recentKeys written:

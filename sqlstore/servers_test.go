@@ -49,13 +49,13 @@ func forServers(t *testing.T, f func(t *testing.T, srv server)) {
 	forEach(t, servers, f)
 }
 
-// sqlite is SQLite in the shape of a server: setup opens a fresh file in
+// sqliteServer is SQLite in the shape of a server: setup opens a fresh file in
 // the test's temporary directory.
-var sqlite = server{dialect: sqlstore.SQLite, bizTable: `CREATE TABLE IF NOT EXISTS %s (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`}
+var sqliteServer = server{dialect: sqlstore.SQLite, bizTable: `CREATE TABLE IF NOT EXISTS %s (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)`}
 
 // forDialects runs f on SQLite and on each server.
 func forDialects(t *testing.T, f func(t *testing.T, srv server)) {
-	forEach(t, append([]server{sqlite}, servers...), f)
+	forEach(t, append([]server{sqliteServer}, servers...), f)
 }
 
 func forEach(t *testing.T, list []server, f func(t *testing.T, srv server)) {

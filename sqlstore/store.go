@@ -108,13 +108,13 @@ func (s *Store) closed(op string) error {
 // prepared returns q prepared on the Store's database, preparing it on
 // first use. It takes a connection from the pool: never call it while
 // holding a transaction, which may hold the pool's only connection
-// (OpenSQLite), or the write lock the pool's other connections wait for.
+// (sqlite.Open), or the write lock the pool's other connections wait for.
 func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
 	if st := s.cache.stmts[q.id].Load(); st != nil {
 		return st, nil
 	}
 	// No lock is held while preparing: PrepareContext may wait for a
-	// connection (OpenSQLite's only one, held by a transaction whose owner
+	// connection (sqlite.Open's only one, held by a transaction whose owner
 	// waits for this very call to give up, as Execution.CompleteTx does
 	// for a renewal it cancels), and only ctx may end that wait. Callers
 	// racing on a cold statement each prepare it; one is kept.
@@ -475,8 +475,8 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 // Store's cached statements serve the first, and a statement prepared on
 // tx's connection the second. The record stays locked
 // until tx ends (on SQLite, the whole database: tx holds the write lock,
-// and under OpenSQLite the only connection, so every other write waits).
-// Begin tx IMMEDIATE on SQLite ([OpenSQLite] does), or a read in tx
+// and under sqlite.Open the only connection, so every other write waits).
+// Begin tx IMMEDIATE on SQLite ([github.com/idemkit/idem/sqlstore/sqlite.Open] does), or a read in tx
 // before CompleteTx may make the completion fail with "database is
 // locked" when another process wrote in between.
 //

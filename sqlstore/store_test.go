@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"strings"
 	"testing"
 	"time"
@@ -373,9 +374,9 @@ func TestNew(t *testing.T) {
 func TestOpenSQLiteRejects(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{"", ":memory:", "file:x.db", "x.db?mode=ro"} {
-		if db, err := sqlstore.OpenSQLite(t.Context(), p); err == nil {
+		if db, err := sqlite.Open(t.Context(), p); err == nil {
 			db.Close()
-			t.Errorf("OpenSQLite(%q) succeeded", p)
+			t.Errorf("sqlite.Open(%q) succeeded", p)
 		}
 	}
 }

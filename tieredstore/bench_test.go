@@ -41,7 +41,7 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 	// Parallel: many request goroutines at once (GOMAXPROCS × 16). The
-	// truth, on OpenSQLite's single connection, serves them one at a time.
+	// truth, on sqlite.Open's single connection, serves them one at a time.
 	for name, store := range map[string]idem.Store{"cache-parallel": s, "truth-parallel": truth} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()

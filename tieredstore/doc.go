@@ -145,7 +145,7 @@
 //   - On SQLite in the same process, a replay read from the truth is about
 //     as fast as a Redis round trip (see BenchmarkReplay): the cache pays
 //     off with a database across the network, or when the database is busy
-//     with writes (OpenSQLite's single connection serves reads and writes
+//     with writes (sqlite.Open's single connection serves reads and writes
 //     in turn).
 //   - Entries hold whole responses; large bodies take Redis memory for
 //     their retention.

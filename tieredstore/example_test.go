@@ -2,6 +2,7 @@ package tieredstore_test
 
 import (
 	"context"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 
@@ -16,7 +17,7 @@ import (
 // needs a Redis server.)
 func ExampleNew() {
 	ctx := context.Background()
-	db, err := sqlstore.OpenSQLite(ctx, "data/idem.db")
+	db, err := sqlite.Open(ctx, "data/idem.db")
 	if err != nil {
 		log.Fatal(err)
 	}

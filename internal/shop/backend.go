@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"net"
 	"net/url"
 	"os"
@@ -21,7 +22,7 @@ import (
 )
 
 // Pool limits of a server database (PostgreSQL, MySQL). SQLite keeps
-// OpenSQLite's single connection (see sqlstore's doc).
+// sqlite.Open's single connection (see sqlstore's doc).
 const (
 	serverMaxOpenConns    = 16
 	serverMaxIdleConns    = 16
@@ -174,7 +175,7 @@ func (t dbTarget) open(ctx context.Context) (*sql.DB, error) {
 				return nil, fmt.Errorf("data directory: %w", err)
 			}
 		}
-		return sqlstore.OpenSQLite(ctx, t.sqlitePath)
+		return sqlite.Open(ctx, t.sqlitePath)
 	case sqlstore.PostgreSQL:
 		var err error
 		if db, err = sql.Open("pgx", t.pgURL); err != nil {

@@ -3,6 +3,7 @@ package shop_test
 import (
 	"context"
 	"database/sql"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"testing"
 
@@ -39,7 +40,7 @@ func forBackends(t *testing.T, f func(t *testing.T, b backend)) {
 
 func freshSQLite(t *testing.T) (*sql.DB, string) {
 	path := filepath.Join(t.TempDir(), "shop.db")
-	db, err := sqlstore.OpenSQLite(context.Background(), path)
+	db, err := sqlite.Open(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,7 @@
 //
 // -data DIR is short for -db sqlite:DIR/shop.db; giving both is an error.
 // A server database gets a pool of at most 16 connections; SQLite keeps
-// sqlstore.OpenSQLite's single connection. -redis redis://host:port/db
+// sqlite.Open's single connection. -redis redis://host:port/db
 // (go-redis ParseURL syntax; rediss:// for TLS) puts Redis in front of the
 // database (tieredstore): Redis answers replays and in-flight duplicates,
 // the database decides, and a Redis outage only slows requests down.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"io"
 	"net/http"
 	"os"
@@ -19,7 +20,6 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/shop"
-	"github.com/idemkit/idem/sqlstore"
 )
 
 // The test binary doubles as shopd: with SHOPD_CHILD_ARGS set it runs
@@ -180,7 +180,7 @@ func do(t *testing.T, method, url, user, key, body string) reply {
 // countOrders reads the shop's table directly: the effect, not the answers.
 func countOrders(t *testing.T, dataDir, where string, args ...any) int {
 	t.Helper()
-	db, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(dataDir, "shop.db"))
+	db, err := sqlite.Open(context.Background(), filepath.Join(dataDir, "shop.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

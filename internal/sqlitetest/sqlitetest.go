@@ -5,6 +5,7 @@ package sqlitetest
 import (
 	"context"
 	"database/sql"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"testing"
 
@@ -17,9 +18,9 @@ import (
 func Open(t testing.TB, ddl ...string) (*sql.DB, *sqlstore.Store) {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "idem.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
 	if err != nil {
-		t.Fatalf("OpenSQLite: %v", err)
+		t.Fatalf("sqlite.Open: %v", err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
