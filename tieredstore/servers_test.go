@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql" // registers the "mysql" driver
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/sqlstore"

@@ -3,6 +3,10 @@
 // database with a random name, dropped when the test ends. Tests that
 // share idem's tables with other test processes (which sweep them) use it
 // when they need expired records to stay until they read them.
+//
+// It imports the standard library only: the test registers the drivers it
+// names ("pgx" from github.com/jackc/pgx/v5/stdlib, "mysql" from
+// github.com/go-sql-driver/mysql).
 package testdb
 
 import (
@@ -11,11 +15,9 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
 	"github.com/idemkit/idem/internal/testenv"
 )
@@ -46,17 +48,27 @@ func Postgres(t testing.TB) (*sql.DB, string) {
 func MySQL(t testing.TB) (*sql.DB, string) {
 	t.Helper()
 	addr := testenv.MySQL.Need(t)
-	cfg, err := mysql.ParseDSN(addr)
-	if err != nil {
-		t.Fatalf("%s: %v", testenv.MySQL.Var, err)
-	}
 	admin := Open(t, "mysql", addr, testenv.MySQL)
 	name := RandomName("idem_test_")
 	exec(t, admin, "CREATE DATABASE "+name)
 	t.Cleanup(func() { exec(t, admin, "DROP DATABASE "+name) })
-	cfg.DBName = name
-	dsn := cfg.FormatDSN()
+	dsn := WithDatabase(addr, name)
 	return Open(t, "mysql", dsn, testenv.MySQL), dsn
+}
+
+// WithDatabase returns the go-sql-driver DSN dsn with its database
+// replaced by name: the database follows the last '/' before the DSN's
+// parameters ('?' after the address).
+func WithDatabase(dsn, name string) string {
+	base, params := dsn, ""
+	if j := strings.IndexByte(dsn[strings.LastIndexByte(dsn, ')')+1:], '?'); j >= 0 {
+		j += strings.LastIndexByte(dsn, ')') + 1
+		base, params = dsn[:j], dsn[j:]
+	}
+	if i := strings.LastIndexByte(base, '/'); i >= 0 {
+		base = base[:i]
+	}
+	return base + "/" + name + params
 }
 
 // Open opens a pool of at most 8 connections on a database server, closed
