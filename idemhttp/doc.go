@@ -5,7 +5,7 @@
 // a retry with the same key gets the stored response without running the
 // handler again. With store an idem.Store, userID a function that returns
 // the authenticated caller's identity and createOrder the handler to guard
-// (Example_quickStart has the whole program):
+// (sqlstore's Example_quickStart has the whole program):
 //
 //	mw, err := idemhttp.New(&idemhttp.Config{
 //		Store: store,

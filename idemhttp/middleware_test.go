@@ -38,7 +38,7 @@ func TestPassThrough(t *testing.T) {
 			})
 			for range 2 {
 				r := request(method, "/things", "k1", "")
-				w := e.serve(r)
+				w := e.Serve(r)
 				if w.Code != http.StatusOK || seen != r {
 					t.Fatalf("status %d, handler got the same request: %v", w.Code, seen == r)
 				}
@@ -46,18 +46,18 @@ func TestPassThrough(t *testing.T) {
 					t.Fatal("pass-through marked replayed")
 				}
 			}
-			e.wantCalls(2)
-			e.noRecord("", "k1")
+			e.WantCalls(2)
+			e.NoRecord("", "k1")
 		})
 	}
 	t.Run("configured methods", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, &idemhttp.Config{Methods: []string{http.MethodPut}}, nil)
-		e.do(http.MethodPost, "/x", "", "") // POST is no longer covered: no 400
-		e.do(http.MethodPut, "/x", "put-1", `{}`)
-		e.do(http.MethodPut, "/x", "put-1", `{}`)
-		e.wantCalls(2)
-		e.record("", "put-1")
+		e.Do(http.MethodPost, "/x", "", "") // POST is no longer covered: no 400
+		e.Do(http.MethodPut, "/x", "put-1", `{}`)
+		e.Do(http.MethodPut, "/x", "put-1", `{}`)
+		e.WantCalls(2)
+		e.Record("", "put-1")
 	})
 }
 
@@ -66,13 +66,13 @@ func TestMissingKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil, nil)
 	for _, method := range []string{http.MethodPost, http.MethodPatch} {
-		w := e.do(method, "/things", "", `{"a":1}`)
+		w := e.Do(method, "/things", "", `{"a":1}`)
 		p := wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeMissingKey)
 		if !strings.HasSuffix(p.Type, "#missing_key") {
 			t.Errorf("type %q", p.Type)
 		}
 	}
-	e.wantCalls(0)
+	e.WantCalls(0)
 
 	t.Run("KeyOptional", func(t *testing.T) {
 		t.Parallel()
@@ -84,14 +84,14 @@ func TestMissingKey(t *testing.T) {
 			body = string(b)
 			w.WriteHeader(http.StatusCreated)
 		})
-		w := e.do(http.MethodPost, "/things", "", `{"a":1}`)
+		w := e.Do(http.MethodPost, "/things", "", `{"a":1}`)
 		if w.Code != http.StatusCreated || exec != nil || body != `{"a":1}` {
 			t.Fatalf("status %d, execution %v, body %q", w.Code, exec, body)
 		}
 		// A malformed key is still refused.
-		w = e.do(http.MethodPost, "/things", " ", `{"a":1}`)
+		w = e.Do(http.MethodPost, "/things", " ", `{"a":1}`)
 		wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeInvalidKey)
-		e.wantCalls(1)
+		e.WantCalls(1)
 	})
 }
 
@@ -116,9 +116,9 @@ func TestInvalidKey(t *testing.T) {
 			e := setup(t, nil, nil)
 			r := request(http.MethodPost, "/things", "", `{}`)
 			r.Header["Idempotency-Key"] = []string{value}
-			w := e.serve(r)
+			w := e.Serve(r)
 			wantProblem(t, w, http.StatusBadRequest, idemhttp.CodeInvalidKey)
-			e.wantCalls(0)
+			e.WantCalls(0)
 		})
 	}
 	t.Run("two fields", func(t *testing.T) {
@@ -126,33 +126,33 @@ func TestInvalidKey(t *testing.T) {
 		e := setup(t, nil, nil)
 		r := request(http.MethodPost, "/things", "", `{}`)
 		r.Header["Idempotency-Key"] = []string{"a", "b"}
-		wantProblem(t, e.serve(r), http.StatusBadRequest, idemhttp.CodeInvalidKey)
-		e.wantCalls(0)
-		e.noRecord("", "a")
+		wantProblem(t, e.Serve(r), http.StatusBadRequest, idemhttp.CodeInvalidKey)
+		e.WantCalls(0)
+		e.NoRecord("", "a")
 	})
 	t.Run("quoted", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, nil, nil)
-		w := e.do(http.MethodPost, "/things", `"order-\"7\""`, `{}`)
+		w := e.Do(http.MethodPost, "/things", `"order-\"7\""`, `{}`)
 		if w.Code != http.StatusCreated {
 			t.Fatalf("status %d", w.Code)
 		}
-		e.record("", `order-"7"`)
+		e.Record("", `order-"7"`)
 		// The same key, unquoted, is the same key: a replay.
-		w = e.do(http.MethodPost, "/things", `order-"7"`, `{}`)
+		w = e.Do(http.MethodPost, "/things", `order-"7"`, `{}`)
 		if w.Header().Get(idemhttp.HeaderReplayed) != "true" {
 			t.Fatal("unquoted spelling of the key did not replay")
 		}
-		e.wantCalls(1)
+		e.WantCalls(1)
 	})
 	t.Run("255 bytes", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, nil, nil)
 		key := strings.Repeat("k", 255)
-		if w := e.do(http.MethodPost, "/things", key, `{}`); w.Code != http.StatusCreated {
+		if w := e.Do(http.MethodPost, "/things", key, `{}`); w.Code != http.StatusCreated {
 			t.Fatalf("status %d", w.Code)
 		}
-		e.record("", key)
+		e.Record("", key)
 	})
 }
 
@@ -162,7 +162,7 @@ func TestInvalidKey(t *testing.T) {
 func TestFirstAndReplay(t *testing.T) {
 	t.Parallel()
 	e := setup(t, &idemhttp.Config{ReplayHeaders: []string{"x-request-note"}}, nil)
-	first := e.do(http.MethodPost, "/things?b=2&a=1", "key-1", `{"n":1}`)
+	first := e.Do(http.MethodPost, "/things?b=2&a=1", "key-1", `{"n":1}`)
 	if first.Code != http.StatusCreated || first.Body.String() != `{"echo":"{\"n\":1}"}` {
 		t.Fatalf("first: %d %s", first.Code, first.Body)
 	}
@@ -173,7 +173,7 @@ func TestFirstAndReplay(t *testing.T) {
 		t.Errorf("first response has %s: %q", idemhttp.HeaderReplayed, v)
 	}
 
-	rec := e.record("", "key-1")
+	rec := e.Record("", "key-1")
 	if rec.Status != idem.StatusCompleted || rec.Response == nil || rec.Response.StatusCode != http.StatusCreated {
 		t.Fatalf("record %+v", rec)
 	}
@@ -196,7 +196,7 @@ func TestFirstAndReplay(t *testing.T) {
 	}
 
 	for range 3 {
-		replay := e.do(http.MethodPost, "/things?a=1&b=2", "key-1", `{"n":1}`)
+		replay := e.Do(http.MethodPost, "/things?a=1&b=2", "key-1", `{"n":1}`)
 		if replay.Code != first.Code || !bytes.Equal(replay.Body.Bytes(), first.Body.Bytes()) {
 			t.Fatalf("replay: %d %s", replay.Code, replay.Body)
 		}
@@ -212,7 +212,7 @@ func TestFirstAndReplay(t *testing.T) {
 			}
 		}
 	}
-	e.wantCalls(1)
+	e.WantCalls(1)
 }
 
 // Two JSON bodies that differ only in key order and whitespace are the
@@ -220,14 +220,14 @@ func TestFirstAndReplay(t *testing.T) {
 func TestJSONCanonicalReplay(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil, nil)
-	first := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2,"meta":{"z":[1, 2.50],"a":null}}`)
-	second := e.do(http.MethodPost, "/orders", "k", "{\n  \"meta\": {\"a\": null, \"z\": [1,2.50]},\n  \"qty\": 2,\n  \"sku\": \"A-\\u0031\"\n}")
+	first := e.Do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2,"meta":{"z":[1, 2.50],"a":null}}`)
+	second := e.Do(http.MethodPost, "/orders", "k", "{\n  \"meta\": {\"a\": null, \"z\": [1,2.50]},\n  \"qty\": 2,\n  \"sku\": \"A-\\u0031\"\n}")
 	if second.Header().Get(idemhttp.HeaderReplayed) != "true" || second.Body.String() != first.Body.String() {
 		t.Fatalf("not replayed: %d %s", second.Code, second.Body)
 	}
-	e.wantCalls(1)
+	e.WantCalls(1)
 	// A number written differently is a different request.
-	w := e.do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2.0,"meta":{"z":[1,2.50],"a":null}}`)
+	w := e.Do(http.MethodPost, "/orders", "k", `{"sku":"A-1","qty":2.0,"meta":{"z":[1,2.50],"a":null}}`)
 	wantProblem(t, w, http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
 }
 
@@ -249,18 +249,18 @@ func TestJSONAmbiguousNames(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "quantity %d", o.Quantity)
 	})
-	first := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	first := e.Do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
 	if first.Code != http.StatusCreated || first.Body.String() != "quantity 1000" {
 		t.Fatalf("first: %d %q", first.Code, first.Body)
 	}
-	wantProblem(t, e.do(http.MethodPost, "/orders", "k", `{"Quantity":1000,"quantity":1}`),
+	wantProblem(t, e.Do(http.MethodPost, "/orders", "k", `{"Quantity":1000,"quantity":1}`),
 		http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
-	again := e.do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
+	again := e.Do(http.MethodPost, "/orders", "k", `{"quantity":1,"Quantity":1000}`)
 	if again.Header().Get(idemhttp.HeaderReplayed) != "true" || again.Body.String() != "quantity 1000" {
 		t.Fatalf("retry: %d %q", again.Code, again.Body)
 	}
-	e.wantCalls(1)
-	if rec := e.record("", "k"); string(rec.Response.Body) != "quantity 1000" {
+	e.WantCalls(1)
+	if rec := e.Record("", "k"); string(rec.Response.Body) != "quantity 1000" {
 		t.Fatalf("record body %q", rec.Response.Body)
 	}
 }
@@ -269,8 +269,8 @@ func TestJSONAmbiguousNames(t *testing.T) {
 func TestMismatch(t *testing.T) {
 	t.Parallel()
 	e := setup(t, nil, nil)
-	e.do(http.MethodPost, "/things", "k", `{"n":1}`)
-	before := e.record("", "k")
+	e.Do(http.MethodPost, "/things", "k", `{"n":1}`)
+	before := e.Record("", "k")
 	for name, r := range map[string]*http.Request{
 		"body":   request(http.MethodPost, "/things", "k", `{"n":2}`),
 		"path":   request(http.MethodPost, "/other", "k", `{"n":1}`),
@@ -278,11 +278,11 @@ func TestMismatch(t *testing.T) {
 		"method": request(http.MethodPatch, "/things", "k", `{"n":1}`),
 	} {
 		t.Run(name, func(t *testing.T) {
-			wantProblem(t, e.serve(r), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+			wantProblem(t, e.Serve(r), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
 		})
 	}
-	e.wantCalls(1)
-	if after := e.record("", "k"); after.Fingerprint != before.Fingerprint || after.Fence != before.Fence {
+	e.WantCalls(1)
+	if after := e.Record("", "k"); after.Fingerprint != before.Fingerprint || after.Fence != before.Fence {
 		t.Fatalf("record changed: %+v", after)
 	}
 
@@ -297,13 +297,13 @@ func TestMismatch(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+			e.Do(http.MethodPost, "/things", "k", `{"n":1}`)
 		}()
 		<-started
-		wantProblem(t, e.do(http.MethodPost, "/things", "k", `{"n":2}`), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+		wantProblem(t, e.Do(http.MethodPost, "/things", "k", `{"n":2}`), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
 		close(release)
 		<-done
-		e.wantCalls(1)
+		e.WantCalls(1)
 	})
 }
 
@@ -319,10 +319,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 	var wg sync.WaitGroup
 	responses := make([]*httptest.ResponseRecorder, n)
 	for i := range n {
-		wg.Go(func() { responses[i] = e.do(http.MethodPost, "/things", "same", `{"n":1}`) })
+		wg.Go(func() { responses[i] = e.Do(http.MethodPost, "/things", "same", `{"n":1}`) })
 	}
 	wg.Wait()
-	e.wantCalls(1)
+	e.WantCalls(1)
 	var created, processing int
 	for _, w := range responses {
 		switch w.Code {
@@ -354,10 +354,10 @@ func TestWaitReplays(t *testing.T) {
 	var wg sync.WaitGroup
 	responses := make([]*httptest.ResponseRecorder, n)
 	for i := range n {
-		wg.Go(func() { responses[i] = e.do(http.MethodPost, "/things", "same", `{"n":1}`) })
+		wg.Go(func() { responses[i] = e.Do(http.MethodPost, "/things", "same", `{"n":1}`) })
 	}
 	wg.Wait()
-	e.wantCalls(1)
+	e.WantCalls(1)
 	firsts := 0
 	for _, w := range responses {
 		if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` {
@@ -387,16 +387,16 @@ func TestWaitAfterRelease(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	first := make(chan int)
-	go func() { first <- e.do(http.MethodPost, "/things", "k", `{}`).Code }()
+	go func() { first <- e.Do(http.MethodPost, "/things", "k", `{}`).Code }()
 	<-started
-	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	w := e.Do(http.MethodPost, "/things", "k", `{}`)
 	if code := <-first; code != http.StatusServiceUnavailable {
 		t.Fatalf("first: %d", code)
 	}
 	if w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "" {
 		t.Fatalf("waiter: %d, replayed %q", w.Code, w.Header().Get(idemhttp.HeaderReplayed))
 	}
-	e.wantCalls(2)
+	e.WantCalls(2)
 }
 
 // With Wait, a first request that outlasts it still gets the waiter 409.
@@ -410,10 +410,10 @@ func TestWaitTimeout(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	done := make(chan struct{})
-	go func() { defer close(done); e.do(http.MethodPost, "/things", "k", `{}`) }()
+	go func() { defer close(done); e.Do(http.MethodPost, "/things", "k", `{}`) }()
 	<-started
 	begin := time.Now()
-	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	w := e.Do(http.MethodPost, "/things", "k", `{}`)
 	if waited := time.Since(begin); waited < 60*time.Millisecond {
 		t.Errorf("answered after %v, before Wait", waited)
 	}
@@ -423,7 +423,7 @@ func TestWaitTimeout(t *testing.T) {
 	}
 	close(release)
 	<-done
-	e.wantCalls(1)
+	e.WantCalls(1)
 }
 
 // Row: handler answers 5xx, 408, 425 or 429 → released; a retry runs again.
@@ -438,12 +438,12 @@ func TestReleasedStatuses(t *testing.T) {
 				_, _ = io.WriteString(w, "try again")
 			})
 			for i := 1; i <= 2; i++ {
-				w := e.do(http.MethodPost, "/things", "k", `{}`)
+				w := e.Do(http.MethodPost, "/things", "k", `{}`)
 				if w.Code != status || w.Body.String() != "try again" || w.Header().Get("Retry-After") != "3" {
 					t.Fatalf("status %d, body %q, header %v", w.Code, w.Body, w.Header())
 				}
-				e.wantCalls(int64(i))
-				e.noRecord("", "k")
+				e.WantCalls(int64(i))
+				e.NoRecord("", "k")
 			}
 		})
 	}
@@ -455,14 +455,14 @@ func TestReleasePolicyKeeps5xx(t *testing.T) {
 	e := setup(t, &idemhttp.Config{Release: func(s int) bool { return s == 429 }}, func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "boom", http.StatusInternalServerError)
 	})
-	first := e.do(http.MethodPost, "/things", "k", `{}`)
-	replay := e.do(http.MethodPost, "/things", "k", `{}`)
+	first := e.Do(http.MethodPost, "/things", "k", `{}`)
+	replay := e.Do(http.MethodPost, "/things", "k", `{}`)
 	if first.Code != 500 || replay.Code != 500 || replay.Body.String() != first.Body.String() ||
 		replay.Header().Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("first %d %q, replay %d %q", first.Code, first.Body, replay.Code, replay.Body)
 	}
-	e.wantCalls(1)
-	if rec := e.record("", "k"); rec.Response.StatusCode != 500 {
+	e.WantCalls(1)
+	if rec := e.Record("", "k"); rec.Response.StatusCode != 500 {
 		t.Fatalf("record %+v", rec)
 	}
 }
@@ -476,14 +476,14 @@ func Test4xxStored(t *testing.T) {
 			e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
 				idemhttp.WriteProblem(w, status, "OUT_OF_STOCK", "Out of stock", "sku A-1 is sold out")
 			})
-			first := e.do(http.MethodPost, "/things", "k", `{}`)
-			replay := e.do(http.MethodPost, "/things", "k", `{}`)
+			first := e.Do(http.MethodPost, "/things", "k", `{}`)
+			replay := e.Do(http.MethodPost, "/things", "k", `{}`)
 			if first.Code != status || replay.Code != status || replay.Body.String() != first.Body.String() ||
 				replay.Header().Get("Content-Type") != "application/problem+json" {
 				t.Fatalf("first %d, replay %d %v %s", first.Code, replay.Code, replay.Header(), replay.Body)
 			}
-			e.wantCalls(1)
-			if rec := e.record("", "k"); rec.Status != idem.StatusCompleted || rec.Response.StatusCode != status {
+			e.WantCalls(1)
+			if rec := e.Record("", "k"); rec.Status != idem.StatusCompleted || rec.Response.StatusCode != status {
 				t.Fatalf("record %+v", rec)
 			}
 		})
@@ -505,15 +505,15 @@ func TestPanicReleases(t *testing.T) {
 					t.Fatalf("recovered %v, want the handler's panic", v)
 				}
 			}()
-			w := e.do(http.MethodPost, "/things", "k", `{}`)
+			w := e.Do(http.MethodPost, "/things", "k", `{}`)
 			t.Fatalf("no panic; status %d", w.Code)
 		}()
-		e.wantCalls(int64(i))
-		e.noRecord("", "k")
+		e.WantCalls(int64(i))
+		e.NoRecord("", "k")
 	}
 
 	// Through a real server, the client sees the connection fail.
-	srv := httptest.NewUnstartedServer(e.h)
+	srv := httptest.NewUnstartedServer(e.Handler)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.Start()
 	defer srv.Close()
@@ -523,7 +523,7 @@ func TestPanicReleases(t *testing.T) {
 		resp.Body.Close()
 		t.Fatalf("status %d after a panic", resp.StatusCode)
 	}
-	e.noRecord("", "k2")
+	e.NoRecord("", "k2")
 }
 
 // Row: store unreachable → 503 + Retry-After (fail closed); FailOpen runs
@@ -533,15 +533,15 @@ func TestStoreUnavailable(t *testing.T) {
 	store := &flakyStore{Store: memstore.New(nil)}
 	store.acquire.Store(true)
 	e := setup(t, &idemhttp.Config{Store: store}, nil)
-	w := e.do(http.MethodPost, "/things", "k", `{}`)
+	w := e.Do(http.MethodPost, "/things", "k", `{}`)
 	wantProblem(t, w, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
 	if w.Header().Get("Retry-After") == "" {
 		t.Error("no Retry-After")
 	}
-	e.wantCalls(0)
+	e.WantCalls(0)
 
 	// Validation errors stay 400 with the store down.
-	wantProblem(t, e.do(http.MethodPost, "/things", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
+	wantProblem(t, e.Do(http.MethodPost, "/things", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
 
 	t.Run("FailOpen", func(t *testing.T) {
 		t.Parallel()
@@ -553,11 +553,11 @@ func TestStoreUnavailable(t *testing.T) {
 			echoHandler(w, r)
 		})
 		for i := 1; i <= 2; i++ {
-			w := e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+			w := e.Do(http.MethodPost, "/things", "k", `{"n":1}`)
 			if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` || exec != nil {
 				t.Fatalf("status %d %s, execution %v", w.Code, w.Body, exec)
 			}
-			e.wantCalls(int64(i))
+			e.WantCalls(int64(i))
 		}
 	})
 }
@@ -569,41 +569,41 @@ func TestCompleteFails(t *testing.T) {
 	store := &flakyStore{Store: memstore.New(nil)}
 	store.complete.Store(true)
 	e := setup(t, &idemhttp.Config{Store: store}, nil)
-	w := e.do(http.MethodPost, "/things", "k", `{"n":1}`)
+	w := e.Do(http.MethodPost, "/things", "k", `{"n":1}`)
 	if w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"n\":1}"}` {
 		t.Fatalf("status %d %s", w.Code, w.Body)
 	}
-	if rec := e.record("", "k"); rec.Status != idem.StatusProcessing {
+	if rec := e.Record("", "k"); rec.Status != idem.StatusProcessing {
 		t.Fatalf("record %+v", rec)
 	}
-	wantProblem(t, e.do(http.MethodPost, "/things", "k", `{"n":1}`), http.StatusConflict, idemhttp.CodeProcessing)
-	e.wantCalls(1)
+	wantProblem(t, e.Do(http.MethodPost, "/things", "k", `{"n":1}`), http.StatusConflict, idemhttp.CodeProcessing)
+	e.WantCalls(1)
 }
 
 // Row: request body over the limit → 413, before any record.
 func TestBodyTooLarge(t *testing.T) {
 	t.Parallel()
 	e := setup(t, &idemhttp.Config{MaxRequestBody: 10}, nil)
-	w := e.do(http.MethodPost, "/things", "k", `{"a":"123"}`) // 11 bytes
+	w := e.Do(http.MethodPost, "/things", "k", `{"a":"123"}`) // 11 bytes
 	wantProblem(t, w, http.StatusRequestEntityTooLarge, idemhttp.CodeBodyTooLarge)
-	e.noRecord("", "k")
+	e.NoRecord("", "k")
 
 	// Without a Content-Length, too.
 	r := request(http.MethodPost, "/things", "k", "")
 	r.Body = io.NopCloser(strings.NewReader(strings.Repeat("x", 11)))
 	r.ContentLength = -1
-	wantProblem(t, e.serve(r), http.StatusRequestEntityTooLarge, idemhttp.CodeBodyTooLarge)
-	e.noRecord("", "k")
-	e.wantCalls(0)
+	wantProblem(t, e.Serve(r), http.StatusRequestEntityTooLarge, idemhttp.CodeBodyTooLarge)
+	e.NoRecord("", "k")
+	e.WantCalls(0)
 
 	// At the limit it passes, and the handler reads all of it.
 	r = request(http.MethodPost, "/things", "k", "")
 	r.Body = io.NopCloser(strings.NewReader(`{"a":"12"}`))
 	r.ContentLength = -1
-	if w := e.serve(r); w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"a\":\"12\"}"}` {
+	if w := e.Serve(r); w.Code != http.StatusCreated || w.Body.String() != `{"echo":"{\"a\":\"12\"}"}` {
 		t.Fatalf("status %d %s", w.Code, w.Body)
 	}
-	e.wantCalls(1)
+	e.WantCalls(1)
 }
 
 // Row: response too large to keep → the client gets it; the record keeps
@@ -619,16 +619,16 @@ func TestResponseTooLarge(t *testing.T) {
 			_, _ = io.WriteString(w, big[i:min(i+7, len(big))])
 		}
 	})
-	first := e.do(http.MethodPost, "/things", "k", `{}`)
+	first := e.Do(http.MethodPost, "/things", "k", `{}`)
 	if first.Code != http.StatusCreated || first.Body.String() != big {
 		t.Fatalf("first: %d %q", first.Code, first.Body)
 	}
-	rec := e.record("", "k")
+	rec := e.Record("", "k")
 	if rec.Status != idem.StatusCompleted || !rec.Response.BodyOmitted || len(rec.Response.Body) != 0 ||
 		rec.Response.StatusCode != http.StatusCreated || rec.Response.Header["Content-Type"][0] != "text/plain" {
 		t.Fatalf("record response %+v", rec.Response)
 	}
-	replay := e.do(http.MethodPost, "/things", "k", `{}`)
+	replay := e.Do(http.MethodPost, "/things", "k", `{}`)
 	if replay.Code != http.StatusCreated || replay.Body.Len() != 0 ||
 		replay.Header().Get(idemhttp.HeaderBodyOmitted) != "true" ||
 		replay.Header().Get(idemhttp.HeaderReplayed) != "true" ||
@@ -636,7 +636,7 @@ func TestResponseTooLarge(t *testing.T) {
 		replay.Header().Get("Content-Length") != "" {
 		t.Fatalf("replay: %d %v %q", replay.Code, replay.Header(), replay.Body)
 	}
-	e.wantCalls(1)
+	e.WantCalls(1)
 }
 
 // Flush sends what was written and streams the rest; the record keeps the
@@ -658,25 +658,25 @@ func TestFlushStreams(t *testing.T) {
 				_, _ = io.WriteString(w, "data: 2\n\n")
 			})
 			underlying = httptest.NewRecorder()
-			e.h.ServeHTTP(underlying, request(http.MethodPost, "/events", "k", `{}`))
+			e.Handler.ServeHTTP(underlying, request(http.MethodPost, "/events", "k", `{}`))
 			if sawBeforeEnd != "data: 1\n\n" || !underlying.Flushed {
 				t.Fatalf("before the handler returned the client had %q (flushed %v)", sawBeforeEnd, underlying.Flushed)
 			}
 			if underlying.Code != 200 || underlying.Body.String() != "data: 1\n\ndata: 2\n\n" {
 				t.Fatalf("client got %d %q", underlying.Code, underlying.Body)
 			}
-			rec := e.record("", "k")
+			rec := e.Record("", "k")
 			if name == "kept" && (rec.Response.BodyOmitted || string(rec.Response.Body) != "data: 1\n\ndata: 2\n\n") {
 				t.Fatalf("record %+v", rec.Response)
 			}
 			if name == "omitted" && (!rec.Response.BodyOmitted || len(rec.Response.Body) != 0) {
 				t.Fatalf("record %+v", rec.Response)
 			}
-			replay := e.do(http.MethodPost, "/events", "k", `{}`)
+			replay := e.Do(http.MethodPost, "/events", "k", `{}`)
 			if replay.Code != 200 || replay.Header().Get("Content-Type") != "text/event-stream" {
 				t.Fatalf("replay %d %v", replay.Code, replay.Header())
 			}
-			e.wantCalls(1)
+			e.WantCalls(1)
 		})
 	}
 }
@@ -692,7 +692,7 @@ func TestFlushRealServer(t *testing.T) {
 		<-proceed
 		_, _ = io.WriteString(w, "second\n")
 	})
-	srv := httptest.NewServer(e.h)
+	srv := httptest.NewServer(e.Handler)
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/s", nil)
 	req.Header.Set("Idempotency-Key", "k")
@@ -726,7 +726,7 @@ func TestHijack(t *testing.T) {
 		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
 		_ = brw.Flush()
 	})
-	srv := httptest.NewServer(e.h)
+	srv := httptest.NewServer(e.Handler)
 	defer srv.Close()
 	post := func() *http.Response {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/h", strings.NewReader(`{}`))
@@ -745,10 +745,10 @@ func TestHijack(t *testing.T) {
 	}
 	// The handler answered on the connection itself, so the record
 	// completes only after the client has the answer.
-	rec := e.record("", "k")
+	rec := e.Record("", "k")
 	for deadline := time.Now().Add(5 * time.Second); rec.Status != idem.StatusCompleted && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
-		rec = e.record("", "k")
+		rec = e.Record("", "k")
 	}
 	if rec.Status != idem.StatusCompleted || !rec.Response.BodyOmitted || rec.Response.StatusCode != 200 {
 		t.Fatalf("record %+v %+v", rec, rec.Response)
@@ -759,7 +759,7 @@ func TestHijack(t *testing.T) {
 	if resp.StatusCode != 200 || len(body) != 0 || resp.Header.Get(idemhttp.HeaderBodyOmitted) != "true" {
 		t.Fatalf("replay: %d %q %v", resp.StatusCode, body, resp.Header)
 	}
-	e.wantCalls(1)
+	e.WantCalls(1)
 }
 
 // Lease lost: the handler's context is cancelled with cause ErrLeaseLost,
@@ -792,7 +792,7 @@ func TestLeaseLost(t *testing.T) {
 	}{{
 		name: "winner completed",
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			if w := e.do(http.MethodPost, "/things", "k", `{}`); w.Code != http.StatusCreated || w.Body.String() != "second" {
+			if w := e.Do(http.MethodPost, "/things", "k", `{}`); w.Code != http.StatusCreated || w.Body.String() != "second" {
 				t.Errorf("takeover: %d %q", w.Code, w.Body)
 			}
 			return nil
@@ -803,7 +803,7 @@ func TestLeaseLost(t *testing.T) {
 		name: "winner completed, handler completes itself",
 		self: true,
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			e.do(http.MethodPost, "/things", "k", `{}`)
+			e.Do(http.MethodPost, "/things", "k", `{}`)
 			return nil
 		},
 		status: http.StatusCreated, body: "second", replayed: true,
@@ -812,12 +812,12 @@ func TestLeaseLost(t *testing.T) {
 		name: "winner still running",
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
 			done := make(chan *httptest.ResponseRecorder)
-			e.block = make(chan struct{})
-			e.blocked = make(chan struct{})
-			go func() { done <- e.do(http.MethodPost, "/things", "k", `{}`) }()
-			<-e.blocked
+			e.Block = make(chan struct{})
+			e.Blocked = make(chan struct{})
+			go func() { done <- e.Do(http.MethodPost, "/things", "k", `{}`) }()
+			<-e.Blocked
 			return func() {
-				close(e.block)
+				close(e.Block)
 				if w := <-done; w.Code != http.StatusCreated || w.Body.String() != "second" {
 					t.Errorf("takeover: %d %q", w.Code, w.Body)
 				}
@@ -828,7 +828,7 @@ func TestLeaseLost(t *testing.T) {
 	}, {
 		name: "record gone",
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			if err := e.store.Delete(context.Background(), "", "k"); err != nil {
+			if err := e.Store.Delete(context.Background(), "", "k"); err != nil {
 				t.Error(err)
 			}
 			return nil
@@ -838,10 +838,10 @@ func TestLeaseLost(t *testing.T) {
 	}, {
 		name: "key taken by another request",
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			if err := e.store.Delete(context.Background(), "", "k"); err != nil {
+			if err := e.Store.Delete(context.Background(), "", "k"); err != nil {
 				t.Error(err)
 			}
-			if w := e.do(http.MethodPost, "/things", "k", `{"other":1}`); w.Code != http.StatusCreated {
+			if w := e.Do(http.MethodPost, "/things", "k", `{"other":1}`); w.Code != http.StatusCreated {
 				t.Errorf("takeover: %d %q", w.Code, w.Body)
 			}
 			return nil
@@ -852,7 +852,7 @@ func TestLeaseLost(t *testing.T) {
 		name:      "flushed after the lease was lost",
 		flushLate: true,
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			e.do(http.MethodPost, "/things", "k", `{}`)
+			e.Do(http.MethodPost, "/things", "k", `{}`)
 			return nil
 		},
 		status: http.StatusCreated, body: "second", replayed: true,
@@ -861,7 +861,7 @@ func TestLeaseLost(t *testing.T) {
 		name:       "hijacked after the lease was lost",
 		hijackLate: true,
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			e.do(http.MethodPost, "/things", "k", `{}`)
+			e.Do(http.MethodPost, "/things", "k", `{}`)
 			return nil
 		},
 		status: http.StatusCreated, body: "second", replayed: true,
@@ -870,7 +870,7 @@ func TestLeaseLost(t *testing.T) {
 		name:  "response already started",
 		flush: true,
 		before: func(t *testing.T, e *env, clock *fakeClock) func() {
-			e.do(http.MethodPost, "/things", "k", `{}`)
+			e.Do(http.MethodPost, "/things", "k", `{}`)
 			return nil
 		},
 		status: http.StatusCreated, body: "first",
@@ -891,9 +891,9 @@ func TestLeaseLost(t *testing.T) {
 				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			}, func(w http.ResponseWriter, r *http.Request) {
 				if calls.Add(1) > 1 {
-					if e.block != nil {
-						close(e.blocked)
-						<-e.block
+					if e.Block != nil {
+						close(e.Blocked)
+						<-e.Block
 					}
 					w.Header().Set("X-Second", "1")
 					w.WriteHeader(http.StatusCreated)
@@ -940,7 +940,7 @@ func TestLeaseLost(t *testing.T) {
 			go func() {
 				w := httptest.NewRecorder()
 				w.Header().Set("X-Outer", "set around the middleware")
-				e.h.ServeHTTP(w, request(http.MethodPost, "/things", "k", `{}`))
+				e.Handler.ServeHTTP(w, request(http.MethodPost, "/things", "k", `{}`))
 				first <- w
 			}()
 			<-started
@@ -973,7 +973,7 @@ func TestLeaseLost(t *testing.T) {
 			if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), tc.warn) {
 				t.Errorf("log %q, want a warning with %q", logs.String(), tc.warn)
 			}
-			if rec, err := e.store.Get(context.Background(), "", "k"); err == nil && rec.Owner == owner {
+			if rec, err := e.Store.Get(context.Background(), "", "k"); err == nil && rec.Owner == owner {
 				t.Errorf("the stale execution's response was stored: %+v", rec)
 			}
 			if want := cmp.Or(tc.runs, 2); calls.Load() != want {
@@ -1002,7 +1002,7 @@ func TestScope(t *testing.T) {
 		if user != "" {
 			r.Header.Set("X-User", user)
 		}
-		return e.serve(r)
+		return e.Serve(r)
 	}
 	if as("alice").Header().Get(idemhttp.HeaderReplayed) != "" || as("bob").Header().Get(idemhttp.HeaderReplayed) != "" {
 		t.Fatal("one user's key replayed for another")
@@ -1010,10 +1010,10 @@ func TestScope(t *testing.T) {
 	if as("alice").Header().Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatal("no replay within a scope")
 	}
-	e.wantCalls(2)
-	e.record("user:alice", "k")
-	e.record("user:bob", "k")
-	e.noRecord("", "k")
+	e.WantCalls(2)
+	e.Record("user:alice", "k")
+	e.Record("user:bob", "k")
+	e.NoRecord("", "k")
 
 	wantProblem(t, as(""), http.StatusUnauthorized, idemhttp.CodeUnauthenticated)
 	w := as("banned")
@@ -1022,7 +1022,7 @@ func TestScope(t *testing.T) {
 		t.Fatalf("banned: %d %s", w.Code, w.Body)
 	}
 	wantProblem(t, as("bad\x00user"), http.StatusBadRequest, idemhttp.CodeInvalidScope)
-	e.wantCalls(2)
+	e.WantCalls(2)
 }
 
 // The handler sees its execution and a fresh body; the incoming request is
@@ -1044,7 +1044,7 @@ func TestHandlerSeesExecution(t *testing.T) {
 	r.Body = io.NopCloser(strings.NewReader(`{"x":true}`))
 	r.ContentLength = -1
 	origBody, origCtx := r.Body, r.Context()
-	w := e.serve(r)
+	w := e.Serve(r)
 	if w.Code != http.StatusNoContent || lease.Scope != "t1" || lease.Key != "k" || lease.Fence != 1 {
 		t.Fatalf("status %d, lease %+v", w.Code, lease)
 	}
@@ -1068,17 +1068,17 @@ func TestImplicitStatusAndSniffing(t *testing.T) {
 			_, _ = io.WriteString(w, "<html><body>ok</body></html>")
 		}
 	})
-	w := e.do(http.MethodPost, "/empty", "k1", `{}`)
-	replay := e.do(http.MethodPost, "/empty", "k1", `{}`)
+	w := e.Do(http.MethodPost, "/empty", "k1", `{}`)
+	replay := e.Do(http.MethodPost, "/empty", "k1", `{}`)
 	if w.Code != 200 || replay.Code != 200 || replay.Body.Len() != 0 {
 		t.Fatalf("empty: %d, replay %d %q", w.Code, replay.Code, replay.Body)
 	}
-	w = e.do(http.MethodPost, "/html", "k2", `{}`)
-	replay = e.do(http.MethodPost, "/html", "k2", `{}`)
+	w = e.Do(http.MethodPost, "/html", "k2", `{}`)
+	replay = e.Do(http.MethodPost, "/html", "k2", `{}`)
 	if ct := w.Header().Get("Content-Type"); ct != "text/html; charset=utf-8" || replay.Header().Get("Content-Type") != ct {
 		t.Fatalf("first %q, replay %q", ct, replay.Header().Get("Content-Type"))
 	}
-	e.wantCalls(2)
+	e.WantCalls(2)
 }
 
 // Header changes after WriteHeader are ignored, as in net/http.
@@ -1091,8 +1091,8 @@ func TestHeaderAfterWriteHeader(t *testing.T) {
 		w.Header().Set("Location", "/late")
 		_, _ = io.WriteString(w, "accepted")
 	})
-	first := e.do(http.MethodPost, "/x", "k", `{}`)
-	replay := e.do(http.MethodPost, "/x", "k", `{}`)
+	first := e.Do(http.MethodPost, "/x", "k", `{}`)
+	replay := e.Do(http.MethodPost, "/x", "k", `{}`)
 	for _, w := range []*httptest.ResponseRecorder{first, replay} {
 		if w.Code != http.StatusAccepted || w.Header().Get("Content-Type") != "text/plain" || w.Header().Get("Location") != "" {
 			t.Fatalf("%d %v", w.Code, w.Header())
@@ -1138,7 +1138,7 @@ func TestNewRefuses(t *testing.T) {
 func TestWith(t *testing.T) {
 	t.Parallel()
 	base := setup(t, nil, nil)
-	lax, err := base.mw.With(func(c *idemhttp.Config) { c.KeyOptional = true })
+	lax, err := base.Middleware.With(func(c *idemhttp.Config) { c.KeyOptional = true })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1148,8 +1148,8 @@ func TestWith(t *testing.T) {
 	if w.Code != http.StatusCreated {
 		t.Fatalf("derived: %d", w.Code)
 	}
-	wantProblem(t, base.do(http.MethodPost, "/x", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
-	if _, err := base.mw.With(func(c *idemhttp.Config) { c.Wait = -1 }); err == nil {
+	wantProblem(t, base.Do(http.MethodPost, "/x", "", `{}`), http.StatusBadRequest, idemhttp.CodeMissingKey)
+	if _, err := base.Middleware.With(func(c *idemhttp.Config) { c.Wait = -1 }); err == nil {
 		t.Fatal("With accepted a bad config")
 	}
 }
@@ -1159,14 +1159,14 @@ func TestRetention(t *testing.T) {
 	t.Parallel()
 	clock := newFakeClock()
 	e := setup(t, &idemhttp.Config{Store: memstore.New(&memstore.Config{Now: clock.Now}), Retention: time.Hour}, nil)
-	e.do(http.MethodPost, "/x", "k", `{}`)
-	e.do(http.MethodPost, "/x", "k", `{}`)
-	e.wantCalls(1)
+	e.Do(http.MethodPost, "/x", "k", `{}`)
+	e.Do(http.MethodPost, "/x", "k", `{}`)
+	e.WantCalls(1)
 	clock.Advance(time.Hour + time.Second)
-	if w := e.do(http.MethodPost, "/x", "k", `{}`); w.Header().Get(idemhttp.HeaderReplayed) != "" {
+	if w := e.Do(http.MethodPost, "/x", "k", `{}`); w.Header().Get(idemhttp.HeaderReplayed) != "" {
 		t.Fatal("replayed an expired record")
 	}
-	e.wantCalls(2)
+	e.WantCalls(2)
 }
 
 // Informational responses go out at once; trailers reach the client.
@@ -1181,7 +1181,7 @@ func TestEarlyHintsAndTrailers(t *testing.T) {
 		_, _ = io.WriteString(w, "body")
 		w.Header().Set("X-Checksum", "abc")
 	})
-	srv := httptest.NewServer(e.h)
+	srv := httptest.NewServer(e.Handler)
 	defer srv.Close()
 	var hints []int
 	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
@@ -1201,7 +1201,7 @@ func TestEarlyHintsAndTrailers(t *testing.T) {
 	if len(hints) != 1 || hints[0] != http.StatusEarlyHints {
 		t.Fatalf("1xx responses %v", hints)
 	}
-	if rec := e.record("", "k"); rec.Response.StatusCode != http.StatusCreated || string(rec.Response.Body) != "body" {
+	if rec := e.Record("", "k"); rec.Response.StatusCode != http.StatusCreated || string(rec.Response.Body) != "body" {
 		t.Fatalf("record %+v", rec.Response)
 	}
 }
@@ -1228,10 +1228,10 @@ func TestWaitStoreStalls(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		})
 	done := make(chan struct{})
-	go func() { defer close(done); e.do(http.MethodPost, "/things", "k", `{}`) }()
+	go func() { defer close(done); e.Do(http.MethodPost, "/things", "k", `{}`) }()
 	<-started
 	finished := make(chan *httptest.ResponseRecorder)
-	go func() { finished <- e.do(http.MethodPost, "/things", "k", `{}`) }()
+	go func() { finished <- e.Do(http.MethodPost, "/things", "k", `{}`) }()
 	select {
 	case w := <-finished:
 		wantProblem(t, w, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
@@ -1240,5 +1240,5 @@ func TestWaitStoreStalls(t *testing.T) {
 	}
 	close(release)
 	<-done
-	e.wantCalls(1)
+	e.WantCalls(1)
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/httpharness"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -42,8 +43,8 @@ func TestReplayFiltersStoredHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w := e.serve(r)
-	e.wantCalls(0)
+	w := e.Serve(r)
+	e.WantCalls(0)
 	if w.Code != 201 || w.Header().Get(idemhttp.HeaderReplayed) != "true" || w.Body.String() != `{"id":1}` {
 		t.Fatalf("replay = %d %q %q, want the stored 201", w.Code, w.Header(), w.Body)
 	}
@@ -55,4 +56,24 @@ func TestReplayFiltersStoredHeaders(t *testing.T) {
 			t.Errorf("replay sent the stored %s: %q", name, v)
 		}
 	}
+}
+
+// A response a handler stores itself with Complete goes through the same
+// filter as a recorded one: only replayable headers are kept, and a body
+// over MaxResponseBody is omitted. (sqlstore's test of the same name
+// checks the CompleteTx path on SQLite.)
+func TestHandlerCompletionFiltered(t *testing.T) {
+	t.Parallel()
+	t.Run("Complete", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, &idemhttp.Config{MaxResponseBody: 64}, func(w http.ResponseWriter, r *http.Request) {
+			resp := httpharness.UnfilteredResponse()
+			if err := idemhttp.ExecutionFrom(r.Context()).Complete(r.Context(), resp); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			idemhttp.WriteResponse(w, resp)
+		})
+		httpharness.CheckCompletionFiltered(t, e)
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/sqlitetest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"github.com/idemkit/idem/tieredstore"
 )
 
@@ -38,10 +39,27 @@ func newClient(addr string) *redis.Client {
 }
 
 // newTruth opens a fresh, migrated SQLite store in t's temporary
-// directory, with a business table "effects" next to the records.
+// directory, closed when t ends, with a business table "effects" next to
+// the records.
 func newTruth(t testing.TB) (*sql.DB, *sqlstore.Store) {
 	t.Helper()
-	return sqlitetest.Open(t, `CREATE TABLE effects (id INTEGER PRIMARY KEY, key TEXT NOT NULL)`)
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"))
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		t.Fatalf("sqlstore.New: %v", err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (id INTEGER PRIMARY KEY, key TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return db, s
 }
 
 // randomPrefix returns a key prefix no other test or run uses.

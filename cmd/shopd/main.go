@@ -13,7 +13,7 @@
 // second one exits at once with status 1, unless it comes within 250 ms of
 // the first (one stop delivered twice, as timeout(1) does). A signal during
 // startup stops shopd with status 0. SIGPIPE is ignored: a log reader that
-// went away does not end shopd. See internal/shop's Main and Run.
+// went away does not end shopd. See cmd/internal/shop's Main and Run.
 package main
 
 import (
@@ -21,7 +21,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -313,7 +313,7 @@ func problemOf(t *testing.T, rec *httptest.ResponseRecorder) problem {
 
 // Every problem the shop answers has a type that is the address of the
 // section documenting its code: the middleware's codes in
-// idemhttp/PROBLEMS.md, the shop's own in internal/shop/PROBLEMS.md.
+// idemhttp/PROBLEMS.md, the shop's own in cmd/internal/shop/PROBLEMS.md.
 func TestProblemTypesAreDocumented(t *testing.T) {
 	t.Parallel()
 	s, db := newShop(t, sqliteBackend)
@@ -332,8 +332,8 @@ func TestProblemTypesAreDocumented(t *testing.T) {
 	answers["UNHEALTHY"] = serve(s, "GET", "/healthz", nil, "")
 
 	docs := map[string]string{
-		"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#":      "../../idemhttp/PROBLEMS.md",
-		"https://github.com/idemkit/idem/blob/main/internal/shop/PROBLEMS.md#": "PROBLEMS.md",
+		"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#":          "../../../idemhttp/PROBLEMS.md",
+		"https://github.com/idemkit/idem/blob/main/cmd/internal/shop/PROBLEMS.md#": "PROBLEMS.md",
 	}
 	for code, rec := range answers {
 		p := problemOf(t, rec)

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/sqlstore"
 )
 

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and a polling reader.

@@ -1,12 +1,9 @@
-package idemhttp_test
+package redisstore_test
 
 import (
-	"context"
-	"crypto/rand"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,9 +11,11 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/benchpair"
-	"github.com/idemkit/idem/internal/testenv"
-	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/internal/httpharness"
 )
+
+// The idemhttp middleware end to end on the store, with idemhttp's
+// benchmark drivers (internal/httpharness).
 
 // BenchmarkRedis runs the json handler bare and behind the middleware on
 // redisstore (first execution, replay), with a Redis PING in the same
@@ -30,9 +29,9 @@ import (
 // have drifted between them; BenchmarkRedisInterleaved measures the
 // same in one loop.
 //
-//	go test -run '^$' -bench Redis -benchmem -count 3 ./idemhttp/
+//	go test -run '^$' -bench Redis -benchmem -count 3 ./redisstore/
 func BenchmarkRedis(b *testing.B) {
-	c := redisClient(b)
+	c := singleClient(b)
 	mw := func(b *testing.B) http.Handler { return redisMiddleware(b, c) }
 	// The last (longest) run of a sub-benchmark leaves its ns/op here.
 	var pingNS, bareNS float64
@@ -48,7 +47,7 @@ func BenchmarkRedis(b *testing.B) {
 		pingNS = nsPerOp(b)
 	})
 	b.Run("json/bare-post", func(b *testing.B) {
-		benchServe(b, http.HandlerFunc(jsonHandler), http.MethodPost, noKey, 201)
+		httpharness.BenchServe(b, http.HandlerFunc(httpharness.JSONHandler), http.MethodPost, httpharness.NoKey, 201)
 		bareNS = nsPerOp(b)
 	})
 	target := func(b *testing.B, roundTrips float64) {
@@ -57,11 +56,11 @@ func BenchmarkRedis(b *testing.B) {
 		b.ReportMetric(roundTrips*pingNS+float64(20*time.Microsecond)-over, "margin-ns")
 	}
 	b.Run("json/first", func(b *testing.B) {
-		benchServe(b, mw(b), http.MethodPost, newKey, 201)
+		httpharness.BenchServe(b, mw(b), http.MethodPost, httpharness.NewKey, 201)
 		target(b, 2)
 	})
 	b.Run("json/replay", func(b *testing.B) {
-		benchServe(b, mw(b), http.MethodPost, sameKey, 201)
+		httpharness.BenchServe(b, mw(b), http.MethodPost, httpharness.SameKey, 201)
 		target(b, 1)
 	})
 }
@@ -76,14 +75,14 @@ func BenchmarkRedis(b *testing.B) {
 // replay-over-budget-ns: negative means within budget. The benchmark's
 // ns/op and allocs are those of the whole iteration.
 //
-//	go test -run '^$' -bench RedisInterleaved -benchmem -benchtime 2000x -count 3 ./idemhttp/
+//	go test -run '^$' -bench RedisInterleaved -benchmem -benchtime 2000x -count 3 ./redisstore/
 func BenchmarkRedisInterleaved(b *testing.B) {
-	c := redisClient(b)
+	c := singleClient(b)
 	ctx := b.Context()
-	bare := newServe(http.HandlerFunc(jsonHandler), http.MethodPost)
-	first := newServe(redisMiddleware(b, c), http.MethodPost)
-	replay := newServe(redisMiddleware(b, c), http.MethodPost)
-	if w := replay(replayKey); w.Code != 201 {
+	bare := httpharness.NewServe(http.HandlerFunc(httpharness.JSONHandler), http.MethodPost)
+	first := httpharness.NewServe(redisMiddleware(b, c), http.MethodPost)
+	replay := httpharness.NewServe(redisMiddleware(b, c), http.MethodPost)
+	if w := replay(httpharness.ReplayKey); w.Code != 201 {
 		b.Fatalf("priming: status %d: %s", w.Code, w.Body)
 	}
 	check := func(w *httptest.ResponseRecorder) {
@@ -119,56 +118,14 @@ func BenchmarkRedisInterleaved(b *testing.B) {
 	b.ReportMetric(replayNS-(bareNS+pingNS+budget), "replay-over-budget-ns")
 }
 
-// redisClient returns a client of the Redis server, or skips b.
-func redisClient(b *testing.B) *redis.Client {
-	b.Helper()
-	addr := testenv.Redis.Need(b)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	b.Cleanup(func() { _ = c.Close() })
-	if err := c.Ping(b.Context()).Err(); err != nil {
-		testenv.Unavailable(b, testenv.Redis.Name, testenv.Redis.Var, err)
-	}
-	return c
-}
-
-// redisMiddleware returns jsonHandler behind the middleware on a
-// redisstore of c with a prefix of its own, whose keys are deleted when b
-// ends.
+// redisMiddleware returns httpharness.JSONHandler behind the middleware
+// on a redisstore of c with a prefix of its own (newStore), whose keys are
+// deleted when b ends.
 func redisMiddleware(b *testing.B, c *redis.Client) http.Handler {
 	b.Helper()
-	prefix := "idembench-" + strings.ToLower(rand.Text()[:12])
-	s, err := redisstore.New(c, &redisstore.Config{Prefix: prefix})
+	m, err := idemhttp.New(&idemhttp.Config{Store: newStore(b, c, nil)})
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { deleteRedisPrefix(b, c, prefix) })
-	m, err := idemhttp.New(&idemhttp.Config{Store: s})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return m.Handler(http.HandlerFunc(jsonHandler))
-}
-
-// deleteRedisPrefix deletes every key of prefix (never anything else).
-func deleteRedisPrefix(b *testing.B, c *redis.Client, prefix string) {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	p := c.Pipeline()
-	for iter.Next(ctx) {
-		p.Unlink(ctx, iter.Val())
-		if p.Len() >= 1000 {
-			if _, err := p.Exec(ctx); err != nil {
-				b.Errorf("cleanup: %v", err)
-				return
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		b.Errorf("cleanup: SCAN %s:*: %v", prefix, err)
-	}
-	if _, err := p.Exec(ctx); err != nil {
-		b.Errorf("cleanup: %v", err)
-	}
+	return m.Handler(http.HandlerFunc(httpharness.JSONHandler))
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/sqlstore"
 )
 

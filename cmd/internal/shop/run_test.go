@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 )
 
 // Bad flag values are refused before anything starts: no listener, no

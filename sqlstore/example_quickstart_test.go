@@ -1,11 +1,10 @@
-package idemhttp_test
+package sqlstore_test
 
 import (
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // The README's quick start, from "var ordersPlaced" to the end of newMux.

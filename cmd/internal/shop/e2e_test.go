@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/shop"
+	"github.com/idemkit/idem/cmd/internal/shop"
 )
 
 // The test binary doubles as shopd: with SHOPD_CHILD_ARGS set it runs

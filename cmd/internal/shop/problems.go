@@ -22,7 +22,7 @@ const (
 // problemTypeBase + lower-case code is the "type" URI of the shop's own
 // problems, in the scheme of idemhttp's: the section of PROBLEMS.md that
 // says what the code means and what to do.
-const problemTypeBase = "https://github.com/idemkit/idem/blob/main/internal/shop/PROBLEMS.md#"
+const problemTypeBase = "https://github.com/idemkit/idem/blob/main/cmd/internal/shop/PROBLEMS.md#"
 
 // problem is an RFC 9457 answer, its members in idemhttp's order.
 type problem struct {
