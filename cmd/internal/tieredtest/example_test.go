@@ -1,4 +1,4 @@
-package tieredstore_test
+package tieredtest_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 // Redis in front of SQLite, behind the HTTP middleware. (Not run: it
 // needs a Redis server.)
-func ExampleNew() {
+func Example() {
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, "data/idem.db")
 	if err != nil {
