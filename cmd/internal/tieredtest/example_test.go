@@ -2,7 +2,6 @@ package tieredtest_test
 
 import (
 	"context"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 
@@ -10,11 +9,12 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"github.com/idemkit/idem/tieredstore"
 )
 
-// Redis in front of SQLite, behind the HTTP middleware. (Not run: it
-// needs a Redis server.)
+// Redis in front of SQLite, behind the HTTP middleware: tieredstore.New
+// over a sqlstore truth. (Not run: it needs a Redis server.)
 func Example() {
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, "data/idem.db")
