@@ -371,7 +371,7 @@ func TestNew(t *testing.T) {
 	}
 }
 
-func TestOpenSQLiteRejects(t *testing.T) {
+func TestSQLiteOpenRejects(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{"", ":memory:", "file:x.db", "x.db?mode=ro"} {
 		if db, err := sqlite.Open(t.Context(), p); err == nil {

@@ -1,4 +1,4 @@
-package tieredstore_test
+package tieredtest_test
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 // 64 goroutines running SELECT 1 on PostgreSQL and PING on Redis, in the
 // same run. The PostgreSQL pool holds 32 connections, Redis' 64.
 //
-//	go test -run '^$' -bench Throughput -benchmem -benchtime 1s -count 3 ./tieredstore/
+//	go test -run '^$' -bench Throughput -benchmem -benchtime 1s -count 3 ./cmd/internal/tieredtest/
 func BenchmarkThroughput(b *testing.B) {
 	c := redisClient(b)
 	db, truth := postgresTruth(b)

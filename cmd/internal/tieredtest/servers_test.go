@@ -1,4 +1,4 @@
-package tieredstore_test
+package tieredtest_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package tieredstore_test
+package tieredtest_test
 
 import (
 	"context"
@@ -134,7 +134,7 @@ func BenchmarkReplayUnderWrites(b *testing.B) {
 // by the cache and the same replay answered by a PostgreSQL truth alone,
 // next to a Redis PING and a prepared SELECT 1 on that PostgreSQL:
 //
-//	go test -run '^$' -bench VsRoundTrip -benchmem -benchtime 3000x -count 5 ./tieredstore/
+//	go test -run '^$' -bench VsRoundTrip -benchmem -benchtime 3000x -count 5 ./cmd/internal/tieredtest/
 func BenchmarkVsRoundTrip(b *testing.B) {
 	c := redisClient(b)
 	db, truth := postgresTruth(b)

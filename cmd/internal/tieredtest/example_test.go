@@ -1,8 +1,7 @@
-package tieredstore_test
+package tieredtest_test
 
 import (
 	"context"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"net/http"
 
@@ -10,12 +9,13 @@ import (
 
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 	"github.com/idemkit/idem/tieredstore"
 )
 
-// Redis in front of SQLite, behind the HTTP middleware. (Not run: it
-// needs a Redis server.)
-func ExampleNew() {
+// Redis in front of SQLite, behind the HTTP middleware: tieredstore.New
+// over a sqlstore truth. (Not run: it needs a Redis server.)
+func Example() {
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, "data/idem.db")
 	if err != nil {
