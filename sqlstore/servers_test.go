@@ -98,9 +98,10 @@ func (srv server) open(t testing.TB, addr string) *sql.DB {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	// Below PostgreSQL's default of 100 connections even with the 4
-	// processes of TestMultiProcess and the parallel tests.
+	// processes of TestMultiProcess, the parallel tests and the other test
+	// packages that run at the same time: a pool keeps at most 2 idle.
 	db.SetMaxOpenConns(10)
-	db.SetMaxIdleConns(10)
+	db.SetMaxIdleConns(2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {

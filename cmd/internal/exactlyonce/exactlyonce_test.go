@@ -37,8 +37,9 @@ const (
 	childVar   = "IDEM_EXACTLYONCE_CHILD"
 	// poolSize bounds each process's connections to each database, as a
 	// production pool would: 4 × 50 goroutines would otherwise exceed the
-	// servers' connection limits.
-	poolSize = 16
+	// servers' connection limits, and the other test packages that run
+	// at the same time need their share of PostgreSQL's 100.
+	poolSize = 8
 )
 
 // outcome is what one request's client saw.
