@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"flag"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/idemkit/idem/internal/benchpair"
 	"github.com/idemkit/idem/internal/throughput"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // The single-goroutine benchmarks measure one call, on SQLite (a file

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"strings"
 	"testing"
 	"testing/fstest"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 func TestParseStatements(t *testing.T) {

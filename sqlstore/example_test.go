@@ -3,7 +3,6 @@ package sqlstore_test
 import (
 	"context"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"log"
 	"os"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // A Store on a SQLite file: open it, migrate it, and guard an effect with

@@ -3,11 +3,11 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"testing"
 
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // setup opens a fresh, migrated SQLite database in t's temporary

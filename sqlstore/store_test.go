@@ -6,13 +6,13 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // These tests pin each outcome directly; storetest.Run pins the whole

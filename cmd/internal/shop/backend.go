@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"net"
 	"net/url"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // Pool limits of a server database (PostgreSQL, MySQL). SQLite keeps

@@ -3,12 +3,12 @@ package shop_test
 import (
 	"context"
 	"database/sql"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"path/filepath"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // A backend is a database the shop runs on in tests. fresh returns an

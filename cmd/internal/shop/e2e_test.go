@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/idemkit/idem/sqlstore/sqlite"
 	"io"
 	"net/http"
 	"os"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // The test binary doubles as shopd: with SHOPD_CHILD_ARGS set it runs
