@@ -17,7 +17,25 @@ const (
 	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED" // 405
 	CodeInternal         = "INTERNAL"           // 500
 	CodeUnhealthy        = "UNHEALTHY"          // 503
+	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
+	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
+	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
 )
+
+// shopCodes are the codes whose problem type is the shop's own.
+var shopCodes = map[string]bool{
+	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
+	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+}
+
+// problemError is a refusal the shop answers with a problem: the business
+// rules' answers (out of stock, not payable, ...).
+type problemError struct {
+	status             int
+	code, title, detail string
+}
+
+func (e *problemError) Error() string { return e.code + ": " + e.detail }
 
 // problemTypeBase + lower-case code is the "type" URI of the shop's own
 // problems, in the scheme of idemhttp's: the section of PROBLEMS.md that
@@ -37,9 +55,7 @@ type problem struct {
 // get their type here; any other code is idemhttp's, and idemhttp writes it
 // with its own type.
 func writeProblem(w http.ResponseWriter, status int, code, title, detail string) {
-	switch code {
-	case CodeNotFound, CodeMethodNotAllowed, CodeInternal, CodeUnhealthy:
-	default:
+	if !shopCodes[code] {
 		idemhttp.WriteProblem(w, status, code, title, detail)
 		return
 	}

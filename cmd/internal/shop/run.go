@@ -138,6 +138,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"mysql://user:pass@host:port/db or mysql:DSN (a go-sql-driver DSN) (default sqlite:DATA/shop.db)")
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
+	catalogFlag := fs.String("catalog", "", "JSON file of the catalogue a fresh database starts with (default: SKU-1, BOOK-1 and coupon 1)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -215,6 +216,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else if set["redis"] {
 		return errors.New("shopd: -redis must not be empty (leave it out to run without Redis)")
 	}
+	catalog := DefaultCatalog()
+	if set["catalog"] {
+		if *catalogFlag == "" {
+			return errors.New("shopd: -catalog must name a JSON file (leave it out for the default catalogue)")
+		}
+		if catalog, err = ReadCatalog(*catalogFlag); err != nil {
+			return fmt.Errorf("shopd: %w", err)
+		}
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	// Listen before touching any data: an address in use or nonsense ends
@@ -251,6 +261,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return stopped(fmt.Errorf("shopd: migrate idempotency store: %w", err))
 	}
 	if err := Migrate(ctx, db, target.dialect); err != nil {
+		return stopped(fmt.Errorf("shopd: %w", err))
+	}
+	if err := Seed(ctx, db, target.dialect, catalog); err != nil {
+		if errors.Is(err, ErrCatalogMismatch) {
+			return fmt.Errorf("shopd: -catalog: %w", err)
+		}
 		return stopped(fmt.Errorf("shopd: %w", err))
 	}
 	var store idem.Store = sqlStore

@@ -53,13 +53,30 @@ type Shop struct {
 // queries are the shop's statements in its database's placeholder style.
 type queries struct {
 	insertOrder, getOrder, listOrders string
+	reserveStock, productPrice, productExists, listProducts string
+	useClaim, couponDiscount                                string
 }
+
+// orderColumns are the columns scanOrder reads, in its order.
+const orderColumns = `order_no, user_id, sku, quantity, amount_cents, coupon_id, status, version, created_at`
 
 func newQueries(d sqlstore.Dialect) queries {
 	return queries{
-		insertOrder: rebind(d, `INSERT INTO shop_orders (order_no, user_id, sku, quantity, status, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-		getOrder:    rebind(d, `SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE order_no = ? AND user_id = ?`),
-		listOrders:  rebind(d, `SELECT order_no, user_id, sku, quantity, status, created_at FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`),
+		insertOrder: rebind(d, `INSERT INTO shop_orders (order_no, user_id, sku, quantity, amount_cents, coupon_id, reserved_qty, status, version, created_at, created_ms, updated_ms)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)`),
+		getOrder:   rebind(d, `SELECT `+orderColumns+` FROM shop_orders WHERE order_no = ? AND user_id = ?`),
+		listOrders: rebind(d, `SELECT `+orderColumns+` FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`),
+		// One conditional update reserves the stock: it never goes below 0
+		// however many orders race for the last items.
+		reserveStock:  rebind(d, `UPDATE shop_products SET stock = stock - ? WHERE sku = ? AND stock >= ?`),
+		productPrice:  rebind(d, `SELECT price_cents FROM shop_products WHERE sku = ?`),
+		productExists: rebind(d, `SELECT 1 FROM shop_products WHERE sku = ?`),
+		listProducts:  `SELECT sku, name, price_cents, stock FROM shop_products ORDER BY sku`,
+		// A claim is used once: UNUSED → USED in one conditional update,
+		// inside the order's transaction.
+		useClaim: rebind(d, `UPDATE shop_coupon_claims SET status = 'USED', order_no = ?, version = version + 1
+			WHERE user_id = ? AND coupon_id = ? AND status = 'UNUSED'`),
+		couponDiscount: rebind(d, `SELECT discount_cents FROM shop_coupons WHERE id = ?`),
 	}
 }
 
@@ -95,6 +112,7 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("POST /orders", s.authenticated(idm.Handler(http.HandlerFunc(s.createOrder))))
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	mux.HandleFunc("GET /products", s.listProducts)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -106,16 +124,27 @@ func (s *Shop) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.Ser
 
 // Order is an order as the API shows it.
 type Order struct {
-	OrderNo   string `json:"order_no"`
-	UserID    int64  `json:"user_id"`
-	SKU       string `json:"sku"`
-	Quantity  int    `json:"quantity"`
+	OrderNo     string `json:"order_no"`
+	UserID      int64  `json:"user_id"`
+	SKU         string `json:"sku"`
+	Quantity    int    `json:"quantity"`
+	AmountCents int64  `json:"amount_cents"`
+	// CouponID is the coupon the order used, if any.
+	CouponID  int64  `json:"coupon_id,omitempty"`
 	Status    string `json:"status"`
+	Version   int64  `json:"version"`
 	CreatedAt string `json:"created_at"`
 }
 
-// Order statuses.
-const StatusWaitPay = "WAIT_PAY"
+// Order statuses: an order waits for its payment, then is paid (and may
+// be refunded), or is cancelled by its owner or closed unpaid by the shop.
+const (
+	StatusWaitPay   = "WAIT_PAY"
+	StatusPaid      = "PAID"
+	StatusCancelled = "CANCELLED"
+	StatusClosed    = "CLOSED"
+	StatusRefunded  = "REFUNDED"
+)
 
 // Limits of an order request.
 const (
@@ -172,36 +201,59 @@ func (s *Shop) authenticated(next http.Handler) http.Handler {
 	})
 }
 
+// orderRequest is what POST /orders and POST /checkout ask for.
+type orderRequest struct {
+	SKU      string
+	Quantity int
+	// CouponID is the coupon to use, 0 for none.
+	CouponID int64
+}
+
 // parseCreateOrder reads the body of POST /orders: one JSON object with
-// the members "sku" (a string) and "quantity" (an integer), each exactly
-// once, spelled exactly so. encoding/json alone would accept "SKU" or
+// the members "sku" (a string), "quantity" (an integer) and optionally
+// "coupon_id" (a positive integer, or null for none), each exactly once,
+// spelled exactly so. encoding/json alone would accept "SKU" or
 // "Quantity" (it matches names case-insensitively) and let the last of two
 // equal names win, so a body could be read as another order than the one
 // it seems to ask for; such bodies are refused as ambiguous.
-func parseCreateOrder(body []byte) (sku string, qty int, err error) {
-	const shape = `body must be a JSON object {"sku": string, "quantity": integer}`
-	members, err := strictObject(body, "sku", "quantity")
+func parseCreateOrder(body []byte) (orderRequest, error) {
+	const shape = `body must be a JSON object {"sku": string, "quantity": integer, "coupon_id": integer (optional)}`
+	members, err := strictObject(body, "sku", "quantity", "coupon_id")
 	if err != nil {
-		return "", 0, fmt.Errorf("%s: %v", shape, err)
+		return orderRequest{}, fmt.Errorf("%s: %v", shape, err)
 	}
+	var req orderRequest
 	rawSKU, ok := members["sku"]
 	if !ok {
-		return "", 0, errors.New("sku is required")
+		return orderRequest{}, errors.New("sku is required")
 	}
-	if string(rawSKU) == "null" || json.Unmarshal(rawSKU, &sku) != nil {
-		return "", 0, errors.New("sku must be a string")
+	if string(rawSKU) == "null" || json.Unmarshal(rawSKU, &req.SKU) != nil {
+		return orderRequest{}, errors.New("sku must be a string")
 	}
-	if len(sku) == 0 || len(sku) > maxSKULen || !skuPattern.MatchString(sku) {
-		return "", 0, fmt.Errorf("sku must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", maxSKULen)
+	if err := checkSKU(req.SKU); err != nil {
+		return orderRequest{}, err
 	}
 	rawQty, ok := members["quantity"]
 	if !ok {
-		return "", 0, errors.New("quantity is required")
+		return orderRequest{}, errors.New("quantity is required")
 	}
-	if string(rawQty) == "null" || json.Unmarshal(rawQty, &qty) != nil || qty < 1 || qty > MaxQuantity {
-		return "", 0, fmt.Errorf("quantity must be an integer from 1 to %d", MaxQuantity)
+	if string(rawQty) == "null" || json.Unmarshal(rawQty, &req.Quantity) != nil || req.Quantity < 1 || req.Quantity > MaxQuantity {
+		return orderRequest{}, fmt.Errorf("quantity must be an integer from 1 to %d", MaxQuantity)
 	}
-	return sku, qty, nil
+	if raw, ok := members["coupon_id"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &req.CouponID) != nil || req.CouponID < 1 {
+			return orderRequest{}, errors.New("coupon_id must be a positive integer (or null for none)")
+		}
+	}
+	return req, nil
+}
+
+// checkSKU checks a SKU's syntax.
+func checkSKU(sku string) error {
+	if len(sku) == 0 || len(sku) > maxSKULen || !skuPattern.MatchString(sku) {
+		return fmt.Errorf("sku must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit", maxSKULen)
+	}
+	return nil
 }
 
 // strictObject decodes body, which must hold exactly one JSON object, into
@@ -278,18 +330,21 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
 		return
 	}
-	sku, qty, err := parseCreateOrder(body)
+	req, err := parseCreateOrder(body)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
 		return
 	}
-	order := Order{
-		OrderNo:   newOrderNo(),
-		UserID:    userFrom(ctx),
-		SKU:       sku,
-		Quantity:  qty,
-		Status:    StatusWaitPay,
-		CreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		s.fail(w, r, "begin", err)
+		return
+	}
+	defer tx.Rollback()
+	order, err := s.placeOrder(ctx, tx, userFrom(ctx), req)
+	if err != nil {
+		s.answerError(w, r, "place order", err)
+		return
 	}
 	resp, err := idemhttp.JSONResponse(http.StatusCreated, order)
 	if err != nil {
@@ -297,18 +352,6 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp.Header["Location"] = []string{"/orders/" + order.OrderNo}
-
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		s.fail(w, r, "begin", err)
-		return
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, s.q.insertOrder,
-		order.OrderNo, order.UserID, order.SKU, order.Quantity, order.Status, order.CreatedAt); err != nil {
-		s.fail(w, r, "insert order", err)
-		return
-	}
 	// The stored response commits with the order, or neither does.
 	if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
 		if err := exec.CompleteTx(ctx, tx, resp); err != nil {
@@ -330,6 +373,108 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 	idemhttp.WriteResponse(w, resp)
 }
 
+// placeOrder creates an order of req for user in tx: it reserves the
+// stock with one conditional update (never below 0, however many orders
+// race for the last items), uses the coupon's claim if req names one
+// (UNUSED → USED, once), and inserts the order, WAIT_PAY, for price ×
+// quantity minus the coupon's discount (not below 0). A refusal is a
+// *problemError: UNKNOWN_SKU, OUT_OF_STOCK, COUPON_NOT_USABLE.
+func (s *Shop) placeOrder(ctx context.Context, tx *sql.Tx, user int64, req orderRequest) (Order, error) {
+	now := time.Now().UTC()
+	order := Order{
+		OrderNo:   newOrderNo(),
+		UserID:    user,
+		SKU:       req.SKU,
+		Quantity:  req.Quantity,
+		CouponID:  req.CouponID,
+		Status:    StatusWaitPay,
+		Version:   1,
+		CreatedAt: now.Format(time.RFC3339Nano),
+	}
+	res, err := tx.ExecContext(ctx, s.q.reserveStock, req.Quantity, req.SKU, req.Quantity)
+	if err != nil {
+		return Order{}, fmt.Errorf("reserve stock: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return Order{}, fmt.Errorf("reserve stock: %w", err)
+	} else if n == 0 {
+		var one int
+		switch err := tx.QueryRowContext(ctx, s.q.productExists, req.SKU).Scan(&one); {
+		case errors.Is(err, sql.ErrNoRows):
+			return Order{}, &problemError{http.StatusBadRequest, CodeUnknownSKU, "Unknown SKU", fmt.Sprintf("no product has the sku %q; GET /products lists them", req.SKU)}
+		case err != nil:
+			return Order{}, fmt.Errorf("read product: %w", err)
+		}
+		return Order{}, &problemError{http.StatusConflict, CodeOutOfStock, "Out of stock", fmt.Sprintf("fewer than %d of %s are left", req.Quantity, req.SKU)}
+	}
+	var price int64
+	if err := tx.QueryRowContext(ctx, s.q.productPrice, req.SKU).Scan(&price); err != nil {
+		return Order{}, fmt.Errorf("read price: %w", err)
+	}
+	amount := price * int64(req.Quantity)
+	var coupon sql.NullInt64
+	if req.CouponID != 0 {
+		res, err := tx.ExecContext(ctx, s.q.useClaim, order.OrderNo, user, req.CouponID)
+		if err != nil {
+			return Order{}, fmt.Errorf("use coupon: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return Order{}, fmt.Errorf("use coupon: %w", err)
+		} else if n == 0 {
+			return Order{}, &problemError{http.StatusConflict, CodeCouponNotUsable, "Coupon not usable",
+				fmt.Sprintf("you have no unused claim of coupon %d (claim it with POST /coupons/%d/claim; a claim is used by one order)", req.CouponID, req.CouponID)}
+		}
+		var discount int64
+		if err := tx.QueryRowContext(ctx, s.q.couponDiscount, req.CouponID).Scan(&discount); err != nil {
+			return Order{}, fmt.Errorf("read coupon: %w", err)
+		}
+		amount = max(0, amount-discount)
+		coupon = sql.NullInt64{Int64: req.CouponID, Valid: true}
+	}
+	order.AmountCents = amount
+	ms := now.UnixMilli()
+	if _, err := tx.ExecContext(ctx, s.q.insertOrder,
+		order.OrderNo, order.UserID, order.SKU, order.Quantity, order.AmountCents, coupon, order.Quantity,
+		order.Status, order.CreatedAt, ms, ms); err != nil {
+		return Order{}, fmt.Errorf("insert order: %w", err)
+	}
+	return order, nil
+}
+
+// scanOrder reads a row of orderColumns.
+func scanOrder(row interface{ Scan(...any) error }) (Order, error) {
+	var o Order
+	var coupon sql.NullInt64
+	err := row.Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.AmountCents, &coupon, &o.Status, &o.Version, &o.CreatedAt)
+	o.CouponID = coupon.Int64
+	return o, err
+}
+
+func (s *Shop) listProducts(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(ctx, s.q.listProducts)
+	if err != nil {
+		s.readFailed(ctx, w, r, "list products", err)
+		return
+	}
+	defer rows.Close()
+	products := []Product{}
+	for rows.Next() {
+		var p Product
+		if err := rows.Scan(&p.SKU, &p.Name, &p.PriceCents, &p.Stock); err != nil {
+			s.readFailed(ctx, w, r, "list products", err)
+			return
+		}
+		products = append(products, p)
+	}
+	if err := rows.Err(); err != nil {
+		s.readFailed(ctx, w, r, "list products", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, products)
+}
+
 func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	no := r.PathValue("order_no")
 	if !orderNoPattern.MatchString(no) {
@@ -340,9 +485,7 @@ func (s *Shop) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), readQueryTimeout)
 	defer cancel()
-	var o Order
-	err := s.db.QueryRowContext(ctx, s.q.getOrder,
-		no, userFrom(r.Context())).Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt)
+	o, err := scanOrder(s.db.QueryRowContext(ctx, s.q.getOrder, no, userFrom(r.Context())))
 	if errors.Is(err, sql.ErrNoRows) {
 		writeProblem(w, http.StatusNotFound, CodeNotFound, "Not found", "no such order")
 		return
@@ -382,8 +525,8 @@ func (s *Shop) listOrders(w http.ResponseWriter, r *http.Request) {
 	defer rows.Close()
 	orders := []Order{}
 	for rows.Next() {
-		var o Order
-		if err := rows.Scan(&o.OrderNo, &o.UserID, &o.SKU, &o.Quantity, &o.Status, &o.CreatedAt); err != nil {
+		o, err := scanOrder(rows)
+		if err != nil {
 			s.readFailed(ctx, w, r, "list orders", err)
 			return
 		}
@@ -433,7 +576,7 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case p == "/orders":
 		allow = "GET, POST"
-	case p == "/healthz":
+	case p == "/healthz", p == "/products":
 		allow = "GET"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
@@ -479,4 +622,15 @@ func newOrderNo() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return "ord_" + hex.EncodeToString(b[:])
+}
+
+// answerError answers err: a *problemError with its problem, anything else
+// as a failure (500).
+func (s *Shop) answerError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	var pe *problemError
+	if errors.As(err, &pe) {
+		writeProblem(w, pe.status, pe.code, pe.title, pe.detail)
+		return
+	}
+	s.fail(w, r, what, err)
 }
