@@ -31,7 +31,7 @@ var shopCodes = map[string]bool{
 // problemError is a refusal the shop answers with a problem: the business
 // rules' answers (out of stock, not payable, ...).
 type problemError struct {
-	status             int
+	status              int
 	code, title, detail string
 }
 

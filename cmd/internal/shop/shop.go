@@ -52,7 +52,7 @@ type Shop struct {
 
 // queries are the shop's statements in its database's placeholder style.
 type queries struct {
-	insertOrder, getOrder, listOrders string
+	insertOrder, getOrder, listOrders                       string
 	reserveStock, productPrice, productExists, listProducts string
 	useClaim, couponDiscount                                string
 }
