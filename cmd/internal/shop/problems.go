@@ -20,12 +20,16 @@ const (
 	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
 	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
 	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
+	// Submit tokens (POST /orders with Submit-Token).
+	CodeInvalidToken        = "INVALID_TOKEN"        // 400
+	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
 var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+	CodeInvalidToken: true, CodeDuplicateSubmission: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business
