@@ -342,7 +342,7 @@ func TestProductsStockAndAmounts(t *testing.T) {
 			t.Fatalf("order of 2 SKU-1: %d %+v, want 201 amount %d", status, o, 2*1299)
 		}
 		var amount, reserved int64
-		if err := db.QueryRow(`SELECT amount_cents, reserved_qty FROM shop_orders WHERE order_no = '` + o.OrderNo + `'`).Scan(&amount, &reserved); err != nil || amount != 2*1299 || reserved != 2 {
+		if err := db.QueryRow(`SELECT amount_cents, reserved_qty FROM shop_orders WHERE order_no = '`+o.OrderNo+`'`).Scan(&amount, &reserved); err != nil || amount != 2*1299 || reserved != 2 {
 			t.Fatalf("order row: amount %d reserved %d (%v), want %d and 2", amount, reserved, err, 2*1299)
 		}
 		if got := stockOf(t, db, b.dialect, "SKU-1"); got != 98 {
