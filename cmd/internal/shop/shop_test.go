@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,11 +46,20 @@ func newShopWith(t *testing.T, b backend, c shop.Catalog) (*shop.Shop, *sql.DB) 
 	if err := shop.Seed(ctx, db, b.dialect, c); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store})
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, db
+}
+
+// testLogger is the shops' logger in tests: the errors they log, on stderr,
+// when SHOP_TEST_LOG is set (nil, a discarding logger, otherwise).
+func testLogger() *slog.Logger {
+	if os.Getenv("SHOP_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 }
 
 func serve(s http.Handler, method, target string, header map[string]string, body string) *httptest.ResponseRecorder {
