@@ -28,29 +28,36 @@ func newShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 // seeded with c.
 func newShopWith(t *testing.T, b backend, c shop.Catalog) (*shop.Shop, *sql.DB) {
 	t.Helper()
-	ctx := context.Background()
 	db, _ := b.fresh(t)
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: b.dialect})
+	return shopOn(t, db, b.dialect, c), db
+}
+
+// shopOn migrates db (twice: migrating is idempotent), seeds it with c and
+// returns a shop over it.
+func shopOn(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog) *shop.Shop {
+	t.Helper()
+	ctx := context.Background()
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
+	if err := shop.Migrate(ctx, db, d); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
+	if err := shop.Migrate(ctx, db, d); err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
-	if err := shop.Seed(ctx, db, b.dialect, c); err != nil {
+	if err := shop.Seed(ctx, db, d, c); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Logger: testLogger()})
+	s, err := shop.New(shop.Config{DB: db, Dialect: d, Store: store, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, db
+	return s
 }
 
 // testLogger is the shops' logger in tests: the errors they log, on stderr,
@@ -218,6 +225,11 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"GET", "/orders/a/b", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/", 404, "NOT_FOUND", ""},
 		{"POST", "/orders/", 404, "NOT_FOUND", ""},
+		{"GET", "/orders/ord_1/cancel", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"GET", "/orders/ord_1/refunds", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"DELETE", "/coupons/1/claim", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"POST", "/users/me/coupons", 405, "METHOD_NOT_ALLOWED", "GET"},
+		{"POST", "/coupons/1/claim/x", 404, "NOT_FOUND", ""},
 	} {
 		rec := serve(s, c.method, c.target, map[string]string{"X-User-ID": "1"}, "")
 		if rec.Code != c.status || problemCode(t, rec) != c.code || rec.Header().Get("Allow") != c.allow {
