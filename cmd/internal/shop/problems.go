@@ -20,12 +20,17 @@ const (
 	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
 	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
 	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
+	// Coupons, cancellations and refunds.
+	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
+	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
+	CodeOrderNotRefundable  = "ORDER_NOT_REFUNDABLE"  // 409
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
 var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business

@@ -45,6 +45,7 @@ type Config struct {
 // Shop serves the shop's HTTP API.
 type Shop struct {
 	db      *sql.DB
+	dialect sqlstore.Dialect
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
@@ -98,7 +99,7 @@ func New(cfg Config) (*Shop, error) {
 	default:
 		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
 	}
-	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger}
+	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger}
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -113,6 +114,10 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
 	mux.HandleFunc("GET /products", s.listProducts)
+	mux.Handle("POST /orders/{order_no}/cancel", s.authenticated(http.HandlerFunc(s.cancelHandler)))
+	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
+	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
+	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -580,6 +585,10 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 		allow = "GET"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
+		allow = "GET"
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"):
+		allow = "POST"
+	case p == "/users/me/coupons":
 		allow = "GET"
 	}
 	if allow != "" {
