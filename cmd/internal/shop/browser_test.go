@@ -127,7 +127,7 @@ func testBrowserCheckout(t *testing.T, b backend, browser context.Context) {
 	}
 	center := func(id string) (float64, float64) {
 		t.Helper()
-		xy, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const r = document.getElementById('` + id + `').getBoundingClientRect(); return [r.x + r.width/2, r.y + r.height/2]; })()`))
+		xy, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const r = document.getElementById('`+id+`').getBoundingClientRect(); return [r.x + r.width/2, r.y + r.height/2]; })()`))
 		if err != nil || len(xy) != 2 {
 			t.Fatalf("locate #%s: %v %v", id, xy, err)
 		}

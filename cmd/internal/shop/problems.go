@@ -20,6 +20,10 @@ const (
 	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
 	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
 	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
+	// Coupons, cancellations and refunds.
+	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
+	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
+	CodeOrderNotRefundable  = "ORDER_NOT_REFUNDABLE"  // 409
 	// Submit tokens (POST /orders with Submit-Token).
 	CodeInvalidToken        = "INVALID_TOKEN"        // 400
 	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
@@ -29,6 +33,7 @@ const (
 var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
 	CodeInvalidToken: true, CodeDuplicateSubmission: true,
 }
 

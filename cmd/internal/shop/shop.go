@@ -45,10 +45,10 @@ type Config struct {
 // Shop serves the shop's HTTP API.
 type Shop struct {
 	db      *sql.DB
+	dialect sqlstore.Dialect
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
-	dialect sqlstore.Dialect
 	// tokens are the submit tokens of POST /tokens and the checkout page.
 	tokens *memTokens
 	web    webQueries
@@ -102,7 +102,7 @@ func New(cfg Config) (*Shop, error) {
 	default:
 		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
 	}
-	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger, dialect: cfg.Dialect, web: newWebQueries(cfg.Dialect)}
+	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect)}
 	s.tokens = newMemTokens(s.web.existsOrder)
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
@@ -122,8 +122,14 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("GET /static/", staticFiles)
 	mux.Handle("POST /checkout", s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.checkout))))
 	mux.Handle("POST /orders/{order_no}/pay", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.payPage))), http.HandlerFunc(pageOnly)))
-	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))), http.HandlerFunc(pageOnly)))
 	mux.HandleFunc("GET /products", s.listProducts)
+	// The order page's Cancel button posts a form here (with the uid
+	// cookie) and gets 303 back to the page; API clients (X-User-ID) get JSON.
+	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))),
+		s.authenticated(http.HandlerFunc(s.cancelHandler))))
+	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
+	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
+	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -613,9 +619,11 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
-	case strings.HasPrefix(p, "/orders/") && (strings.HasSuffix(p, "/pay") || strings.HasSuffix(p, "/cancel")) &&
-		strings.Count(p, "/") == 3 && !strings.HasPrefix(p, "/orders//"):
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"),
+		pathHasSegments(p, "orders", "", "pay"):
 		allow = "POST"
+	case p == "/users/me/coupons":
+		allow = "GET"
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)

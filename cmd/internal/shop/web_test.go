@@ -1,7 +1,6 @@
 package shop_test
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -18,14 +17,10 @@ import (
 	"github.com/idemkit/idem/cmd/internal/shop"
 )
 
-// webShop is newShop with the default catalogue seeded.
+// webShop is a shop with the default catalogue.
 func webShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	t.Helper()
-	s, db := newShop(t, b)
-	if err := shop.Seed(context.Background(), db, b.dialect, shop.DefaultCatalog()); err != nil {
-		t.Fatal(err)
-	}
-	return s, db
+	return newShop(t, b)
 }
 
 // page sends a browser's request: the uid cookie (if uid > 0), Accept
@@ -262,11 +257,7 @@ func cookie(rec *httptest.ResponseRecorder, name string) *http.Cookie {
 // appears as text.
 func TestCheckoutPageEscapes(t *testing.T) {
 	t.Parallel()
-	s, db := newShop(t, sqliteBackend)
-	cat := shop.Catalog{Products: []shop.Product{{SKU: "X-1", Name: `<img src=x onerror="alert(1)"> & co`, PriceCents: 5, Stock: 1}}}
-	if err := shop.Seed(context.Background(), db, nil, cat); err != nil {
-		t.Fatal(err)
-	}
+	s, _ := newShopWith(t, sqliteBackend, shop.Catalog{Products: []shop.Product{{SKU: "X-1", Name: `<img src=x onerror="alert(1)"> & co`, PriceCents: 5, Stock: 1}}})
 	body := page(s, "GET", "/", 1, nil).Body.String()
 	if strings.Contains(body, "<img") || !strings.Contains(body, "&lt;img src=x onerror=&#34;alert(1)&#34;&gt; &amp; co") {
 		t.Fatalf("product name not escaped:\n%s", body)
