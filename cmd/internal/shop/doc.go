@@ -12,6 +12,31 @@
 //	POST /orders/{order_no}/refunds  refund a paid order (Idempotency-Key required)
 //	POST /coupons/{id}/claim  claim a coupon, once per user
 //	GET  /users/me/coupons    the caller's coupon claims
+//	POST /tokens              a submit token for the caller (Submit-Token of POST /orders)
+//
+// and pages, for browsers:
+//
+//	GET  /                    the checkout page (/?uid=N signs in as user N)
+//	POST /checkout            the checkout form: 303 to the order's page
+//	GET  /orders/{order_no}   the order's page (for a request without X-User-ID that accepts text/html)
+//	POST /orders/{order_no}/pay      the simulated payment (a form post of the order page)
+//	POST /orders/{order_no}/cancel   cancel (a form post without X-User-ID gets 303 to the page)
+//
+// # Submit tokens and pages
+//
+// A submit token (POST /tokens, or the hidden field of the checkout form)
+// is spent in the transaction that creates the order and records the
+// order's number: a second submission of it creates nothing and is led to
+// that order (303 on pages, 409 DUPLICATE_SUBMISSION naming it over the
+// API), and a refused submission rolls back with the token unspent. On
+// POST /orders the Idempotency-Key comes first: a retry with the same key
+// replays its answer whatever its token. The token does not guard what a
+// client sends without one.
+//
+// Pages identify the user by the uid cookie (SameSite=Lax, HttpOnly;
+// user 1 when a GET has none), the API by X-User-ID; a request carrying
+// X-User-ID is always the API's. Form posts need the cookie and pass
+// net/http's CrossOriginProtection. Neither identity is authentication.
 //
 // # Stock, coupons and an order's life
 //

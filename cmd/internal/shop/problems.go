@@ -24,6 +24,9 @@ const (
 	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
 	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
 	CodeOrderNotRefundable  = "ORDER_NOT_REFUNDABLE"  // 409
+	// Submit tokens (POST /orders with Submit-Token).
+	CodeInvalidToken        = "INVALID_TOKEN"        // 400
+	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
@@ -31,6 +34,7 @@ var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
 	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
+	CodeInvalidToken: true, CodeDuplicateSubmission: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business

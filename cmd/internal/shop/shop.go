@@ -49,6 +49,9 @@ type Shop struct {
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
+	// tokens are the submit tokens of POST /tokens and the checkout page.
+	tokens *memTokens
+	web    webQueries
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -99,7 +102,8 @@ func New(cfg Config) (*Shop, error) {
 	default:
 		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
 	}
-	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger}
+	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect)}
+	s.tokens = newMemTokens(s.web.existsOrder)
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -112,9 +116,17 @@ func New(cfg Config) (*Shop, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", s.authenticated(idm.Handler(http.HandlerFunc(s.createOrder))))
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
-	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
+	mux.Handle("GET /orders/{order_no}", pageOrAPI(s.pageAuthenticated(http.HandlerFunc(s.orderPage)), s.authenticated(http.HandlerFunc(s.getOrder))))
+	mux.Handle("POST /tokens", s.authenticated(http.HandlerFunc(s.issueToken)))
+	mux.HandleFunc("GET /{$}", s.home)
+	mux.Handle("GET /static/", staticFiles)
+	mux.Handle("POST /checkout", s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.checkout))))
+	mux.Handle("POST /orders/{order_no}/pay", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.payPage))), http.HandlerFunc(pageOnly)))
 	mux.HandleFunc("GET /products", s.listProducts)
-	mux.Handle("POST /orders/{order_no}/cancel", s.authenticated(http.HandlerFunc(s.cancelHandler)))
+	// The order page's Cancel button posts a form here (with the uid
+	// cookie) and gets 303 back to the page; API clients (X-User-ID) get JSON.
+	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))),
+		s.authenticated(http.HandlerFunc(s.cancelHandler))))
 	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
 	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
 	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
@@ -212,6 +224,9 @@ type orderRequest struct {
 	Quantity int
 	// CouponID is the coupon to use, 0 for none.
 	CouponID int64
+	// OrderNo is the new order's number, chosen before the order is
+	// placed (a submit token records it); "" for a new one.
+	OrderNo string
 }
 
 // parseCreateOrder reads the body of POST /orders: one JSON object with
@@ -340,12 +355,25 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
 		return
 	}
+	submit, err := submitTokenHeader(r)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
+		return
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		s.fail(w, r, "begin", err)
 		return
 	}
 	defer tx.Rollback()
+	if submit != "" {
+		// The token first: a concurrent request with it waits here.
+		req.OrderNo = newOrderNo()
+		if err := s.spendToken(ctx, tx, userFrom(ctx), submit, req.OrderNo); err != nil {
+			s.answerError(w, r, "spend submit token", err)
+			return
+		}
+	}
 	order, err := s.placeOrder(ctx, tx, userFrom(ctx), req)
 	if err != nil {
 		s.answerError(w, r, "place order", err)
@@ -386,8 +414,11 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 // *problemError: UNKNOWN_SKU, OUT_OF_STOCK, COUPON_NOT_USABLE.
 func (s *Shop) placeOrder(ctx context.Context, tx *sql.Tx, user int64, req orderRequest) (Order, error) {
 	now := time.Now().UTC()
+	if req.OrderNo == "" {
+		req.OrderNo = newOrderNo()
+	}
 	order := Order{
-		OrderNo:   newOrderNo(),
+		OrderNo:   req.OrderNo,
 		UserID:    user,
 		SKU:       req.SKU,
 		Quantity:  req.Quantity,
@@ -581,12 +612,15 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	switch p := r.URL.Path; {
 	case p == "/orders":
 		allow = "GET, POST"
-	case p == "/healthz", p == "/products":
+	case p == "/healthz", p == "/products", p == "/":
 		allow = "GET"
+	case p == "/tokens", p == "/checkout":
+		allow = "POST"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
-	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"):
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"),
+		pathHasSegments(p, "orders", "", "pay"):
 		allow = "POST"
 	case p == "/users/me/coupons":
 		allow = "GET"
@@ -639,6 +673,11 @@ func (s *Shop) answerError(w http.ResponseWriter, r *http.Request, what string, 
 	var pe *problemError
 	if errors.As(err, &pe) {
 		writeProblem(w, pe.status, pe.code, pe.title, pe.detail)
+		return
+	}
+	var dup *duplicateSubmissionError
+	if errors.As(err, &dup) {
+		writeDuplicateSubmission(w, dup)
 		return
 	}
 	s.fail(w, r, what, err)

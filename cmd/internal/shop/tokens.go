@@ -1,0 +1,125 @@
+package shop
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Submit tokens: a page (or an API client, with POST /tokens) gets a
+// token before it submits, and the submission spends it in the order's
+// transaction, attaching the order's number. A second submission with
+// the same token creates nothing: it is led to the order the first one
+// created (303 to the order's page, or 409 DUPLICATE_SUBMISSION naming
+// it over the API).
+
+// tokenResponse is the body of POST /tokens.
+type tokenResponse struct {
+	Token     string `json:"token"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+// issueToken serves POST /tokens: 201 with a new token for the caller.
+func (s *Shop) issueToken(w http.ResponseWriter, r *http.Request) {
+	scope, err := scopeOf(r)
+	if err != nil {
+		s.fail(w, r, "token scope", err)
+		return
+	}
+	tok, err := s.tokens.Issue(r.Context(), scope)
+	if err != nil {
+		s.fail(w, r, "issue token", err)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusCreated, tokenResponse{Token: tok.ID, ExpiresAt: tok.ExpiresAt.UTC().Format(time.RFC3339)})
+}
+
+// submitTokenHeader reads the optional Submit-Token header of POST
+// /orders: "" when absent; more than one field is an error.
+func submitTokenHeader(r *http.Request) (string, error) {
+	values := r.Header.Values("Submit-Token")
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", errors.New("the request has more than one Submit-Token header field")
+	case strings.TrimSpace(values[0]) == "":
+		return "", errors.New("the Submit-Token header is empty")
+	}
+	return strings.TrimSpace(values[0]), nil
+}
+
+// spendToken spends the submit token id of user in tx, attaching orderNo,
+// the number of the order tx is about to create. It returns nil when this
+// is the token's first use, a *duplicateSubmissionError naming the order
+// of the first use, or a *problemError INVALID_TOKEN. On PostgreSQL and
+// MySQL a concurrent submission of the same token waits here for tx, then
+// sees it used (or spends it, if tx rolled back).
+func (s *Shop) spendToken(ctx context.Context, tx *sql.Tx, user int64, id, orderNo string) error {
+	err := s.tokens.ConsumeTx(ctx, tx, userScope(user), id, []byte(orderNo))
+	var used *tokenUsedError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &used):
+		if len(used.Result) == 0 {
+			// Every spend here attaches an order; a token spent by other
+			// code cannot be used for an order.
+			return invalidToken()
+		}
+		return &duplicateSubmissionError{orderNo: string(used.Result)}
+	case errors.Is(err, errTokenInvalid):
+		return invalidToken()
+	}
+	return fmt.Errorf("spend submit token: %w", err)
+}
+
+func invalidToken() *problemError {
+	return &problemError{http.StatusBadRequest, CodeInvalidToken, "Invalid submit token",
+		"the submit token is unknown, expired or not yours; get a new one (POST /tokens, or reload the page)"}
+}
+
+// duplicateSubmissionError: the submit token was spent before, by the
+// submission that created orderNo.
+type duplicateSubmissionError struct{ orderNo string }
+
+func (e *duplicateSubmissionError) Error() string {
+	return "duplicate submission of order " + e.orderNo
+}
+
+// writeDuplicateSubmission answers 409 DUPLICATE_SUBMISSION: the problem
+// names the order the token created (member "order_no", and Location).
+func writeDuplicateSubmission(w http.ResponseWriter, e *duplicateSubmissionError) {
+	b, err := json.Marshal(struct {
+		problem
+		OrderNo string `json:"order_no"`
+	}{
+		problem: problem{
+			Type:   problemTypeBase + strings.ToLower(CodeDuplicateSubmission),
+			Title:  "Duplicate submission",
+			Status: http.StatusConflict,
+			Detail: "this submit token was used before, by the request that created order " + e.orderNo,
+			Code:   CodeDuplicateSubmission,
+		},
+		OrderNo: e.orderNo,
+	})
+	if err != nil { // cannot happen: strings and an int
+		writeProblem(w, http.StatusConflict, CodeDuplicateSubmission, "Duplicate submission", e.Error())
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["Location"] = []string{"/orders/" + e.orderNo}
+	delete(h, "Content-Length")
+	w.WriteHeader(http.StatusConflict)
+	_, _ = w.Write(b)
+}
+
+// userScope is the scope of user's tokens and idempotency keys.
+func userScope(user int64) string { return fmt.Sprintf("user:%d", user) }
