@@ -15,7 +15,9 @@ import (
 type Store interface {
 	// Insert stores a new, unused token (scope, digest) that expires ttl
 	// after the store's now, and returns that expiry. A digest already
-	// stored, expired or not, gives ErrDuplicate and changes nothing.
+	// stored gives ErrDuplicate and changes nothing (an expired token's
+	// digest counts as stored until the store forgets it: at once on
+	// Redis, at Sweep on SQL).
 	Insert(ctx context.Context, scope, digest string, ttl time.Duration) (expiresAt time.Time, err error)
 
 	// Consume spends the live token digest issued to scope, attaching
