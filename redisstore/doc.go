@@ -126,6 +126,22 @@
 // Sweep needs Redis 6 or later (SCAN … TYPE); the other operations need
 // Redis 5.
 //
+// # Tokens
+//
+// [TokenStore] keeps the pre-issued submit tokens of package
+// [github.com/idemkit/idem/token]: one hash per token at
+// PREFIX:token:DIGEST (the SHA-256 of the ID; the ID itself is never
+// stored), with the scope and, once spent, the time of use and the
+// result. Insert (token_insert.lua) writes the hash and its expiry, the
+// server's now + TTL, in one script; Consume (token_consume.lua) checks
+// the scope and that the token is unused and marks it used with its
+// result in one script, keeping the key's expiry, so of concurrent
+// Consumes exactly one is told nil. Redis deletes a token when its TTL
+// ends, used or not: there is nothing to sweep. A lost token (restart,
+// failover, eviction) answers token.ErrInvalid, never a second first use.
+// Token keys never match a Store's records (PREFIX:{…}), so one prefix
+// may serve both.
+//
 // # What it does not guarantee
 //
 //   - Durability is the server's. Without persistence (RDB snapshots or

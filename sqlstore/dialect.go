@@ -97,10 +97,16 @@ type statements struct {
 	release               *query
 	deleteRecord          *query
 	sweep                 *query
+
+	// Tokens (TokenStore).
+	tokenInsert  *query
+	tokenConsume *query
+	tokenSelect  *query
+	tokenSweep   *query
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 14
+const numQueries = 14 + 4 // idem_records and migrations; tokens
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -118,6 +124,11 @@ func (st *statements) byName() map[string]**query {
 		"release":                 &st.release,
 		"delete":                  &st.deleteRecord,
 		"sweep":                   &st.sweep,
+
+		"token_insert":  &st.tokenInsert,
+		"token_consume": &st.tokenConsume,
+		"token_select":  &st.tokenSelect,
+		"token_sweep":   &st.tokenSweep,
 	}
 }
 
@@ -139,6 +150,11 @@ const (
 	pLimit
 	pVersion
 	pName
+
+	// Tokens.
+	pDigest
+	pResult
+	pTTLMS
 )
 
 var paramNames = map[string]param{
@@ -156,6 +172,10 @@ var paramNames = map[string]param{
 	"limit":           pLimit,
 	"version":         pVersion,
 	"name":            pName,
+
+	"digest": pDigest,
+	"result": pResult,
+	"ttl_ms": pTTLMS,
 }
 
 // values holds everything a statement may bind.
@@ -173,6 +193,11 @@ type values struct {
 	limit          int64
 	version        int64
 	name           string
+
+	// Tokens.
+	digest string
+	result []byte // nil or empty: NULL
+	ttlMS  int64
 }
 
 // query is one statement and the parameters it binds, in order. A dialect
@@ -218,6 +243,16 @@ func (q *query) args(v *values) []any {
 			a[i] = v.version
 		case pName:
 			a[i] = v.name
+		case pDigest:
+			a[i] = v.digest
+		case pResult:
+			if len(v.result) == 0 {
+				a[i] = nil
+			} else {
+				a[i] = v.result
+			}
+		case pTTLMS:
+			a[i] = v.ttlMS
 		}
 	}
 	return a

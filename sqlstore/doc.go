@@ -442,6 +442,27 @@
 // effect. Open the database yourself with _synchronous=NORMAL (and the
 // other settings above) if that trade is right for you.
 //
+// # Tokens
+//
+// [TokenStore] keeps the pre-issued submit tokens of package
+// [github.com/idemkit/idem/token] in idem_tokens (PostgreSQL migration 4,
+// MySQL migration 2, SQLite migration 3; Migrate of a Store or of a
+// TokenStore applies them all): one row per token, keyed by its digest
+// (the SHA-256 of the ID, never the ID), with the scope, created_at,
+// expires_at, used_at (NULL while unused) and the result of the first use
+// (bytea/BLOB, NULL for none), and an index on expires_at for
+// TokenStore.Sweep. Insert is one INSERT; Consume is one UPDATE … WHERE
+// digest = ? AND scope = ? AND used_at IS NULL AND expires_at > now, so
+// of concurrent Consumes one changes the row and the others wait for its
+// row lock and then find it used. When it changes nothing, a read tells a
+// used token (its used_at and result) from an invalid one: on PostgreSQL
+// that read is in the same statement (a data-modifying WITH), and only a
+// token spent by a concurrent transaction after the statement's snapshot
+// costs a second statement; on MySQL it is a locking read (LOCK IN SHARE
+// MODE), which inside the caller's REPEATABLE READ transaction sees the
+// row as the UPDATE did, not as the snapshot does. ConsumeTx runs the same
+// statements in the caller's transaction ([token.Tokens.ConsumeTx]).
+//
 // # What this package does not guarantee
 //
 //   - On PostgreSQL, a server whose default_transaction_isolation is
@@ -483,4 +504,9 @@
 //     driver that reports no insert id leaves it false.
 //   - A database migrated by a newer version of this package is used as
 //     it is; Migrate does not downgrade.
+//   - Expired tokens stay in idem_tokens until TokenStore.Sweep removes
+//     them; they answer token.ErrInvalid meanwhile. A ConsumeTx whose
+//     transaction stays open holds the token's row lock (on SQLite, the
+//     write lock), and a concurrent Consume of that token waits for it up
+//     to the server's lock timeout: keep such transactions short.
 package sqlstore

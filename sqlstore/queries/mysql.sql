@@ -267,3 +267,51 @@ WHERE expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMES
   AND (status = 'completed' OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
 ORDER BY expires_at
 LIMIT ?;
+
+-- Tokens (package token; TokenStore). idem_tokens comes with migration 2.
+-- Scopes are never empty (token.ErrScope), so they need no COALESCE; an
+-- empty result is NULL under any sql_mode, and reads back as nil.
+
+-- name: token_insert
+-- params: digest scope ttl_ms
+-- The insert id is the database's now (LAST_INSERT_ID(expr) in the
+-- values), so expires_at = insert id + ttl_ms needs no read. A stored
+-- digest fails with ER_DUP_ENTRY (token.ErrDuplicate).
+INSERT INTO idem_tokens (digest, scope, created_at, expires_at)
+VALUES (?, ?,
+        LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)),
+        (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?);
+
+-- name: token_consume
+-- params: result digest scope
+-- Spends the live, unused token of the scope: one affected row (also
+-- under CLIENT_FOUND_ROWS: the row found is the row changed, since
+-- used_at goes from NULL to a time). No row: used, or no live token of
+-- the scope; token_select tells which. The UPDATE's read is a locking,
+-- current read: it waits for a transaction that holds the row (a
+-- ConsumeTx in progress) and sees what it committed.
+UPDATE idem_tokens SET
+    used_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000),
+    result  = ?
+WHERE digest = ? AND scope = ? AND used_at IS NULL
+  AND expires_at > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
+
+-- name: token_select
+-- params: digest scope
+-- The live token of the scope: used_at (NULL if unused) and result. A
+-- locking read, so that inside a REPEATABLE READ transaction (ConsumeTx)
+-- it sees the row as the UPDATE just did, not as the transaction's
+-- snapshot does.
+SELECT used_at, result FROM idem_tokens
+WHERE digest = ? AND scope = ?
+  AND expires_at > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+LOCK IN SHARE MODE;
+
+-- name: token_sweep
+-- params: limit
+-- Deletes up to limit expired tokens, used or not, walking
+-- idem_tokens_expires_at.
+DELETE FROM idem_tokens
+WHERE expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+ORDER BY expires_at
+LIMIT ?;

@@ -156,3 +156,58 @@ DELETE FROM idem_records WHERE scope = $1 AND idempotency_key = $2;
 -- now, with their renewals, and lapsed renewals no record holds. It
 -- returns the number of records removed.
 SELECT idem_sweep($1);
+
+-- Tokens (package token; TokenStore). idem_tokens comes with migration 4.
+
+-- name: token_insert
+-- params: digest scope ttl_ms
+-- No row: the digest is stored already (token.ErrDuplicate).
+INSERT INTO idem_tokens (digest, scope, created_at, expires_at)
+VALUES ($1, $2,
+        floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+        floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $3)
+ON CONFLICT (digest) DO NOTHING
+RETURNING expires_at;
+
+-- name: token_consume
+-- params: digest scope result
+-- Spends the live, unused token of the scope and returns (true, its
+-- used_at, NULL). Otherwise it returns the token as the statement's
+-- snapshot shows it, if it is live and of the scope: (false, used_at,
+-- result) — used — or (false, NULL, NULL) when the snapshot shows it
+-- unused although the UPDATE did not spend it: a concurrent Consume spent
+-- it after the snapshot was taken (the UPDATE waited for its row lock and
+-- found it used); token_select, a new statement and so a new snapshot
+-- under READ COMMITTED, then reads what it left. No row: no live token of
+-- the scope (token.ErrInvalid). A token of another scope is not touched.
+WITH spent AS (
+    UPDATE idem_tokens SET
+        used_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+        result  = $3
+    WHERE digest = $1 AND scope = $2 AND used_at IS NULL
+      AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+    RETURNING used_at)
+SELECT true, used_at, NULL::bytea FROM spent
+UNION ALL
+SELECT false, used_at, result FROM idem_tokens
+WHERE digest = $1 AND scope = $2
+  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+  AND NOT EXISTS (SELECT 1 FROM spent);
+
+-- name: token_select
+-- params: digest scope
+-- The live token of the scope: used_at (NULL if unused) and result.
+SELECT used_at, result FROM idem_tokens
+WHERE digest = $1 AND scope = $2
+  AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+-- name: token_sweep
+-- params: limit
+-- Deletes up to limit expired tokens, used or not. SKIP LOCKED leaves a
+-- row that a transaction holds (a ConsumeTx in progress, a concurrent
+-- sweep) to a later sweep.
+DELETE FROM idem_tokens WHERE digest IN (
+    SELECT digest FROM idem_tokens
+    WHERE expires_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED);

@@ -140,3 +140,43 @@ DELETE FROM idem_records WHERE rowid IN (
       AND (status = 'completed'
            OR lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
     LIMIT ?1);
+
+-- Tokens (package token; TokenStore). idem_tokens comes with migration 3.
+
+-- name: token_insert
+-- params: digest scope ttl_ms
+-- No row: the digest is stored already (token.ErrDuplicate).
+INSERT INTO idem_tokens (digest, scope, created_at, expires_at)
+VALUES (?1, ?2,
+        CAST(unixepoch('subsec') * 1000 AS INTEGER),
+        CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3)
+ON CONFLICT (digest) DO NOTHING
+RETURNING expires_at;
+
+-- name: token_consume
+-- params: digest scope result
+-- Spends the live, unused token of the scope and returns its used_at.
+-- No row: used, or no live token of the scope; token_select tells which.
+-- SQLite runs one writer at a time, so nothing can come between the two
+-- but another writer's commit, after which the token is used for good.
+UPDATE idem_tokens SET
+    used_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    result  = ?3
+WHERE digest = ?1 AND scope = ?2 AND used_at IS NULL
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
+RETURNING used_at;
+
+-- name: token_select
+-- params: digest scope
+-- The live token of the scope: used_at (NULL if unused) and result.
+SELECT used_at, result FROM idem_tokens
+WHERE digest = ?1 AND scope = ?2
+  AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: token_sweep
+-- params: limit
+-- Deletes up to limit expired tokens, used or not.
+DELETE FROM idem_tokens WHERE rowid IN (
+    SELECT rowid FROM idem_tokens
+    WHERE expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    LIMIT ?1);

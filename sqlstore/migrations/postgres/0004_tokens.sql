@@ -1,0 +1,18 @@
+-- idem_tokens holds the pre-issued submit tokens of package token
+-- (TokenStore), one row per token. A token is kept by its digest
+-- (token.Digest: the SHA-256 of its ID, in hex), never by its ID, so a
+-- reader of the table cannot present a token found there. Times are unix
+-- milliseconds on the database's clock. used_at is NULL until the token is
+-- spent; result is what its first use attached (NULL for none). A row
+-- lives until expires_at, used or not, and then until a sweep.
+CREATE TABLE idem_tokens (
+    digest     text   NOT NULL PRIMARY KEY,
+    scope      text   NOT NULL,
+    created_at bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    used_at    bigint,
+    result     bytea
+);
+
+-- TokenStore.Sweep deletes by expires_at.
+CREATE INDEX idem_tokens_expires_at ON idem_tokens (expires_at);

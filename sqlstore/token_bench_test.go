@@ -1,0 +1,130 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/internal/benchpair"
+	"github.com/idemkit/idem/internal/throughput"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/token"
+)
+
+// BenchmarkTokenVsBare measures the token operations against the bare
+// statement each wraps, interleaved in one loop (internal/benchpair) on
+// the same database: Issue (random ID, SHA-256, INSERT … RETURNING)
+// against a prepared one-row INSERT into idem_tokens; Consume of a fresh
+// token against a prepared UPDATE … WHERE digest = ? AND used_at IS NULL
+// of a fresh row; and a repeated Consume (answered *UsedError, with the
+// result) against a prepared SELECT of the row. Tokens and rows are made
+// in Before, outside the timing.
+//
+//	go test -run '^$' -bench TokenVsBare -benchmem -count 3 ./sqlstore/
+func BenchmarkTokenVsBare(b *testing.B) {
+	targets := []server{sqliteServer, servers[0], servers[1]}
+	for _, srv := range targets {
+		b.Run(srv.dialect.String(), func(b *testing.B) {
+			tokenBench(b, srv)
+		})
+	}
+}
+
+func tokenBench(b *testing.B, srv server) {
+	ctx := context.Background()
+	var db *sql.DB
+	if srv.dialect == sqlstore.SQLite {
+		db = openDB(b, b.TempDir()+"/tokens.db")
+	} else {
+		db = srv.open(b, "")
+	}
+	s := newTokenStore(b, db, srv.dialect)
+	toks, err := token.New(s, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scope := randomName("bench-")
+	b.Cleanup(func() {
+		_, _ = db.ExecContext(context.Background(), srv.rebind(`DELETE FROM idem_tokens WHERE scope = ?`), scope)
+	})
+	prepare := func(q string) *sql.Stmt {
+		st, err := db.PrepareContext(ctx, srv.rebind(q))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	bareInsert := prepare(`INSERT INTO idem_tokens (digest, scope, created_at, expires_at) VALUES (?, ?, 0, 4102444800000)`)
+	bareUpdate := prepare(`UPDATE idem_tokens SET used_at = 1, result = ? WHERE digest = ? AND used_at IS NULL`)
+	bareSelect := prepare(`SELECT used_at, result FROM idem_tokens WHERE digest = ?`)
+	insertRow := func() string {
+		d := fmt.Sprintf("%016x%048x", time.Now().UnixNano(), throughput.Next())
+		if _, err := bareInsert.ExecContext(ctx, d, scope); err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	issue := func() token.Token {
+		tok, err := toks.Issue(ctx, scope)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return tok
+	}
+	result := []byte("order-0123456789")
+
+	b.Run("issue", func(b *testing.B) {
+		m := benchpair.Run(b,
+			benchpair.Func{Name: "insert", F: func() { insertRow() }},
+			benchpair.Func{Name: "issue", F: func() { issue() }})
+		benchpair.Ratio(b, "issue-x-insert", m[1], m[0])
+	})
+	b.Run("consume", func(b *testing.B) {
+		var (
+			d   string
+			tok token.Token
+		)
+		m := benchpair.Run(b,
+			benchpair.Func{Name: "update", Before: func() { d = insertRow() }, F: func() {
+				res, err := bareUpdate.ExecContext(ctx, result, d)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n, _ := res.RowsAffected(); n != 1 {
+					b.Fatalf("bare UPDATE changed %d rows", n)
+				}
+			}},
+			benchpair.Func{Name: "consume", Before: func() { tok = issue() }, F: func() {
+				if err := toks.Consume(ctx, scope, tok.ID, result); err != nil {
+					b.Fatal(err)
+				}
+			}})
+		benchpair.Ratio(b, "consume-x-update", m[1], m[0])
+	})
+	b.Run("repeat", func(b *testing.B) {
+		tok := issue()
+		if err := toks.Consume(ctx, scope, tok.ID, result); err != nil {
+			b.Fatal(err)
+		}
+		d, _ := token.Digest(tok.ID)
+		m := benchpair.Run(b,
+			benchpair.Func{Name: "select", F: func() {
+				var usedAt sql.NullInt64
+				var r []byte
+				if err := bareSelect.QueryRowContext(ctx, d).Scan(&usedAt, &r); err != nil {
+					b.Fatal(err)
+				}
+			}},
+			benchpair.Func{Name: "repeat", F: func() {
+				var ue *token.UsedError
+				if err := toks.Consume(ctx, scope, tok.ID, result); !errors.As(err, &ue) {
+					b.Fatal(err)
+				}
+			}})
+		benchpair.Ratio(b, "repeat-x-select", m[1], m[0])
+	})
+}
