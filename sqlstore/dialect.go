@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"sort"
 	"strconv"
@@ -97,6 +98,8 @@ type statements struct {
 	release               *query
 	deleteRecord          *query
 	sweep                 *query
+
+	lock lockStatements // the statements of LockBackend (lock.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -239,6 +242,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		cur.text = strings.TrimSuffix(strings.TrimSpace(strings.Join(body, "\n")), ";")
 		slot, ok := slots[cur.name]
 		if !ok {
+			slot, ok = st.lock.byName()[cur.name]
+		}
+		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
 		}
 		if *slot != nil {
@@ -282,6 +288,7 @@ func parseStatements(file string, src string) (*statements, error) {
 	if len(slots) != numQueries {
 		panic("sqlstore: numQueries is out of date")
 	}
+	maps.Copy(slots, st.lock.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
