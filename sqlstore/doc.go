@@ -483,4 +483,18 @@
 //     driver that reports no insert id leaves it false.
 //   - A database migrated by a newer version of this package is used as
 //     it is; Migrate does not downgrade.
+//
+// # Locks
+//
+// [LockBackend] is a [lock.Backend] on the same database: the table
+// idem_locks (created by Migrate) keeps a row per lock name with its
+// owner, fence and lease. Acquire is one upsert that takes the row when it
+// is free or its lease has ended (fence + 1, RETURNING on PostgreSQL and
+// SQLite, the insert id of LAST_INSERT_ID(expr) on MySQL, correct under
+// MariaDB's SIMULTANEOUS_ASSIGNMENT); Extend and Release are one
+// conditional UPDATE each, on owner, fence and a live lease. Release
+// clears the owner and keeps the row, so the fence survives release and
+// expiry. Leases are counted on the database's clock, in whole
+// milliseconds rounded up plus one (the database's "now" is truncated to
+// the millisecond), so no lease is shorter than asked.
 package sqlstore

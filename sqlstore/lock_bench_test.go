@@ -90,4 +90,3 @@ func BenchmarkLockVsRoundTrip(b *testing.B) {
 		forEachBench(srv)
 	}
 }
-
