@@ -584,6 +584,10 @@ func TestServerMigrate(t *testing.T) {
 	})
 }
 
+// otherGuardMigrations names the migrations that create the tables of
+// guards other than the Store (LockBackend's idem_locks).
+var otherGuardMigrations = map[string]bool{"locks": true}
+
 // TestServerUpgrade: a PostgreSQL database that older builds migrated to
 // version 1, then 2, with records they wrote in flight, is brought up to
 // date by Migrate. Until then the new statements say to migrate; after,
@@ -604,7 +608,14 @@ func TestServerUpgrade(t *testing.T) {
 	}
 	r := idem.AcquireRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
 	versions := sqlstore.MigrationNames(srv.dialect)
-	for v := range int64(len(versions) - 1) {
+	// The Store needs every migration up to its own last one; the ones
+	// after it create other guards' tables (idem_locks), which it does
+	// not read.
+	need := int64(len(versions))
+	for need > 0 && otherGuardMigrations[versions[need-1][strings.IndexByte(versions[need-1], '_')+1:]] {
+		need--
+	}
+	for v := range need - 1 {
 		if err := sqlstore.MigrateTo(ctx, s, v+1); err != nil {
 			t.Fatalf("migrate to version %d: %v", v+1, err)
 		}
