@@ -168,4 +168,9 @@
 //     while Sweep scans a node is skipped by that Sweep (MOVED), not lost.
 //
 // Tested against Redis 7.
+//
+// # Locks
+//
+// [LockBackend] is a [lock.Backend] on Redis, an efficiency lock (its
+// fence is a counter on one node; see its documentation).
 package redisstore

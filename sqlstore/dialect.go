@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"sort"
 	"strconv"
@@ -103,6 +104,7 @@ type statements struct {
 	tokenConsume *query
 	tokenSelect  *query
 	tokenSweep   *query
+	lock         lockStatements // the statements of LockBackend (lock.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -274,6 +276,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		cur.text = strings.TrimSuffix(strings.TrimSpace(strings.Join(body, "\n")), ";")
 		slot, ok := slots[cur.name]
 		if !ok {
+			slot, ok = st.lock.byName()[cur.name]
+		}
+		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
 		}
 		if *slot != nil {
@@ -317,6 +322,7 @@ func parseStatements(file string, src string) (*statements, error) {
 	if len(slots) != numQueries {
 		panic("sqlstore: numQueries is out of date")
 	}
+	maps.Copy(slots, st.lock.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)

@@ -509,4 +509,18 @@
 //     transaction stays open holds the token's row lock (on SQLite, the
 //     write lock), and a concurrent Consume of that token waits for it up
 //     to the server's lock timeout: keep such transactions short.
+//
+// # Locks
+//
+// [LockBackend] is a [lock.Backend] on the same database: the table
+// idem_locks (created by Migrate) keeps a row per lock name with its
+// owner, fence and lease. Acquire is one upsert that takes the row when it
+// is free or its lease has ended (fence + 1, RETURNING on PostgreSQL and
+// SQLite, the insert id of LAST_INSERT_ID(expr) on MySQL, correct under
+// MariaDB's SIMULTANEOUS_ASSIGNMENT); Extend and Release are one
+// conditional UPDATE each, on owner, fence and a live lease. Release
+// clears the owner and keeps the row, so the fence survives release and
+// expiry. Leases are counted on the database's clock, in whole
+// milliseconds rounded up plus one (the database's "now" is truncated to
+// the millisecond), so no lease is shorter than asked.
 package sqlstore

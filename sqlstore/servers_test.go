@@ -605,7 +605,7 @@ func TestServerUpgrade(t *testing.T) {
 	r := idem.AcquireRequest{Scope: "s", Key: "k", Fingerprint: "fp", Lease: long, Retention: long}
 	versions := sqlstore.MigrationNames(srv.dialect)
 	// Acquire needs every migration up to 3_renewals; the later ones
-	// create the tables of other packages (4_tokens).
+	// create the tables of other packages (4_tokens, 5_locks).
 	const acquireNeeds = 3
 	if versions[acquireNeeds-1] != "3_renewals" {
 		t.Fatalf("migrations = %v: update acquireNeeds", versions)

@@ -315,3 +315,69 @@ DELETE FROM idem_tokens
 WHERE expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
 ORDER BY expires_at
 LIMIT ?;
+
+-- Statements of LockBackend (package lock), on idem_locks (migration
+-- "locks"). lease_ms is the TTL in whole milliseconds rounded up, plus
+-- one for the truncation of "now" to the millisecond: the lease never
+-- ends before the TTL has passed since the statement began.
+
+-- name: lock_acquire
+-- params: name owner lease_ms owner owner lease_ms
+-- Inserts the name's row, or takes it, fence + 1, if it is free (no
+-- owner) or its lease has ended. MySQL has no RETURNING: the statement
+-- reports the fence as its insert id, the last value given to
+-- LAST_INSERT_ID(expr) — 1 for a new row (the VALUES), and for an
+-- existing row the value the first assignment gives it: the new fence if
+-- it takes the row, 0 if the row is held (ErrHeld).
+--
+-- As for the acquire of idem_records, the statement does not depend on
+-- the order in which ON DUPLICATE KEY UPDATE assigns (left to right,
+-- each right-hand side seeing the values assigned before it, in MySQL
+-- and MariaDB by default; all on the row as it was under MariaDB's
+-- SIMULTANEOUS_ASSIGNMENT):
+--
+--   take = owner = '' OR lease_until <= now
+--
+--   - fence comes first: its take reads the row as it was in both modes;
+--   - owner reads only its own column and lease_until, not yet assigned
+--     in either mode;
+--   - lease_until comes last and assigns when "owner = our owner OR
+--     take": left to right, owner is ours exactly when the row was taken
+--     (an owner is 128 random bits that no row holds), and when it was
+--     not, nothing changed and take is false; simultaneously, owner is
+--     the old one, never ours, and take reads the row as it was.
+INSERT INTO idem_locks (name, owner, fence, lease_until)
+VALUES (?, ?, LAST_INSERT_ID(1),
+        (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?)
+ON DUPLICATE KEY UPDATE
+    fence = CASE WHEN LAST_INSERT_ID(
+                CASE WHEN owner = ''
+                          OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+                     THEN fence + 1 ELSE 0 END) > 0
+        THEN fence + 1 ELSE fence END,
+    owner = CASE WHEN owner = ''
+                      OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+        THEN ? ELSE owner END,
+    lease_until = CASE WHEN owner = ? OR owner = ''
+                      OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+        THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? ELSE lease_until END;
+
+-- name: lock_extend
+-- params: lease_ms name owner fence
+-- Compare-and-extend. MySQL reports changed rows, not matched ones, and
+-- an extension to the same millisecond changes nothing: the match is
+-- reported as the insert id instead, the new lease_until (> 0) given to
+-- LAST_INSERT_ID(expr), which no row evaluates when none matches (0).
+UPDATE idem_locks
+SET lease_until = LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?)
+WHERE name = ? AND owner = ? AND fence = ?
+  AND lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
+
+-- name: lock_release
+-- params: name owner fence
+-- Compare-and-delete: the row, and its fence, stay; the owner goes (a
+-- change, so the affected-rows count is 1 on a match).
+UPDATE idem_locks
+SET owner = '', lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE name = ? AND owner = ? AND fence = ?
+  AND lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);

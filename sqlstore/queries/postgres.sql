@@ -211,3 +211,39 @@ DELETE FROM idem_tokens WHERE digest IN (
     WHERE expires_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
     LIMIT $1
     FOR UPDATE SKIP LOCKED);
+
+-- Statements of LockBackend (package lock), on idem_locks (migration
+-- "locks"). lease_ms is the TTL in whole milliseconds rounded up, plus
+-- one for the truncation of "now" to the millisecond: the lease never
+-- ends before the TTL has passed since the statement began.
+
+-- name: lock_acquire
+-- params: name owner lease_ms
+-- Inserts the name's row, or takes it, fence + 1, if it is free (no
+-- owner) or its lease has ended. ON CONFLICT DO UPDATE locks the row and
+-- reads its latest version, so of two acquisitions racing on a free row
+-- one takes it and the other finds it held. No row: held by another.
+INSERT INTO idem_locks AS l (name, owner, fence, lease_until)
+VALUES ($1, $2, 1, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $3)
+ON CONFLICT (name) DO UPDATE SET
+    owner       = excluded.owner,
+    fence       = l.fence + 1,
+    lease_until = excluded.lease_until
+WHERE l.owner = '' OR l.lease_until <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+RETURNING fence;
+
+-- name: lock_extend
+-- params: name owner fence lease_ms
+-- Compare-and-extend: one row if the lease is still the caller's.
+UPDATE idem_locks
+SET lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
+WHERE name = $1 AND owner = $2 AND fence = $3
+  AND lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+-- name: lock_release
+-- params: name owner fence
+-- Compare-and-delete: the row, and its fence, stay; the owner goes.
+UPDATE idem_locks
+SET owner = '', lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE name = $1 AND owner = $2 AND fence = $3
+  AND lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;

@@ -180,3 +180,35 @@ DELETE FROM idem_tokens WHERE rowid IN (
     SELECT rowid FROM idem_tokens
     WHERE expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)
     LIMIT ?1);
+
+-- Statements of LockBackend (package lock), on idem_locks (migration
+-- "locks"). lease_ms is the TTL in whole milliseconds rounded up, plus
+-- one for the truncation of "now" to the millisecond: the lease never
+-- ends before the TTL has passed since the statement began.
+
+-- name: lock_acquire
+-- params: name owner lease_ms
+-- Inserts the name's row, or takes it, fence + 1, if it is free (no
+-- owner) or its lease has ended. No row: held by another.
+INSERT INTO idem_locks AS l (name, owner, fence, lease_until)
+VALUES (?1, ?2, 1, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3)
+ON CONFLICT (name) DO UPDATE SET
+    owner       = excluded.owner,
+    fence       = l.fence + 1,
+    lease_until = excluded.lease_until
+WHERE l.owner = '' OR l.lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER)
+RETURNING fence;
+
+-- name: lock_extend
+-- params: name owner fence lease_ms
+UPDATE idem_locks
+SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?4
+WHERE name = ?1 AND owner = ?2 AND fence = ?3
+  AND lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: lock_release
+-- params: name owner fence
+UPDATE idem_locks
+SET owner = '', lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE name = ?1 AND owner = ?2 AND fence = ?3
+  AND lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER);

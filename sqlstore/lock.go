@@ -1,0 +1,258 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/lock"
+)
+
+// lockStatements are the statements of LockBackend, in the block of
+// queries/NAME.sql whose names start with "lock_".
+type lockStatements struct {
+	acquire *query
+	extend  *query
+	release *query
+}
+
+func (st *lockStatements) byName() map[string]**query {
+	return map[string]**query{
+		"lock_acquire": &st.acquire,
+		"lock_extend":  &st.extend,
+		"lock_release": &st.release,
+	}
+}
+
+// The LockBackend's statements, as indexes into its statement cache.
+const (
+	lockAcquire = iota
+	lockExtend
+	lockRelease
+	numLockQueries
+)
+
+func (st *lockStatements) query(i int) *query {
+	return [...]*query{lockAcquire: st.acquire, lockExtend: st.extend, lockRelease: st.release}[i]
+}
+
+// lockAcquireAttempts bounds how often Acquire runs its statement again
+// after a deadlock or a serialisation failure.
+const lockAcquireAttempts = 5
+
+// LockBackend is a [lock.Backend] in the database: the table idem_locks
+// (created by Store.Migrate, or LockBackend.Migrate) holds a row per
+// lock name with its owner, fence and lease. The fence comes from that
+// row (+1 on every acquisition) and survives release and expiry (release
+// clears the owner and keeps the row); the lease is counted on the
+// database's clock. Every operation is one statement. It is safe for
+// concurrent use, also by several processes sharing the database.
+//
+// Lock names are compared byte for byte ("a", "A" and "a " are three
+// locks). The rows are never deleted: lock names should come from a
+// bounded set.
+type LockBackend struct {
+	db      *sql.DB
+	d       Dialect
+	st      *lockStatements
+	cache   *lockStmtCache
+	cleanup runtime.Cleanup
+}
+
+var _ lock.Backend = (*LockBackend)(nil)
+
+type lockStmtCache struct {
+	stmts  [numLockQueries]atomic.Pointer[sql.Stmt]
+	closed atomic.Bool
+}
+
+func (c *lockStmtCache) close() {
+	c.closed.Store(true)
+	for i := range c.stmts {
+		if st := c.stmts[i].Swap(nil); st != nil {
+			_ = st.Close()
+		}
+	}
+}
+
+// NewLockBackend returns a LockBackend over db, which speaks d. It does
+// not touch the database: run Migrate (the Store's or the LockBackend's)
+// before first use.
+func NewLockBackend(db *sql.DB, d Dialect) (*LockBackend, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: NewLockBackend: nil *sql.DB")
+	}
+	if d == nil {
+		return nil, errors.New("sqlstore: NewLockBackend: nil Dialect (e.g. sqlstore.PostgreSQL)")
+	}
+	b := &LockBackend{db: db, d: d, st: &d.statements().lock, cache: &lockStmtCache{}}
+	b.cleanup = runtime.AddCleanup(b, (*lockStmtCache).close, b.cache)
+	return b, nil
+}
+
+// Migrate applies the package's migrations, idem_locks among them: the
+// same as Store.Migrate.
+func (b *LockBackend) Migrate(ctx context.Context) error {
+	s, err := New(b.db, &Config{Dialect: b.d})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Migrate(ctx)
+}
+
+// Close closes the statements the LockBackend prepared on its *sql.DB
+// (not the *sql.DB, which is the caller's). Calls made after Close fail
+// with ErrClosed. It is idempotent and returns nil.
+func (b *LockBackend) Close() error {
+	b.cleanup.Stop()
+	b.cache.close()
+	return nil
+}
+
+// stmt returns statement i prepared on the database, preparing it on
+// first use.
+func (b *LockBackend) stmt(ctx context.Context, i int) (*sql.Stmt, error) {
+	if st := b.cache.stmts[i].Load(); st != nil {
+		return st, nil
+	}
+	if b.cache.closed.Load() {
+		return nil, ErrClosed
+	}
+	st, err := b.db.PrepareContext(ctx, b.st.query(i).text)
+	if err != nil {
+		return nil, err
+	}
+	if !b.cache.stmts[i].CompareAndSwap(nil, st) {
+		_ = st.Close()
+		if st = b.cache.stmts[i].Load(); st == nil {
+			return nil, ErrClosed
+		}
+		return st, nil
+	}
+	if b.cache.closed.Load() {
+		if b.cache.stmts[i].CompareAndSwap(st, nil) {
+			_ = st.Close()
+		}
+		return nil, ErrClosed
+	}
+	return st, nil
+}
+
+// leaseMS is the lease the statements write for ttl: whole milliseconds
+// rounded up, plus one for the database's "now", which is truncated to
+// the millisecond; so the lease never ends before ttl has passed since
+// the statement began.
+func leaseMS(ttl time.Duration) int64 {
+	ms := int64((ttl + time.Millisecond - 1) / time.Millisecond)
+	return ms + 1
+}
+
+func (b *LockBackend) fail(ctx context.Context, op, name string, err error) error {
+	if b.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w (lock %s %q: %v)", ErrClosed, op, name, err)
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("sqlstore: lock %s %q: %w (%v)", op, name, cerr, err)
+	}
+	if b.d.missingTable(err) {
+		return fmt.Errorf("sqlstore: lock %s %q: %w (has Migrate run?)", op, name, err)
+	}
+	return fmt.Errorf("sqlstore: lock %s %q: %w", op, name, err)
+}
+
+// Acquire implements lock.Backend: one upsert that inserts the name's
+// row, or takes it if it is free (released or past its lease) with fence
+// + 1; it reports ErrHeld when the row is another's. PostgreSQL and
+// SQLite return the fence (RETURNING); MySQL reports it as the
+// statement's insert id (LAST_INSERT_ID(expr), see queries/mysql.sql).
+func (b *LockBackend) Acquire(ctx context.Context, name, owner string, ttl time.Duration) (int64, error) {
+	const op = "acquire"
+	if err := lock.ValidateName(name); err != nil {
+		return 0, err
+	}
+	if owner == "" || ttl <= 0 {
+		return 0, fmt.Errorf("sqlstore: lock acquire %q: empty owner or TTL %v", name, ttl)
+	}
+	st, err := b.stmt(ctx, lockAcquire)
+	if err != nil {
+		return 0, b.fail(ctx, op, name, err)
+	}
+	v := values{name: name, owner: owner, leaseMS: leaseMS(ttl)}
+	args := b.st.acquire.args(&v)
+	for attempt := 1; ; attempt++ {
+		var fence int64
+		if b.d.completeReturns() {
+			err = st.QueryRowContext(ctx, args...).Scan(&fence)
+			if errors.Is(err, sql.ErrNoRows) {
+				return 0, lock.ErrHeld
+			}
+		} else {
+			var res sql.Result
+			if res, err = st.ExecContext(ctx, args...); err == nil {
+				fence, err = res.LastInsertId()
+				if err == nil && fence == 0 {
+					return 0, lock.ErrHeld
+				}
+			}
+		}
+		if err == nil {
+			return fence, nil
+		}
+		if !b.d.retryable(err) || attempt == lockAcquireAttempts || ctx.Err() != nil {
+			return 0, b.fail(ctx, op, name, err)
+		}
+	}
+}
+
+// Extend implements lock.Backend: an UPDATE of the row when it carries
+// owner and fence and its lease has not ended.
+func (b *LockBackend) Extend(ctx context.Context, name, owner string, fence int64, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("sqlstore: lock extend %q: TTL %v", name, ttl)
+	}
+	return b.update(ctx, "extend", lockExtend, values{name: name, owner: owner, fence: fence, leaseMS: leaseMS(ttl)})
+}
+
+// Release implements lock.Backend: an UPDATE that clears the owner of
+// the row when it carries owner and fence and its lease has not ended;
+// the row, and so the fence, stays.
+func (b *LockBackend) Release(ctx context.Context, name, owner string, fence int64) error {
+	return b.update(ctx, "release", lockRelease, values{name: name, owner: owner, fence: fence})
+}
+
+// update runs Extend's or Release's statement: one matched row, or
+// ErrNotHeld. On MySQL, which counts changed rows rather than matched
+// ones, the extend statement reports a match as its insert id
+// (LAST_INSERT_ID(expr)) and the release statement always changes the
+// row it matches.
+func (b *LockBackend) update(ctx context.Context, op string, i int, v values) error {
+	if owner := v.owner; owner == "" || v.fence < 1 {
+		return lock.ErrNotHeld
+	}
+	st, err := b.stmt(ctx, i)
+	if err != nil {
+		return b.fail(ctx, op, v.name, err)
+	}
+	res, err := st.ExecContext(ctx, b.st.query(i).args(&v)...)
+	if err != nil {
+		return b.fail(ctx, op, v.name, err)
+	}
+	var n int64
+	if i == lockExtend && !b.d.completeReturns() {
+		n, err = res.LastInsertId()
+	} else {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		return b.fail(ctx, op, v.name, err)
+	}
+	if n == 0 {
+		return lock.ErrNotHeld
+	}
+	return nil
+}

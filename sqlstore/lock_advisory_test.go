@@ -1,0 +1,144 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/lock"
+)
+
+// PGAdvisoryKey's doc gives the key in SQL; PostgreSQL computes the same.
+func TestPGAdvisoryKeySQL(t *testing.T) {
+	t.Parallel()
+	db := servers[0].open(t, "")
+	for _, name := range append([]string{"job", "ключ"}, lockTestNames()...) {
+		var k int64
+		err := db.QueryRowContext(t.Context(),
+			`SELECT ('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit(64)::bigint`, name).Scan(&k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := lock.PGAdvisoryKey(name); k != want {
+			t.Errorf("%q: PostgreSQL says %d, PGAdvisoryKey %d", name, k, want)
+		}
+	}
+}
+
+func lockTestNames() []string {
+	return []string{"", "a", strings.Repeat("é", 100), `'; --`}
+}
+
+func TestPGAdvisoryXactLock(t *testing.T) {
+	t.Parallel()
+	db := servers[0].open(t, "")
+	ctx := t.Context()
+	key := lock.PGAdvisoryKey(randomName("advisory-"))
+	begin := func() *sql.Tx {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback() })
+		return tx
+	}
+	t1, t2 := begin(), begin()
+	if err := lock.PGAdvisoryXactLock(ctx, t1, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("try while held = %v, want ErrHeld", err)
+	}
+	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key+1); err != nil {
+		t.Fatalf("try of another key = %v", err)
+	}
+	// A waiter ends with its context.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	t3 := begin()
+	if err := lock.PGAdvisoryXactLock(short, t3, key); err == nil {
+		t.Fatal("PGAdvisoryXactLock while held returned nil")
+	}
+	// A waiter gets it when the holder's transaction ends.
+	got := make(chan error, 1)
+	t4 := begin()
+	go func() { got <- lock.PGAdvisoryXactLock(ctx, t4, key) }()
+	select {
+	case err := <-got:
+		t.Fatalf("PGAdvisoryXactLock returned %v while held", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := t1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter after the commit: %v", err)
+	}
+	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("try while the waiter holds it = %v, want ErrHeld", err)
+	}
+}
+
+func TestMySQLGetLock(t *testing.T) {
+	t.Parallel()
+	db := servers[1].open(t, "")
+	ctx := t.Context()
+	conn := func() *sql.Conn {
+		t.Helper()
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	name := randomName("idemtest:")
+	c1, c2 := conn(), conn()
+	release, err := lock.MySQLGetLock(ctx, c1, name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holder sql.NullInt64
+	if err := c2.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil || !holder.Valid {
+		t.Fatalf("IS_USED_LOCK: %v, %v", holder, err)
+	}
+	if _, err := lock.MySQLGetLock(ctx, c2, name, 0); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("GET_LOCK while held = %v, want ErrHeld", err)
+	}
+	// A waiter gets it once the holder releases.
+	got := make(chan error, 1)
+	var release2 func(context.Context) error
+	go func() {
+		var err error
+		release2, err = lock.MySQLGetLock(ctx, c2, name, 10*time.Second)
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if err := release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release by the former holder = %v, want ErrNotHeld", err)
+	}
+	if err := release2(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil || holder.Valid {
+		t.Fatalf("IS_USED_LOCK after release: %v, %v", holder, err)
+	}
+	for _, bad := range []string{"", strings.Repeat("x", lock.MaxMySQLLockName+1)} {
+		if _, err := lock.MySQLGetLock(ctx, c1, bad, 0); !errors.Is(err, lock.ErrInvalidName) {
+			t.Errorf("GET_LOCK(%d bytes) = %v, want ErrInvalidName", len(bad), err)
+		}
+	}
+	if _, err := lock.MySQLGetLock(ctx, c1, strings.Repeat("é", lock.MaxMySQLLockName), 0); err != nil {
+		t.Errorf("GET_LOCK of 64 characters: %v", err)
+	}
+}
