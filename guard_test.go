@@ -392,7 +392,9 @@ func TestGuardWatchdogRenews(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s := &hookStore{Store: memstore.New(nil)}
-	const lease = 60 * time.Millisecond
+	// Long enough that a renewal every lease/3 survives a starved
+	// scheduler (-race on a loaded 2-core CI machine).
+	const lease = 300 * time.Millisecond
 	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
 
 	stop := make(chan struct{})
@@ -499,7 +501,9 @@ func TestGuardMaxExecution(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	s := memstore.New(nil)
-	const lease, maxExec = 30 * time.Millisecond, 100 * time.Millisecond
+	// The lease is long enough that a loaded scheduler does not lose it
+	// (ErrLeaseLost) before the maximum execution time is reached.
+	const lease, maxExec = 150 * time.Millisecond, 500 * time.Millisecond
 	g := newGuard(t, s, &idem.GuardConfig{Lease: lease, MaxExecution: maxExec})
 	started := time.Now()
 	exec := begin(t, g, "k")
