@@ -20,12 +20,18 @@ const (
 	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
 	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
 	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
+	CodeBadSignature     = "BAD_SIGNATURE"      // 401
+	CodeOrderNotFound    = "ORDER_NOT_FOUND"    // 404
+	CodeAmountMismatch   = "AMOUNT_MISMATCH"    // 409
+	CodeOrderNotPayable  = "ORDER_NOT_PAYABLE"  // 409
+	CodeTradeConflict    = "TRADE_CONFLICT"     // 409
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
 var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business

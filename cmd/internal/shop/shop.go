@@ -40,6 +40,11 @@ type Config struct {
 	Wait time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// PaySecret is the secret that signs payment callbacks (the
+	// Pay-Signature header's HMAC-SHA256 key), shared with the payment
+	// provider. Empty means DevPaySecret, which anyone can read: set it in
+	// production.
+	PaySecret string
 }
 
 // Shop serves the shop's HTTP API.
@@ -48,6 +53,9 @@ type Shop struct {
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
+	// pq and paySecret serve payment callbacks (payments.go).
+	pq        payQueries
+	paySecret string
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -98,7 +106,10 @@ func New(cfg Config) (*Shop, error) {
 	default:
 		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
 	}
-	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger}
+	if cfg.PaySecret == "" {
+		cfg.PaySecret = DevPaySecret
+	}
+	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger, pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -113,6 +124,11 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /orders/{order_no}", s.authenticated(http.HandlerFunc(s.getOrder)))
 	mux.HandleFunc("GET /products", s.listProducts)
+	payments, err := s.paymentCallbackHandler(idm)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("POST /payments/callback", payments)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -578,6 +594,8 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 		allow = "GET, POST"
 	case p == "/healthz", p == "/products":
 		allow = "GET"
+	case p == "/payments/callback":
+		allow = "POST"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
