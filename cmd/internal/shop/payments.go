@@ -627,7 +627,9 @@ func payInsertOrGet[T any](ctx context.Context, q payQuerier,
 	}
 	if inTx {
 		if _, rerr := q.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT shop_pay"); rerr != nil {
-			return zero, false, rerr
+			// MySQL rolls the whole transaction back on a deadlock, and
+			// its savepoints with it: err must stay visible (isTransient).
+			return zero, false, errors.Join(err, rerr)
 		}
 	}
 	if !isDuplicate(err) {
@@ -753,13 +755,46 @@ func (m *memoryResponse) Write(b []byte) (int, error) {
 }
 
 // paymentCallbackHandler is POST /payments/callback: the signature is
-// checked first, then the idempotency middleware (scoped to the provider,
-// keyed by paymentKey) replays a repeated callback's answer, then
-// paymentCallback applies it.
-//
-// TODO(idemhttp Config.Key): until the middleware can take its key from
-// the request, the business guards alone make repeats harmless.
+// checked first (signedByProvider), then the idempotency middleware,
+// scoped to the provider and keyed by paymentKey, replays a repeated
+// callback's answer (a repeat that comes while the first runs waits up to
+// paymentCallbackWait for it), then paymentCallback applies it.
 func (s *Shop) paymentCallbackHandler(idm *idemhttp.Middleware) (http.Handler, error) {
-	_ = idm
-	return s.signedByProvider(http.HandlerFunc(s.paymentCallback)), nil
+	guard, err := idm.With(func(c *idemhttp.Config) {
+		c.Scope = func(*http.Request) (string, error) { return paymentScope, nil }
+		c.KeyOptional = false
+		c.Wait = max(c.Wait, paymentCallbackWait)
+		c.MaxRequestBody = maxCallbackBody
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.signedByProvider(withPaymentKey(guard.Handler(http.HandlerFunc(s.paymentCallback)))), nil
+}
+
+// withPaymentKey gives a signed callback its idempotency key, derived from
+// its body (paymentKey), as the Idempotency-Key header the middleware
+// reads; one the request carried is replaced. A body that is no callback
+// is answered 400 INVALID_REQUEST here, before any record is created.
+//
+// TODO(idemhttp Config.Key): the middleware takes the key from the
+// request's body itself once Config.Key lands; this stand-in then goes.
+func withPaymentKey(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body) // bounded by signedByProvider
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
+			return
+		}
+		cb, err := parsePaymentCallback(body)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
+			return
+		}
+		r2 := r.WithContext(r.Context())
+		r2.Header = r.Header.Clone()
+		r2.Header.Set(idemhttp.HeaderIdempotencyKey, paymentKey(cb))
+		r2.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r2)
+	})
 }

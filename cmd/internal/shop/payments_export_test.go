@@ -3,6 +3,7 @@ package shop
 import (
 	"context"
 	"errors"
+	"net/http"
 )
 
 // SimulatePayment exposes (*Shop).simulatePayment to the package's
@@ -22,4 +23,11 @@ func ProblemCode(err error) string {
 		return pe.code
 	}
 	return err.Error()
+}
+
+// UnguardedPaymentCallback is POST /payments/callback without the
+// idempotency middleware: the signature check and the business guards
+// alone, as a callback meets them once its record has expired.
+func UnguardedPaymentCallback(s *Shop) http.Handler {
+	return s.signedByProvider(http.HandlerFunc(s.paymentCallback))
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -23,7 +24,8 @@ const testPaySecret = "test-pay-secret"
 
 // newPayShop returns a shop over a fresh, migrated and seeded database of
 // backend b (the default catalogue: SKU-1 costs 1299), its payment
-// callbacks signed with testPaySecret.
+// callbacks signed with testPaySecret; the shop's errors go to the test's
+// output.
 func newPayShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -41,7 +43,7 @@ func newPayShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	if err := shop.Seed(ctx, db, b.dialect, shop.DefaultCatalog()); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, PaySecret: testPaySecret})
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, PaySecret: testPaySecret, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +210,29 @@ func testPaymentCallbackPaysOrder(t *testing.T, b backend) {
 		t.Errorf("GET order: %s (%v)", rec.Body, err)
 	}
 
-	// The provider repeats it later, signed anew: same answer, nothing more.
+	// The idempotency record is the provider's, keyed by the trade.
+	var scope, key string
+	if err := db.QueryRow(`SELECT scope, idempotency_key FROM idem_records WHERE scope <> 'user:1'`).Scan(&scope, &key); err != nil {
+		t.Fatal(err)
+	}
+	if scope != "provider:pay" || !strings.HasPrefix(key, "trade:T-pays-1:SUCCESS:") {
+		t.Errorf("idempotency record (%q, %q), want the provider's, keyed by the trade", scope, key)
+	}
+	// The provider repeats it later, signed anew: the same answer, replayed.
 	for range 3 {
-		wantSuccess(t, callback(s, body))
+		rec := callback(s, body)
+		wantSuccess(t, rec)
+		if rec.Header().Get("Idempotent-Replayed") != "true" {
+			t.Errorf("a repeat was not replayed")
+		}
+	}
+	// Once the record has expired, the payment row and the order's state
+	// still make a repeat harmless.
+	mustExec(t, db, `DELETE FROM idem_records WHERE scope = 'provider:pay'`)
+	rec = callback(s, body)
+	wantSuccess(t, rec)
+	if rec.Header().Get("Idempotent-Replayed") != "" {
+		t.Errorf("a repeat after the record's expiry was replayed")
 	}
 	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 1 {
 		t.Errorf("%d payment rows, want 1", n)
@@ -231,8 +253,23 @@ func TestPaymentCallbackConcurrentRepeats(t *testing.T) {
 
 func testPaymentCallbackConcurrentRepeats(t *testing.T, b backend) {
 	s, db := newPayShop(t, b)
+	for _, c := range []struct {
+		name    string
+		handler http.Handler
+	}{
+		{"guarded", s},
+		// The business guards alone: the unique payment row and the
+		// order's conditional transition.
+		{"unguarded", shop.UnguardedPaymentCallback(s)},
+	} {
+		t.Run(c.name, func(t *testing.T) { concurrentRepeats(t, b, s, db, c.handler) })
+	}
+}
+
+func concurrentRepeats(t *testing.T, b backend, s *shop.Shop, db *sql.DB, h http.Handler) {
 	o := placeOrder(t, s, 7, 1)
-	body := callbackBody(o.OrderNo, "T-concurrent", o.AmountCents, "SUCCESS")
+	trade := "T-concurrent-" + o.OrderNo
+	body := callbackBody(o.OrderNo, trade, o.AmountCents, "SUCCESS")
 	sig := shop.SignPayment(testPaySecret, time.Now(), []byte(body))
 	const n = 30
 	answers := make([]*httptest.ResponseRecorder, n)
@@ -241,7 +278,7 @@ func testPaymentCallbackConcurrentRepeats(t *testing.T, b backend) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			answers[i] = callbackSigned(s, body, sig)
+			answers[i] = callbackSigned(h, body, sig)
 		})
 	}
 	close(start)
@@ -251,7 +288,7 @@ func testPaymentCallbackConcurrentRepeats(t *testing.T, b backend) {
 			t.Errorf("callback %d: %d %s", i, rec.Code, rec.Body)
 		}
 	}
-	if c := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, "T-concurrent"); c != 1 {
+	if c := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade); c != 1 {
 		t.Errorf("%d payment rows, want 1", c)
 	}
 	if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusPaid || got.version != o.Version+1 {
@@ -349,20 +386,32 @@ func TestPaymentCallbackOrderNotPayable(t *testing.T) {
 
 func testPaymentCallbackOrderNotPayable(t *testing.T, b backend) {
 	s, db := newPayShop(t, b)
-	for _, status := range []string{shop.StatusCancelled, shop.StatusClosed} {
-		t.Run(status, func(t *testing.T) {
+	for _, c := range []struct {
+		status  string
+		handler http.Handler
+	}{
+		{shop.StatusCancelled, s},
+		{shop.StatusClosed, s},
+		{shop.StatusCancelled, shop.UnguardedPaymentCallback(s)},
+	} {
+		status := c.status
+		name := status
+		if c.handler != http.Handler(s) {
+			name += "/unguarded"
+		}
+		t.Run(name, func(t *testing.T) {
 			o := placeOrder(t, s, 2, 1)
 			// Until the cancel endpoint and the close job exist, the order
 			// is cancelled or closed as they would: one transition.
 			if _, err := db.Exec(query(b, `UPDATE shop_orders SET status = ?, version = version + 1 WHERE order_no = ?`), status, o.OrderNo); err != nil {
 				t.Fatal(err)
 			}
-			trade := "T-late-" + status
+			trade := "T-late-" + o.OrderNo
 			body := callbackBody(o.OrderNo, trade, o.AmountCents, "SUCCESS")
 			var wg sync.WaitGroup
 			answers := make([]*httptest.ResponseRecorder, 30)
 			for i := range answers {
-				wg.Go(func() { answers[i] = callback(s, body) })
+				wg.Go(func() { answers[i] = callback(c.handler, body) })
 			}
 			wg.Wait()
 			for _, rec := range answers {
@@ -558,4 +607,72 @@ func testSimulatePayment(t *testing.T, b backend) {
 	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
 		t.Errorf("%d reconciliation rows after paying a cancelled order, want 0 (nothing sent)", n)
 	}
+}
+
+// A cancel racing a payment's callbacks: the order ends either PAID, with
+// one payment row and every callback answered 200, or CANCELLED, with no
+// payment row, one reconciliation row and every callback answered 409
+// ORDER_NOT_PAYABLE — never both, never a payment on a cancelled order.
+func TestPaymentRacesCancel(t *testing.T) {
+	forBackends(t, testPaymentRacesCancel)
+}
+
+func testPaymentRacesCancel(t *testing.T, b backend) {
+	s, db := newPayShop(t, b)
+	unguarded := shop.UnguardedPaymentCallback(s)
+	outcomes := map[string]int{}
+	for range 6 {
+		o := placeOrder(t, s, 9, 1)
+		trade := "T-race-" + o.OrderNo
+		body := callbackBody(o.OrderNo, trade, o.AmountCents, "SUCCESS")
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		answers := make([]*httptest.ResponseRecorder, 10)
+		for i := range answers {
+			h := http.Handler(s)
+			if i%2 == 1 {
+				h = unguarded
+			}
+			wg.Go(func() {
+				<-start
+				answers[i] = callback(h, body)
+			})
+		}
+		wg.Go(func() {
+			<-start
+			// The owner's cancel, as the cancel endpoint makes it: a
+			// conditional transition out of WAIT_PAY.
+			if _, err := db.Exec(query(b, `UPDATE shop_orders SET status = 'CANCELLED', version = version + 1 WHERE order_no = ? AND status = 'WAIT_PAY'`), o.OrderNo); err != nil {
+				t.Error(err)
+			}
+		})
+		close(start)
+		wg.Wait()
+		got := readOrder(t, db, b, o.OrderNo)
+		outcomes[got.status]++
+		payments := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade)
+		recs := reconciliations(t, db, b, trade)
+		switch got.status {
+		case shop.StatusPaid:
+			if payments != 1 || len(recs) != 0 {
+				t.Errorf("paid order: %d payment rows and reconciliations %+v, want 1 and none", payments, recs)
+			}
+			for _, rec := range answers {
+				wantSuccess(t, rec)
+			}
+		case shop.StatusCancelled:
+			if payments != 0 || len(recs) != 1 || recs[0].reason != "ORDER_NOT_PAYABLE" {
+				t.Errorf("cancelled order: %d payment rows and reconciliations %+v, want none and one ORDER_NOT_PAYABLE", payments, recs)
+			}
+			for _, rec := range answers {
+				wantProblem(t, rec, http.StatusConflict, shop.CodeOrderNotPayable)
+			}
+		default:
+			t.Errorf("order %+v, want PAID or CANCELLED", got)
+		}
+		if got.version != o.Version+1 {
+			t.Errorf("order at version %d, want %d (one transition)", got.version, o.Version+1)
+		}
+	}
+	t.Logf("outcomes: %v", outcomes)
 }
