@@ -284,7 +284,7 @@ func TestClosedLogPipeDoesNotKillDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	body := `{"sku":"PIPE-1","quantity":1}`
+	body := `{"sku":"BOOK-1","quantity":1}`
 	if _, err := io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: shop\r\nX-User-ID: 1\r\nIdempotency-Key: pipe\r\n"+
 		"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body[:4]); err != nil {
 		t.Fatal(err)

@@ -7,7 +7,33 @@
 //	GET  /orders/{order_no}   one of the caller's orders
 //	GET  /orders              the caller's orders, newest first
 //	GET  /healthz             liveness and database reachability
+//	GET  /products            the catalogue, with the stock left
+//	POST /orders/{order_no}/cancel   cancel a waiting order (WAIT_PAY → CANCELLED)
+//	POST /orders/{order_no}/refunds  refund a paid order (Idempotency-Key required)
+//	POST /coupons/{id}/claim  claim a coupon, once per user
+//	GET  /users/me/coupons    the caller's coupon claims
 //	POST /payments/callback   a payment provider reports a payment (signed; see Payments)
+//
+// # Stock, coupons and an order's life
+//
+// An order reserves its quantity with one conditional update (stock never
+// goes below 0) and may use a claim of a coupon (UNUSED → USED) in its
+// transaction; its amount_cents is price × quantity minus the coupon's
+// discount. Every change of an order's status is a transition of one
+// state machine (orderfsm.go): WAIT_PAY → PAID (payment), WAIT_PAY →
+// CANCELLED (the owner), WAIT_PAY → CLOSED (the close job, after
+// -pay-timeout, default 30m), PAID → REFUNDED. A transition is one
+// conditional update with the order's version; cancelling and closing give
+// the stock and the claim back in the transaction of the transition, only
+// when it moved the order, so a repeated cancel, two close jobs, or a job
+// racing a cancel or a payment give back once and never close a paid
+// order. Cancel and claim need no Idempotency-Key: repeating them is
+// harmless (the same order, the same claim). A claim is unique on (user,
+// coupon) and takes one of the coupon's total in its transaction; a refund
+// is unique on its order.
+//
+// The close job runs in every shopd: a pass every tenth of -pay-timeout
+// (from 1 s to 1 min) closes up to 100 expired orders.
 //
 // The caller is identified by the X-User-ID header (a positive integer; a
 // stand-in for real authentication) and that identity is the idempotency

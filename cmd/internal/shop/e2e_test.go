@@ -294,7 +294,7 @@ func TestShopdWaitModeReplaysToEveryone(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			replies[i] = do(t, "POST", s.base+"/orders", "9", "wait-key", `{"sku":"PEN","quantity":1}`)
+			replies[i] = do(t, "POST", s.base+"/orders", "9", "wait-key", `{"sku":"SKU-1","quantity":1}`)
 		})
 	}
 	wg.Wait()
@@ -330,7 +330,7 @@ func TestShopdGracefulShutdownFinishesInFlight(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			replies[i] = do(t, "POST", s.base+"/orders", "11", fmt.Sprintf("shutdown-%d", i), `{"sku":"MUG","quantity":1}`)
+			replies[i] = do(t, "POST", s.base+"/orders", "11", fmt.Sprintf("shutdown-%d", i), `{"sku":"BOOK-1","quantity":1}`)
 		})
 	}
 	time.Sleep(5 * time.Millisecond)
@@ -357,8 +357,8 @@ func TestShopdGracefulShutdownFinishesInFlight(t *testing.T) {
 func TestShopdUsersAreSeparateScopes(t *testing.T) {
 	dir := t.TempDir()
 	s := startShopd(t, dir)
-	a := do(t, "POST", s.base+"/orders", "21", "same-key", `{"sku":"A","quantity":1}`)
-	b := do(t, "POST", s.base+"/orders", "22", "same-key", `{"sku":"B","quantity":5}`)
+	a := do(t, "POST", s.base+"/orders", "21", "same-key", `{"sku":"SKU-1","quantity":1}`)
+	b := do(t, "POST", s.base+"/orders", "22", "same-key", `{"sku":"BOOK-1","quantity":5}`)
 	if a.status != http.StatusCreated || b.status != http.StatusCreated {
 		t.Fatalf("answers %d %s / %d %s", a.status, a.body, b.status, b.body)
 	}
@@ -367,7 +367,7 @@ func TestShopdUsersAreSeparateScopes(t *testing.T) {
 	}
 	list := do(t, "GET", s.base+"/orders", "22", "", "")
 	var got struct{ Orders []shop.Order }
-	if err := json.Unmarshal(list.body, &got); err != nil || len(got.Orders) != 1 || got.Orders[0].SKU != "B" {
+	if err := json.Unmarshal(list.body, &got); err != nil || len(got.Orders) != 1 || got.Orders[0].SKU != "BOOK-1" {
 		t.Fatalf("user 22's list: %s", list.body)
 	}
 	if !bytes.Contains(do(t, "GET", s.base+"/healthz", "", "", "").body, []byte(`"ok"`)) {

@@ -44,7 +44,7 @@ func TestUncleanPathRedirectsWithoutEffect(t *testing.T) {
 	t.Parallel()
 	s, db := newShop(t, sqliteBackend)
 	h := map[string]string{"X-User-ID": "8", "Idempotency-Key": "unclean", "Content-Type": "application/json"}
-	body := `{"sku":"UNCLEAN","quantity":2}`
+	body := `{"sku":"SKU-1","quantity":2}`
 	for _, target := range []string{"http://shop//orders", "http://shop/orders/../orders", "http://shop/orders/x/../../orders"} {
 		rec := serve(s, http.MethodPost, target, h, body)
 		if rec.Code != http.StatusTemporaryRedirect || rec.Header().Get("Location") != "/orders" {
@@ -113,13 +113,16 @@ func TestClientGoneIsNotAnError(t *testing.T) {
 	if err := shop.Migrate(ctx, db, sqlstore.SQLite); err != nil {
 		t.Fatal(err)
 	}
+	if err := shop.Seed(ctx, db, sqlstore.SQLite, shop.DefaultCatalog()); err != nil {
+		t.Fatal(err)
+	}
 	reqCtx, cancel := context.WithCancel(ctx)
 	logs := &levelCounter{}
 	s, err := shop.New(shop.Config{DB: db, Store: cancelAfterAcquire{store, cancel}, Logger: slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := `{"sku":"GONE","quantity":1}`
+	body := `{"sku":"SKU-1","quantity":1}`
 	req := httptest.NewRequestWithContext(reqCtx, http.MethodPost, "/orders", strings.NewReader(body))
 	req.Header.Set("X-User-ID", "51")
 	req.Header.Set("Idempotency-Key", "gone")
@@ -148,13 +151,18 @@ func TestClientGoneIsNotAnError(t *testing.T) {
 
 // Keys a hostile client may send (multi-byte, quotes, SQL, bidi controls,
 // 255 bytes of emoji) with the largest user ID, SKU and quantity the shop
-// takes: each creates one order and replays it, on every backend.
+// takes, at the largest price a catalogue takes: each creates one order and
+// replays it, on every backend.
 func TestHostileKeysOnEveryBackend(t *testing.T) {
+	keys := []string{"😀", strings.Repeat("é", 127), `a'b"c\d`, "%s%n", "a b", "'; DROP TABLE shop_orders; --", "\u202e", "\ufeffk", strings.Repeat("😀", 63)}
+	longest := strings.Repeat("Z", 64)
+	catalog := shop.DefaultCatalog()
+	catalog.Products = append(catalog.Products, shop.Product{SKU: longest, Name: "Largest", PriceCents: 1_000_000_000_00, Stock: int64(len(keys)) * shop.MaxQuantity})
 	forBackends(t, func(t *testing.T, b backend) {
-		s, _ := newShop(t, b)
-		for _, key := range []string{"😀", strings.Repeat("é", 127), `a'b"c\d`, "%s%n", "a b", "'; DROP TABLE shop_orders; --", "\u202e", "\ufeffk", strings.Repeat("😀", 63)} {
+		s, db := newShopWith(t, b, catalog)
+		for _, key := range keys {
 			h := map[string]string{"X-User-ID": "9223372036854775807", "Idempotency-Key": key, "Content-Type": "application/json"}
-			body := `{"sku":"` + strings.Repeat("Z", 64) + `","quantity":1000}`
+			body := `{"sku":"` + longest + `","quantity":1000}`
 			r1 := serve(s, http.MethodPost, "/orders", h, body)
 			r2 := serve(s, http.MethodPost, "/orders", h, body)
 			if r1.Code != 201 || r2.Code != 201 || r2.Header().Get("Idempotent-Replayed") != "true" || r1.Body.String() != r2.Body.String() {
@@ -164,6 +172,17 @@ func TestHostileKeysOnEveryBackend(t *testing.T) {
 		r := serve(s, http.MethodGet, "/orders?limit=500", map[string]string{"X-User-ID": "9223372036854775807"}, "")
 		if r.Code != 200 {
 			t.Errorf("list: %d %s", r.Code, r.Body)
+		}
+		var orders, stock int64
+		var amount int64
+		if err := db.QueryRow(`SELECT COUNT(*), MIN(amount_cents) FROM shop_orders`).Scan(&orders, &amount); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow(`SELECT stock FROM shop_products WHERE sku = '` + longest + `'`).Scan(&stock); err != nil {
+			t.Fatal(err)
+		}
+		if orders != int64(len(keys)) || stock != 0 || amount != 1_000_000_000_00*shop.MaxQuantity {
+			t.Errorf("%d orders, stock %d, amount %d; want %d orders, stock 0, amount %d", orders, stock, amount, len(keys), int64(1_000_000_000_00*shop.MaxQuantity))
 		}
 	})
 }

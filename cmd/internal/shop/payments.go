@@ -18,10 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
-	"modernc.org/sqlite"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
@@ -103,27 +99,20 @@ var payStatusPattern = regexp.MustCompile(`^[A-Z][A-Z_]{0,31}$`)
 
 // payQueries are the statements of payment callbacks.
 type payQueries struct {
-	orderForPayment, insertPayment, getPayment, markPaid, orderStatus string
-	insertReconciliation, getReconciliation                           string
+	orderForPayment, insertPayment, getPayment string
+	insertReconciliation, getReconciliation    string
 }
 
 func newPayQueries(d sqlstore.Dialect) payQueries {
-	// A transaction on MySQL/MariaDB (REPEATABLE READ) reads a snapshot;
-	// the payment that a duplicate insert collided with was committed after
-	// it, and only a locking read sees it.
-	lockingRead := ""
-	if d == sqlstore.MySQL {
-		lockingRead = " LOCK IN SHARE MODE"
-	}
 	return payQueries{
 		orderForPayment: rebind(d, `SELECT status, amount_cents, version FROM shop_orders WHERE order_no = ?`),
 		insertPayment:   rebind(d, `INSERT INTO shop_payments (trade_no, order_no, amount_cents, created_ms) VALUES (?, ?, ?, ?)`),
-		getPayment:      rebind(d, `SELECT order_no, amount_cents, created_ms FROM shop_payments WHERE trade_no = ?`+lockingRead),
-		markPaid: rebind(d, `UPDATE shop_orders SET status = 'PAID', version = version + 1, updated_ms = ?
-			WHERE order_no = ? AND status = 'WAIT_PAY' AND version = ?`),
-		orderStatus:          rebind(d, `SELECT status, version FROM shop_orders WHERE order_no = ?`),
+		// A locking read: in a MySQL transaction a plain read would see the
+		// transaction's snapshot, older than the payment a duplicate insert
+		// collided with.
+		getPayment:           rebind(d, `SELECT order_no, amount_cents, created_ms FROM shop_payments WHERE trade_no = ?`+lockingRead(d)),
 		insertReconciliation: rebind(d, `INSERT INTO shop_reconciliations (trade_no, order_no, amount_cents, reason, created_ms) VALUES (?, ?, ?, ?, ?)`),
-		getReconciliation:    rebind(d, `SELECT order_no, amount_cents, reason FROM shop_reconciliations WHERE trade_no = ?`),
+		getReconciliation:    rebind(d, `SELECT reason FROM shop_reconciliations WHERE trade_no = ?`+lockingRead(d)),
 	}
 }
 
@@ -399,7 +388,7 @@ func (s *Shop) paymentCallback(w http.ResponseWriter, r *http.Request) {
 	var refusal *paymentRefusal
 	for attempt := 1; ; attempt++ {
 		refusal, err = s.applyPayment(ctx, cb, func(tx *sql.Tx) error { return s.completeCallback(ctx, tx) })
-		if err == nil || attempt == maxPaymentAttempts || !(errors.Is(err, errOrderMoved) || isTransient(err)) {
+		if err == nil || attempt == maxPaymentAttempts || !(errors.Is(err, errOrderMoved) || retryable(err)) {
 			break
 		}
 	}
@@ -493,7 +482,7 @@ func (s *Shop) applyPayment(ctx context.Context, cb paymentCallback, complete fu
 		// This trade was applied before (its payment row and the order's
 		// transition committed together): the callback is a repeat.
 	} else {
-		switch err := s.markOrderPaid(ctx, tx, cb.OrderNo, version, now); {
+		switch err := s.markOrderPaid(ctx, tx, cb.OrderNo, version); {
 		case err == nil:
 		case errors.Is(err, errAlreadyPaid):
 			// Paid, and not by this trade (whose row did not exist): the
@@ -527,12 +516,12 @@ func notPayable(cb paymentCallback, status string) *paymentRefusal {
 // recordPayment inserts the payment row of cb, or reads the one its trade
 // number has already (insert first, read on conflict).
 func (s *Shop) recordPayment(ctx context.Context, tx *sql.Tx, cb paymentCallback, now int64) (storedPayment, bool, error) {
-	return payInsertOrGet(ctx, tx,
-		func(ctx context.Context, q payQuerier) (storedPayment, error) {
+	return insertOrGet(ctx, tx,
+		func(ctx context.Context, q querier) (storedPayment, error) {
 			_, err := q.ExecContext(ctx, s.pq.insertPayment, cb.TradeNo, cb.OrderNo, cb.AmountCents, now)
 			return storedPayment{cb.OrderNo, cb.AmountCents, now}, err
 		},
-		func(ctx context.Context, q payQuerier) (storedPayment, error) {
+		func(ctx context.Context, q querier) (storedPayment, error) {
 			var p storedPayment
 			err := q.QueryRowContext(ctx, s.pq.getPayment, cb.TradeNo).Scan(&p.orderNo, &p.amountCents, &p.createdMS)
 			return p, err
@@ -543,18 +532,19 @@ func (s *Shop) recordPayment(ctx context.Context, tx *sql.Tx, cb paymentCallback
 // number: a repeat finds the row its trade has (and keeps its first
 // reason).
 func (s *Shop) reconcile(ctx context.Context, cb paymentCallback, reason string) error {
-	_, _, err := payInsertOrGet(ctx, s.db,
-		func(ctx context.Context, q payQuerier) (string, error) {
-			_, err := q.ExecContext(ctx, s.pq.insertReconciliation, cb.TradeNo, cb.OrderNo, cb.AmountCents, reason, time.Now().UnixMilli())
-			return reason, err
-		},
-		func(ctx context.Context, q payQuerier) (string, error) {
-			var orderNo, have string
-			var amount int64
-			err := q.QueryRowContext(ctx, s.pq.getReconciliation, cb.TradeNo).Scan(&orderNo, &amount, &have)
-			return have, err
-		})
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		_, _, err := insertOrGet(ctx, tx,
+			func(ctx context.Context, q querier) (string, error) {
+				_, err := q.ExecContext(ctx, s.pq.insertReconciliation, cb.TradeNo, cb.OrderNo, cb.AmountCents, reason, time.Now().UnixMilli())
+				return reason, err
+			},
+			func(ctx context.Context, q querier) (string, error) {
+				var have string
+				err := q.QueryRowContext(ctx, s.pq.getReconciliation, cb.TradeNo).Scan(&have)
+				return have, err
+			})
+		return err
+	})
 }
 
 // errAlreadyPaid: the order is PAID already (the transition's target).
@@ -566,96 +556,24 @@ type orderStatusError struct{ status string }
 func (e *orderStatusError) Error() string { return "shop: order is " + e.status }
 
 // markOrderPaid moves order no from WAIT_PAY to PAID, at version, in tx,
-// with one conditional update; when it changes nothing, it reads the order
-// to say why: errAlreadyPaid, an *orderStatusError (another state),
-// errOrderMoved (still WAIT_PAY, another version) or an error.
-//
-// TODO(fsm): the order state machine of package fsm makes this
-// transition once it lands; this function is its only stand-in.
-func (s *Shop) markOrderPaid(ctx context.Context, tx *sql.Tx, orderNo string, version, now int64) error {
-	res, err := tx.ExecContext(ctx, s.pq.markPaid, now, orderNo, version)
-	if err != nil {
-		return fmt.Errorf("mark order paid: %w", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("mark order paid: %w", err)
-	} else if n == 1 {
-		return nil
-	}
-	var status string
-	var have int64
-	switch err := tx.QueryRowContext(ctx, s.pq.orderStatus, orderNo).Scan(&status, &have); {
-	case err != nil:
-		return fmt.Errorf("read order after its transition: %w", err)
-	case status == StatusPaid:
+// through the order's state machine (transitionOrder); when it changes
+// nothing it says why: errAlreadyPaid, an *orderStatusError (another
+// state), errOrderMoved (still WAIT_PAY, another version) or an error.
+func (s *Shop) markOrderPaid(ctx context.Context, tx *sql.Tx, orderNo string, version int64) error {
+	tr, err := s.transitionOrder(ctx, tx, orderNo, StatusPaid, version)
+	var illegal *illegalTransitionError
+	var conflict *conflictError
+	switch {
+	case err == nil && tr.AlreadyApplied:
 		return errAlreadyPaid
-	case status == StatusWaitPay:
+	case err == nil:
+		return nil
+	case errors.As(err, &conflict):
 		return errOrderMoved
-	default:
-		return &orderStatusError{status}
+	case errors.As(err, &illegal):
+		return &orderStatusError{illegal.Current}
 	}
-}
-
-// payQuerier runs statements: *sql.DB and *sql.Tx.
-type payQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// payInsertOrGet runs insert and, on a unique violation, get ("insert
-// first, read on conflict"), the insert in a savepoint when q is a
-// transaction so that PostgreSQL's transaction survives the violation.
-//
-// TODO(uniq): uniq.InsertOrGet replaces this once it lands.
-func payInsertOrGet[T any](ctx context.Context, q payQuerier,
-	insert, get func(context.Context, payQuerier) (T, error)) (T, bool, error) {
-	var zero T
-	_, inTx := q.(*sql.Tx)
-	if inTx {
-		if _, err := q.ExecContext(ctx, "SAVEPOINT shop_pay"); err != nil {
-			return zero, false, err
-		}
-	}
-	v, err := insert(ctx, q)
-	if err == nil {
-		if inTx {
-			if _, err := q.ExecContext(ctx, "RELEASE SAVEPOINT shop_pay"); err != nil {
-				return zero, false, err
-			}
-		}
-		return v, true, nil
-	}
-	if inTx {
-		if _, rerr := q.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT shop_pay"); rerr != nil {
-			// MySQL rolls the whole transaction back on a deadlock, and
-			// its savepoints with it: err must stay visible (isTransient).
-			return zero, false, errors.Join(err, rerr)
-		}
-	}
-	if !isDuplicate(err) {
-		return zero, false, err
-	}
-	v, err = get(ctx, q)
-	return v, false, err
-}
-
-// isTransient reports whether err ended a transaction that may simply be
-// run again: a deadlock or serialization failure the database broke, or
-// SQLite's busy database.
-func isTransient(err error) bool {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Code == "40001" || pg.Code == "40P01"
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		return my.Number == 1213
-	}
-	var lite *sqlite.Error
-	if errors.As(err, &lite) {
-		return lite.Code()&0xff == 5 // SQLITE_BUSY and its extended codes
-	}
-	return false
+	return fmt.Errorf("mark order paid: %w", err)
 }
 
 // tradeNoFor is the trade number of the simulated payment of an order:

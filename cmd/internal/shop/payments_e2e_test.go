@@ -64,7 +64,7 @@ func TestShopdTwoProcessesOnePayment(t *testing.T) {
 					t.Errorf("callback %d: %s", i, a)
 				}
 			}
-			if c := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, o.OrderNo); c != 1 {
+			if c := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, o.OrderNo); c != 1 {
 				t.Errorf("%d payment rows, want 1", c)
 			}
 			if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusPaid || got.version != o.Version+1 {

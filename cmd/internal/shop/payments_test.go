@@ -121,7 +121,7 @@ func query(b backend, q string) string {
 	return out.String()
 }
 
-func countRows(t *testing.T, db *sql.DB, b backend, q string, args ...any) int {
+func payCount(t *testing.T, db *sql.DB, b backend, q string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRow(query(b, q), args...).Scan(&n); err != nil {
@@ -130,15 +130,15 @@ func countRows(t *testing.T, db *sql.DB, b backend, q string, args ...any) int {
 	return n
 }
 
-// orderRow is what the database holds of an order.
-type orderRow struct {
+// payOrderRow is what the database holds of an order.
+type payOrderRow struct {
 	status             string
 	version, updatedMS int64
 }
 
-func readOrder(t *testing.T, db *sql.DB, b backend, orderNo string) orderRow {
+func readOrder(t *testing.T, db *sql.DB, b backend, orderNo string) payOrderRow {
 	t.Helper()
-	var o orderRow
+	var o payOrderRow
 	if err := db.QueryRow(query(b, `SELECT status, version, updated_ms FROM shop_orders WHERE order_no = ?`), orderNo).
 		Scan(&o.status, &o.version, &o.updatedMS); err != nil {
 		t.Fatal(err)
@@ -200,8 +200,8 @@ func testPaymentCallbackPaysOrder(t *testing.T, b backend) {
 		t.Errorf("payment row (%s, %d, %d), want (%s, %d, >= %d)", orderNo, amount, createdMS, o.OrderNo, o.AmountCents, start)
 	}
 	after := readOrder(t, db, b, o.OrderNo)
-	if after.status != shop.StatusPaid || after.version != before.version+1 || after.updatedMS != createdMS {
-		t.Errorf("order after payment %+v (before %+v), want PAID, version+1, updated_ms = the payment's %d", after, before, createdMS)
+	if after.status != shop.StatusPaid || after.version != before.version+1 || after.updatedMS < start {
+		t.Errorf("order after payment %+v (before %+v), want PAID, version+1, updated_ms the time of the payment (>= %d)", after, before, start)
 	}
 	// GET /orders/{order_no} shows it paid.
 	rec := serve(s, "GET", "/orders/"+o.OrderNo, map[string]string{"X-User-ID": "1"}, "")
@@ -234,13 +234,13 @@ func testPaymentCallbackPaysOrder(t *testing.T, b backend) {
 	if rec.Header().Get("Idempotent-Replayed") != "" {
 		t.Errorf("a repeat after the record's expiry was replayed")
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 1 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 1 {
 		t.Errorf("%d payment rows, want 1", n)
 	}
 	if again := readOrder(t, db, b, o.OrderNo); again != after {
 		t.Errorf("order after repeats %+v, want %+v", again, after)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
 		t.Errorf("%d reconciliation rows, want 0", n)
 	}
 }
@@ -288,7 +288,7 @@ func concurrentRepeats(t *testing.T, b backend, s *shop.Shop, db *sql.DB, h http
 			t.Errorf("callback %d: %d %s", i, rec.Code, rec.Body)
 		}
 	}
-	if c := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade); c != 1 {
+	if c := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade); c != 1 {
 		t.Errorf("%d payment rows, want 1", c)
 	}
 	if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusPaid || got.version != o.Version+1 {
@@ -341,7 +341,7 @@ func testPaymentCallbackBadSignature(t *testing.T, b backend) {
 	})
 	for table, want := range map[string]int{"shop_payments": 0, "shop_reconciliations": 0, "idem_records": 1} {
 		// idem_records holds the order's record only.
-		if n := countRows(t, db, b, `SELECT COUNT(*) FROM `+table); n != want {
+		if n := payCount(t, db, b, `SELECT COUNT(*) FROM `+table); n != want {
 			t.Errorf("%d rows in %s after refused callbacks, want %d", n, table, want)
 		}
 	}
@@ -369,7 +369,7 @@ func testPaymentCallbackAmountMismatch(t *testing.T, b backend) {
 	if want := (reconciliation{o.OrderNo, o.AmountCents - 1, "AMOUNT_MISMATCH"}); len(recs) != 1 || recs[0] != want {
 		t.Errorf("reconciliations %+v, want [%+v]", recs, want)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 0 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 0 {
 		t.Errorf("%d payment rows, want 0", n)
 	}
 	if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusWaitPay || got.version != o.Version {
@@ -421,7 +421,7 @@ func testPaymentCallbackOrderNotPayable(t *testing.T, b backend) {
 			if want := (reconciliation{o.OrderNo, o.AmountCents, "ORDER_NOT_PAYABLE"}); len(recs) != 1 || recs[0] != want {
 				t.Errorf("reconciliations %+v, want [%+v]", recs, want)
 			}
-			if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, o.OrderNo); n != 0 {
+			if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, o.OrderNo); n != 0 {
 				t.Errorf("%d payment rows, want 0", n)
 			}
 			if got := readOrder(t, db, b, o.OrderNo); got.status != status || got.version != o.Version+1 {
@@ -453,7 +453,7 @@ func testPaymentCallbackEdgeCases(t *testing.T, b backend) {
 		if recs := reconciliations(t, db, b, "T-second"); len(recs) != 1 || recs[0].reason != "DUPLICATE_PAYMENT" {
 			t.Errorf("reconciliations %+v, want one DUPLICATE_PAYMENT", recs)
 		}
-		if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, paid.OrderNo); n != 1 {
+		if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, paid.OrderNo); n != 1 {
 			t.Errorf("%d payment rows for the order, want 1", n)
 		}
 	})
@@ -479,8 +479,8 @@ func testPaymentCallbackEdgeCases(t *testing.T, b backend) {
 		if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusWaitPay || got.version != o.Version {
 			t.Errorf("order %+v after a FAILED callback, want untouched", got)
 		}
-		if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, "T-failed") +
-			countRows(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations WHERE trade_no = ?`, "T-failed"); n != 0 {
+		if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, "T-failed") +
+			payCount(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations WHERE trade_no = ?`, "T-failed"); n != 0 {
 			t.Errorf("%d rows for a FAILED callback, want 0", n)
 		}
 		// The same trade then succeeds: it is applied.
@@ -519,7 +519,7 @@ func testPaymentCallbackEdgeCases(t *testing.T, b backend) {
 	if got := readOrder(t, db, b, paid.OrderNo); got != paidRow {
 		t.Errorf("paid order %+v after the edge cases, want %+v", got, paidRow)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 2 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 2 {
 		t.Errorf("%d payment rows, want 2 (T-first, T-failed)", n)
 	}
 }
@@ -576,7 +576,7 @@ func testSimulatePayment(t *testing.T, b backend) {
 	if err := shop.SimulatePayment(s, ctx, 5, o.OrderNo); shop.ProblemCode(err) != "NOT_FOUND" {
 		t.Errorf("another user's order: %v, want NOT_FOUND", err)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 0 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments`); n != 0 {
 		t.Fatalf("%d payment rows after another user's attempt, want 0", n)
 	}
 	for range 2 {
@@ -595,7 +595,7 @@ func testSimulatePayment(t *testing.T, b backend) {
 	if got := readOrder(t, db, b, o.OrderNo); got.status != shop.StatusPaid || got.version != o.Version+1 {
 		t.Errorf("order %+v, want PAID at version %d", got, o.Version+1)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
 		t.Errorf("%d reconciliation rows, want 0", n)
 	}
 
@@ -604,7 +604,7 @@ func testSimulatePayment(t *testing.T, b backend) {
 	if err := shop.SimulatePayment(s, ctx, 4, cancelled.OrderNo); shop.ProblemCode(err) != shop.CodeOrderNotPayable {
 		t.Errorf("cancelled order: %v, want ORDER_NOT_PAYABLE", err)
 	}
-	if n := countRows(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
+	if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_reconciliations`); n != 0 {
 		t.Errorf("%d reconciliation rows after paying a cancelled order, want 0 (nothing sent)", n)
 	}
 }
@@ -650,7 +650,7 @@ func testPaymentRacesCancel(t *testing.T, b backend) {
 		wg.Wait()
 		got := readOrder(t, db, b, o.OrderNo)
 		outcomes[got.status]++
-		payments := countRows(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade)
+		payments := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, trade)
 		recs := reconciliations(t, db, b, trade)
 		switch got.status {
 		case shop.StatusPaid:

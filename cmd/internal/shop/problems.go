@@ -25,6 +25,10 @@ const (
 	CodeAmountMismatch   = "AMOUNT_MISMATCH"    // 409
 	CodeOrderNotPayable  = "ORDER_NOT_PAYABLE"  // 409
 	CodeTradeConflict    = "TRADE_CONFLICT"     // 409
+	// Coupons, cancellations and refunds.
+	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
+	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
+	CodeOrderNotRefundable  = "ORDER_NOT_REFUNDABLE"  // 409
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
@@ -32,6 +36,7 @@ var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
 	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
+	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business

@@ -141,6 +141,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	catalogFlag := fs.String("catalog", "", "JSON file of the catalogue a fresh database starts with (default: SKU-1, BOOK-1 and coupon 1)")
 	paySecret := fs.String("pay-secret", "", "secret of payment callbacks' Pay-Signature (HMAC-SHA256), shared with the payment provider "+
 		"(default: $"+paySecretEnv+", else "+DevPaySecret+", which anyone can read); prefer the environment variable, which ps does not show")
+	payTimeout := fs.Duration("pay-timeout", DefaultPayTimeout, "how long an order may wait for its payment; the close job then closes it and gives its stock and coupon back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -161,6 +162,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
+	}
+	if *payTimeout <= 0 || *payTimeout > MaxPayTimeout {
+		return fmt.Errorf("shopd: -pay-timeout must be positive and at most %v", MaxPayTimeout)
 	}
 	for _, d := range []struct {
 		name string
@@ -299,6 +303,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The close job runs in every instance; it stops before the database
+	// closes.
+	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout})
+	if err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	closer.Start()
+	defer closer.Close()
 
 	srv := &http.Server{
 		Handler:           shop,

@@ -44,6 +44,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-read-timeout", "20s", "-wait", "45s", "-write-timeout", "1m"}, "-write-timeout"},
 		{[]string{"-read-timeout", "2562047h"}, "-read-timeout"},
 		{[]string{"-wait", "2562047h", "-write-timeout", "2562047h"}, "-wait"},
+		{[]string{"-pay-timeout", "0"}, "-pay-timeout"},
+		{[]string{"-pay-timeout", "-1m"}, "-pay-timeout"},
+		{[]string{"-pay-timeout", "169h"}, "-pay-timeout"},
 		{[]string{"extra"}, "unexpected"},
 		// Empty, net.Listen would take every interface and a random port.
 		{[]string{"-addr", ""}, "-addr"},

@@ -50,6 +50,7 @@ type Config struct {
 // Shop serves the shop's HTTP API.
 type Shop struct {
 	db      *sql.DB
+	dialect sqlstore.Dialect
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
@@ -109,7 +110,7 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.PaySecret == "" {
 		cfg.PaySecret = DevPaySecret
 	}
-	s := &Shop{db: cfg.DB, q: newQueries(cfg.Dialect), log: cfg.Logger, pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
+	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -129,6 +130,10 @@ func New(cfg Config) (*Shop, error) {
 		return nil, err
 	}
 	mux.Handle("POST /payments/callback", payments)
+	mux.Handle("POST /orders/{order_no}/cancel", s.authenticated(http.HandlerFunc(s.cancelHandler)))
+	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
+	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
+	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -598,6 +603,10 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 		allow = "POST"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
+		allow = "GET"
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"):
+		allow = "POST"
+	case p == "/users/me/coupons":
 		allow = "GET"
 	}
 	if allow != "" {

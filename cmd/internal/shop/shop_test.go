@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,29 +17,56 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// newShop returns a shop over a fresh, migrated database of backend b.
+// newShop returns a shop over a fresh, migrated database of backend b,
+// seeded with the default catalogue (SKU-1, BOOK-1, coupon 1).
 func newShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	t.Helper()
-	ctx := context.Background()
+	return newShopWith(t, b, shop.DefaultCatalog())
+}
+
+// newShopWith returns a shop over a fresh, migrated database of backend b,
+// seeded with c.
+func newShopWith(t *testing.T, b backend, c shop.Catalog) (*shop.Shop, *sql.DB) {
+	t.Helper()
 	db, _ := b.fresh(t)
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: b.dialect})
+	return shopOn(t, db, b.dialect, c), db
+}
+
+// shopOn migrates db (twice: migrating is idempotent), seeds it with c and
+// returns a shop over it.
+func shopOn(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog) *shop.Shop {
+	t.Helper()
+	ctx := context.Background()
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
+	if err := shop.Migrate(ctx, db, d); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
+	if err := shop.Migrate(ctx, db, d); err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store})
+	if err := shop.Seed(ctx, db, d, c); err != nil {
+		t.Fatal(err)
+	}
+	s, err := shop.New(shop.Config{DB: db, Dialect: d, Store: store, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, db
+	return s
+}
+
+// testLogger is the shops' logger in tests: the errors they log, on stderr,
+// when SHOP_TEST_LOG is set (nil, a discarding logger, otherwise).
+func testLogger() *slog.Logger {
+	if os.Getenv("SHOP_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 }
 
 func serve(s http.Handler, method, target string, header map[string]string, body string) *httptest.ResponseRecorder {
@@ -145,7 +173,7 @@ func testCreateThenReadOrders(t *testing.T, b backend) {
 		t.Errorf("Location %q", loc)
 	}
 	h["Idempotency-Key"] = "second"
-	rec = serve(s, "POST", "/orders", h, `{"sku":"PEN","quantity":1}`)
+	rec = serve(s, "POST", "/orders", h, `{"sku":"SKU-1","quantity":1}`)
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("create 2: %d %s", rec.Code, rec.Body)
 	}
@@ -159,7 +187,7 @@ func testCreateThenReadOrders(t *testing.T, b backend) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &list); err != nil || len(list.Orders) != 2 {
 		t.Fatalf("list: %d %s", rec.Code, rec.Body)
 	}
-	if list.Orders[0].SKU != "PEN" || list.Orders[1].SKU != "BOOK-1" {
+	if list.Orders[0].SKU != "SKU-1" || list.Orders[1].SKU != "BOOK-1" {
 		t.Fatalf("not newest first: %+v", list.Orders)
 	}
 	rec = serve(s, "GET", "/orders?limit=1", map[string]string{"X-User-ID": "5"}, "")
@@ -197,6 +225,11 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"GET", "/orders/a/b", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/", 404, "NOT_FOUND", ""},
 		{"POST", "/orders/", 404, "NOT_FOUND", ""},
+		{"GET", "/orders/ord_1/cancel", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"GET", "/orders/ord_1/refunds", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"DELETE", "/coupons/1/claim", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"POST", "/users/me/coupons", 405, "METHOD_NOT_ALLOWED", "GET"},
+		{"POST", "/coupons/1/claim/x", 404, "NOT_FOUND", ""},
 	} {
 		rec := serve(s, c.method, c.target, map[string]string{"X-User-ID": "1"}, "")
 		if rec.Code != c.status || problemCode(t, rec) != c.code || rec.Header().Get("Allow") != c.allow {
@@ -248,7 +281,7 @@ func testCreateOrderRefusesAmbiguousJSON(t *testing.T, b backend) {
 	}
 	// The exact names, once each, in any order, still create the order.
 	h := map[string]string{"X-User-ID": "3", "Idempotency-Key": "plain"}
-	if rec := serve(s, "POST", "/orders", h, `{"quantity":2,"sku":"A"}`); rec.Code != http.StatusCreated {
+	if rec := serve(s, "POST", "/orders", h, `{"quantity":2,"sku":"SKU-1"}`); rec.Code != http.StatusCreated {
 		t.Fatalf("plain body: %d %s", rec.Code, rec.Body)
 	}
 	var qty int
@@ -324,10 +357,13 @@ func TestProblemTypesAreDocumented(t *testing.T) {
 		"UNAUTHENTICATED":    serve(s, "GET", "/orders", nil, ""),
 		"INVALID_REQUEST":    serve(s, "GET", "/orders?limit=0", user, ""),
 		"MISSING_KEY":        serve(s, "POST", "/orders", user, `{"sku":"A","quantity":1}`),
+		"UNKNOWN_SKU":        serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "u"}, `{"sku":"A","quantity":1}`),
+		"OUT_OF_STOCK":       serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "o"}, `{"sku":"SKU-1","quantity":101}`),
+		"COUPON_NOT_USABLE":  serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "c"}, `{"sku":"SKU-1","quantity":1,"coupon_id":1}`),
 	}
 	// The orders table gone: creating an order fails inside the handler.
 	mustExec(t, db, "DROP TABLE shop_orders")
-	answers["INTERNAL"] = serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k"}, `{"sku":"A","quantity":1}`)
+	answers["INTERNAL"] = serve(s, "POST", "/orders", map[string]string{"X-User-ID": "1", "Idempotency-Key": "k"}, `{"sku":"SKU-1","quantity":1}`)
 	db.Close()
 	answers["UNHEALTHY"] = serve(s, "GET", "/healthz", nil, "")
 

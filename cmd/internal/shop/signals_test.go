@@ -70,7 +70,7 @@ func TestMainSignalDeliveredTwiceStillDrains(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	body := `{"sku":"TWICE-1","quantity":3}`
+	body := `{"sku":"BOOK-1","quantity":3}`
 	if _, err := io.WriteString(conn, "POST /orders HTTP/1.1\r\nHost: shop\r\nX-User-ID: 41\r\nIdempotency-Key: twice\r\n"+
 		"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "+
 		strconv.Itoa(len(body))+"\r\n\r\n"+body[:5]); err != nil {
@@ -106,7 +106,7 @@ func TestMainSignalDeliveredTwiceStillDrains(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Main did not return after the drain")
 	}
-	if n := countOrders(t, dir, "user_id = 41 AND sku = 'TWICE-1'"); n != 1 {
+	if n := countOrders(t, dir, "user_id = 41 AND sku = 'BOOK-1'"); n != 1 {
 		t.Errorf("%d orders, want 1", n)
 	}
 	if strings.Contains(stderr.String(), "second") {
