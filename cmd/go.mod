@@ -9,6 +9,7 @@ require (
 	github.com/idemkit/idem/sqlstore v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/tieredstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/lib/pq v1.12.3
 	github.com/redis/go-redis/v9 v9.23.0
 	modernc.org/sqlite v1.62.0
 )

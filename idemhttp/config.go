@@ -41,6 +41,27 @@ type Config struct {
 	// way.
 	KeyOptional bool
 
+	// Key, when set, takes each guarded request's idempotency key from the
+	// request itself instead of the Idempotency-Key header, which is then
+	// ignored: for callbacks of a third party (a payment provider's
+	// notification) that carry no Idempotency-Key but a natural key, in
+	// the body (a trade number) or in a header of the provider's (an event
+	// id). body is the request body, read in full (at most MaxRequestBody
+	// bytes) and fingerprinted as usual; Key must not keep or change it,
+	// nor read r.Body. The handler still gets the whole body.
+	//
+	// The key returned goes through the same validation as a header's
+	// (idem.ValidateKey: 1 to 255 bytes of UTF-8 without control
+	// characters): one it refuses is answered 400 INVALID_KEY, so the
+	// record's key stays the provider's identifier, readable when an
+	// operator inspects it. A natural key that may hold any bytes or be
+	// longer should be hashed by Key itself (hex of its SHA-256, say).
+	// An empty key is answered 400 MISSING_KEY (or, with KeyOptional, runs
+	// the handler unguarded); an error is answered 400 INVALID_KEY, with a
+	// detail that does not show the error (it is logged at debug level).
+	// Nil means the Idempotency-Key header.
+	Key func(r *http.Request, body []byte) (string, error)
+
 	// Scope returns the caller's identity (tenant, account, user): equal
 	// keys in different scopes never meet. It must derive the scope from
 	// authenticated identity, never from input the caller chooses freely.
@@ -189,6 +210,7 @@ type Middleware struct {
 	methods        []string
 	replayHeaders  []string // allow-listed header names, canonical
 	scope          func(*http.Request) (string, error)
+	key            func(*http.Request, []byte) (string, error)
 	fingerprint    func(*http.Request, []byte) (idem.Fingerprint, error)
 	release        func(int) bool
 	maxReq         int64
@@ -239,6 +261,7 @@ func New(cfg *Config) (*Middleware, error) {
 		store:       c.Store,
 		log:         logger,
 		scope:       c.Scope,
+		key:         c.Key,
 		fingerprint: c.Fingerprint,
 		release:     c.Release,
 		maxReq:      c.MaxRequestBody,

@@ -30,6 +30,14 @@
 //   - A malformed key (see ParseKey: empty, over 255 bytes, control
 //     characters, invalid UTF-8, a bad RFC 8941 quoted string) or more than
 //     one Idempotency-Key field: 400 INVALID_KEY.
+//   - With Config.Key, the key is taken from the request (its body, or a
+//     provider's header) and the Idempotency-Key header is ignored: an
+//     empty key is 400 MISSING_KEY (or, with KeyOptional, the handler runs
+//     unguarded), an error of Key is 400 INVALID_KEY (its text is logged,
+//     not shown), and a key idem.ValidateKey refuses is 400 INVALID_KEY —
+//     the key is validated, not hashed, so that a record's key stays the
+//     provider's identifier. The body is read (and 413 checked) first;
+//     replays, 422 KEY_MISMATCH and 409 PROCESSING are as with the header.
 //   - Config.Scope fails: 401 UNAUTHENTICATED, or the status and code of
 //     the *ScopeError it returns; a scope idem.ValidateScope refuses: 400
 //     INVALID_SCOPE.

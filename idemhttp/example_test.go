@@ -1,6 +1,7 @@
 package idemhttp_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -190,4 +191,43 @@ func ExampleScopeError() {
 	post(h, "/orders", "k", `{}`)
 	// Output:
 	// 403 {"type":"about:blank","title":"Forbidden","status":403,"detail":"sign in first","code":"NO_ACCOUNT"} replayed=""
+}
+
+// A payment provider's notifications carry no Idempotency-Key: Config.Key
+// takes the key from the body's trade_no, so the provider's retries are
+// replays and the payment is recorded once.
+func ExampleConfig_key() {
+	mw, err := idemhttp.New(&idemhttp.Config{
+		Store: memstore.New(nil),
+		Key: func(r *http.Request, body []byte) (string, error) {
+			var n struct {
+				TradeNo string `json:"trade_no"`
+			}
+			if err := json.Unmarshal(body, &n); err != nil {
+				return "", err
+			}
+			return n.TradeNo, nil // "" is answered 400 MISSING_KEY
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	payments := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments++
+		fmt.Fprintf(w, "success %d", payments)
+	}))
+	for _, body := range []string{
+		`{"trade_no":"T-1001","amount":1999}`,
+		`{"trade_no":"T-1001","amount":1999}`, // the provider's retry
+		`{"amount":1999}`,
+	} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/callbacks/pay", strings.NewReader(body)))
+		fmt.Println(w.Code, w.Header().Get("Idempotent-Replayed"), strings.SplitN(w.Body.String(), ",", 2)[0])
+	}
+	// Output:
+	// 200  success 1
+	// 200 true success 1
+	// 400  {"type":"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#missing_key"
 }

@@ -110,25 +110,28 @@ func (b *buffers) release() {
 
 // serve handles a request whose method is guarded.
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	values := r.Header[HeaderIdempotencyKey]
-	if len(values) == 0 {
-		if m.keyOptional {
-			next.ServeHTTP(w, r)
+	var key string
+	if m.key == nil {
+		values := r.Header[HeaderIdempotencyKey]
+		if len(values) == 0 {
+			if m.keyOptional {
+				next.ServeHTTP(w, r)
+				return
+			}
+			WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
+				"this request needs an Idempotency-Key header with a value unique to it")
 			return
 		}
-		WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
-			"this request needs an Idempotency-Key header with a value unique to it")
-		return
-	}
-	if len(values) > 1 {
-		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
-			"the request has more than one Idempotency-Key header field")
-		return
-	}
-	key, err := ParseKey(values[0])
-	if err != nil {
-		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
-		return
+		if len(values) > 1 {
+			WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
+				"the request has more than one Idempotency-Key header field")
+			return
+		}
+		var err error
+		if key, err = ParseKey(values[0]); err != nil {
+			WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
+			return
+		}
 	}
 	scope, ok := m.scopeOf(w, r)
 	if !ok {
@@ -150,6 +153,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request body cannot be read")
 		return
 	}
+	if m.key != nil {
+		if key, ok = m.derivedKey(w, r, body); !ok {
+			return
+		}
+		if key == "" { // KeyOptional
+			m.runUnguarded(w, r, next, body)
+			return
+		}
+	}
 	fp, err := m.fingerprint(r, body)
 	if err != nil {
 		m.log.WarnContext(r.Context(), "idemhttp: cannot fingerprint the request", "key", key, "error", err)
@@ -157,6 +169,32 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	m.acquire(w, r, next, bufs, scope, key, fp, body)
+}
+
+// derivedKey returns the key Config.Key takes from the request, or
+// answers the request and returns false. It returns "" and true for a
+// request without a key under KeyOptional.
+func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []byte) (string, bool) {
+	key, err := m.key(r, body)
+	switch {
+	case err != nil:
+		m.log.DebugContext(r.Context(), "idemhttp: no idempotency key in the request", "error", err)
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
+			"the idempotency key cannot be taken from this request")
+		return "", false
+	case key == "" && m.keyOptional:
+		return "", true
+	case key == "":
+		WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
+			"this request carries no idempotency key where this route takes it from")
+		return "", false
+	}
+	if err := idem.ValidateKey(key); err != nil {
+		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
+			"the idempotency key taken from this request is invalid: "+err.Error())
+		return "", false
+	}
+	return key, true
 }
 
 // scopeOf returns the request's scope, or answers the request and

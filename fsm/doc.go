@@ -1,0 +1,60 @@
+// Package fsm keeps a row's status on a declared state machine, with one
+// conditional UPDATE per transition.
+//
+// A [Machine] is declared once ([New] refuses an inconsistent declaration)
+// and bound to a table with [NewTable]. [Table.Transition] moves a row to a
+// state, from any state a declared transition leads from, and
+// [Table.Fire] makes one named transition:
+//
+//	UPDATE orders SET status = 'PAID', version = version + 1
+//	WHERE id = ? AND status IN ('WAIT_PAY') [AND version = ?]
+//
+// When the statement updates no row, the row is read to say why: already
+// in the target state is an idempotent success ([Result].AlreadyApplied);
+// otherwise an [*IllegalTransitionError] (the row is in a state that does
+// not lead there), a [*ConflictError] (its version is not the expected
+// one, or it changed meanwhile) or [ErrNotFound].
+//
+// # What it guarantees
+//
+//   - A transition is one statement: of any number of concurrent callers
+//     moving one row, the database lets exactly one change it from a given
+//     state; the others get AlreadyApplied (they asked for the same target)
+//     or an IllegalTransitionError that names the state the winner left
+//     the row in.
+//   - A row only ever changes along a declared edge, and every transition
+//     increments the version column.
+//   - Columns given with [Set] and [SetNow] change in the same statement,
+//     so they change if and only if the status does.
+//   - With a *sql.Tx, the transition commits or rolls back with the
+//     caller's other writes: a side effect recorded in the same
+//     transaction happens once, by the caller that was not AlreadyApplied.
+//   - Identifiers (table and columns) are checked to be plain identifiers;
+//     values always travel as parameters.
+//
+// # What it does not guarantee
+//
+//   - AlreadyApplied says the row is in the target state, not that this
+//     caller's earlier attempt put it there: another caller may have. Do
+//     the transition's side effects only when AlreadyApplied is false, in
+//     the same transaction, or make them idempotent themselves.
+//   - A row whose status column holds a value the machine does not
+//     declare cannot move (every transition answers IllegalTransitionError);
+//     fsm does not create rows: insert them in the initial state.
+//   - Result.From is known only when the transition had one possible
+//     source; reading the previous state otherwise would cost a statement.
+//   - On PostgreSQL in a REPEATABLE READ or SERIALIZABLE transaction, a row
+//     updated by another transaction since the snapshot fails the UPDATE
+//     with SQLSTATE 40001 (serialization_failure), returned wrapped: retry
+//     the transaction. On MySQL/MariaDB the read after a refused UPDATE is
+//     a locking read (LOCK IN SHARE MODE), so that under REPEATABLE READ it
+//     sees the latest committed row and not the transaction's snapshot.
+//
+// # Declaration rules
+//
+// New refuses self-loops (a transition must change the state, or a retry
+// could not be told from a new call), an edge out of a final state, an edge
+// declared twice, a state that cannot be reached from the initial state, a
+// state that is not final and that no transition leaves, unknown states
+// and duplicate names. See New for the whole list.
+package fsm

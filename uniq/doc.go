@@ -1,0 +1,48 @@
+// Package uniq makes an insert idempotent on a business unique key:
+// "insert, and on a duplicate read what is there" — never "select, then
+// insert", which lets two concurrent callers both see nothing and both
+// insert (or one of them fail).
+//
+// [IsDuplicate] classifies the duplicate-key errors of the common
+// database/sql drivers (pgx and lib/pq for PostgreSQL, go-sql-driver/mysql
+// for MySQL and MariaDB, modernc.org/sqlite and mattn/go-sqlite3 for
+// SQLite) without importing any of them. [InsertOrGet] runs an insert and,
+// on a duplicate, a get, with *sql.DB, *sql.Tx or *sql.Conn.
+//
+// # What it guarantees
+//
+//   - Of any number of concurrent InsertOrGet calls on one key (on any
+//     number of processes), the database's unique index lets exactly one
+//     insert succeed: that caller gets created = true, every other one gets
+//     the row it created, with created = false.
+//   - In a *sql.Tx, the insert runs in a savepoint, so a duplicate leaves
+//     the transaction usable on PostgreSQL (where a failed statement
+//     otherwise aborts it) and the caller's transaction still commits.
+//   - A duplicate that get cannot read back (a collision on another unique
+//     constraint, a row deleted meanwhile, a snapshot that cannot see it)
+//     is never reported as success: it is an [*UnresolvedError].
+//   - IsDuplicate is true only for unique and primary-key violations, never
+//     for foreign-key, not-null or check violations, and never from a
+//     message's text.
+//
+// # What it does not guarantee
+//
+//   - It protects what the unique index covers, nothing else: the index
+//     must exist, on the business key (an order's external reference, a
+//     payment's provider id), and get must read by that key.
+//   - created = false says the row exists, not that it was created with
+//     the same values: compare what get returns with what you meant to
+//     insert if that matters (a request reusing a key with other data).
+//   - Effects outside the database that follow the insert are not covered:
+//     run them only when created is true, or record them in the same
+//     transaction.
+//   - In a MySQL/MariaDB transaction under REPEATABLE READ (the default),
+//     get must use a locking read (LOCK IN SHARE MODE or FOR SHARE) to see
+//     a row committed after the transaction's snapshot; on PostgreSQL under
+//     REPEATABLE READ or SERIALIZABLE it cannot see such a row at all, and
+//     InsertOrGet answers an UnresolvedError (retry the transaction).
+//   - The insert must be a single statement: a multi-statement insert
+//     function that fails on its second statement with a duplicate is rolled
+//     back to the savepoint in a transaction, but outside one its first
+//     statement stays.
+package uniq
