@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/uniq"
 )
 
 // Payment callbacks. A payment provider tells the shop that an order was
@@ -250,8 +251,10 @@ func subtleEqual(a, b []byte) int {
 // signedByProvider checks a callback's signature before anything else
 // sees it: it reads the body (at most maxCallbackBody bytes: 413
 // BODY_TOO_LARGE beyond), verifies the Pay-Signature header (401
-// BAD_SIGNATURE) and only then hands the request, its body intact, to
-// next. An unsigned request reaches no idempotency record and no row.
+// BAD_SIGNATURE), parses the body (400 INVALID_REQUEST) and only then
+// hands the request to next, its body intact and the parsed callback in
+// its context (callbackFrom). An unsigned request reaches no idempotency
+// record and no row.
 func (s *Shop) signedByProvider(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCallbackBody))
@@ -271,11 +274,25 @@ func (s *Shop) signedByProvider(next http.Handler) http.Handler {
 				strings.TrimPrefix(err.Error(), errBadSignature.Error()+": "))
 			return
 		}
-		r2 := r.WithContext(r.Context())
+		cb, err := parsePaymentCallback(body)
+		if err != nil {
+			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
+			return
+		}
+		r2 := r.WithContext(context.WithValue(r.Context(), callbackKey{}, cb))
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		next.ServeHTTP(w, r2)
 	})
+}
+
+// callbackKey is the context key of a verified callback's parsed body.
+type callbackKey struct{}
+
+// callbackFrom returns the callback signedByProvider verified and parsed.
+func callbackFrom(ctx context.Context) (paymentCallback, bool) {
+	cb, ok := ctx.Value(callbackKey{}).(paymentCallback)
+	return cb, ok
 }
 
 // paymentCallback is the body of POST /payments/callback.
@@ -366,16 +383,12 @@ func mustJSONResponse(status int, v any) idem.Response {
 
 func (s *Shop) paymentCallback(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	body, err := io.ReadAll(r.Body) // bounded by signedByProvider
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
+	cb, ok := callbackFrom(ctx)
+	if !ok { // cannot happen: the route is wrapped by signedByProvider
+		s.fail(w, r, "payment callback", errors.New("shop: a payment callback reached its handler unverified"))
 		return
 	}
-	cb, err := parsePaymentCallback(body)
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
-		return
-	}
+	var err error
 	if cb.Status != PaymentSuccess {
 		// A failed (or any other) outcome changes nothing: the order stays
 		// WAIT_PAY, payable by another trade, until it is paid, cancelled
@@ -514,37 +527,44 @@ func notPayable(cb paymentCallback, status string) *paymentRefusal {
 }
 
 // recordPayment inserts the payment row of cb, or reads the one its trade
-// number has already (insert first, read on conflict).
+// number has already (uniq: insert first, read on conflict).
 func (s *Shop) recordPayment(ctx context.Context, tx *sql.Tx, cb paymentCallback, now int64) (storedPayment, bool, error) {
-	return insertOrGet(ctx, tx,
-		func(ctx context.Context, q querier) (storedPayment, error) {
-			_, err := q.ExecContext(ctx, s.pq.insertPayment, cb.TradeNo, cb.OrderNo, cb.AmountCents, now)
-			return storedPayment{cb.OrderNo, cb.AmountCents, now}, err
+	var insertErr error
+	p, created, err := uniq.InsertOrGet(ctx, tx,
+		func(ctx context.Context, q uniq.Querier) (storedPayment, error) {
+			_, insertErr = q.ExecContext(ctx, s.pq.insertPayment, cb.TradeNo, cb.OrderNo, cb.AmountCents, now)
+			return storedPayment{cb.OrderNo, cb.AmountCents, now}, insertErr
 		},
-		func(ctx context.Context, q querier) (storedPayment, error) {
+		func(ctx context.Context, q uniq.Querier) (storedPayment, error) {
 			var p storedPayment
 			err := q.QueryRowContext(ctx, s.pq.getPayment, cb.TradeNo).Scan(&p.orderNo, &p.amountCents, &p.createdMS)
 			return p, err
 		})
+	if err != nil && insertErr != nil && retryable(insertErr) {
+		// MySQL ends the whole transaction when it picks it as a deadlock
+		// victim, and the savepoint with it: uniq then reports the failed
+		// rollback to the savepoint, and the deadlock, which says "run the
+		// transaction again", must stay visible.
+		err = errors.Join(insertErr, err) // first: errors.As finds it before the rollback's error
+	}
+	return p, created, err
 }
 
 // reconcile records a callback that was not applied, once per trade
-// number: a repeat finds the row its trade has (and keeps its first
-// reason).
+// number (uniq): a repeat finds the row its trade has, and keeps its first
+// reason.
 func (s *Shop) reconcile(ctx context.Context, cb paymentCallback, reason string) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
-		_, _, err := insertOrGet(ctx, tx,
-			func(ctx context.Context, q querier) (string, error) {
-				_, err := q.ExecContext(ctx, s.pq.insertReconciliation, cb.TradeNo, cb.OrderNo, cb.AmountCents, reason, time.Now().UnixMilli())
-				return reason, err
-			},
-			func(ctx context.Context, q querier) (string, error) {
-				var have string
-				err := q.QueryRowContext(ctx, s.pq.getReconciliation, cb.TradeNo).Scan(&have)
-				return have, err
-			})
-		return err
-	})
+	_, _, err := uniq.InsertOrGet(ctx, s.db,
+		func(ctx context.Context, q uniq.Querier) (string, error) {
+			_, err := q.ExecContext(ctx, s.pq.insertReconciliation, cb.TradeNo, cb.OrderNo, cb.AmountCents, reason, time.Now().UnixMilli())
+			return reason, err
+		},
+		func(ctx context.Context, q uniq.Querier) (string, error) {
+			var have string
+			err := q.QueryRowContext(ctx, s.pq.getReconciliation, cb.TradeNo).Scan(&have)
+			return have, err
+		})
+	return err
 }
 
 // errAlreadyPaid: the order is PAID already (the transition's target).
@@ -674,12 +694,33 @@ func (m *memoryResponse) Write(b []byte) (int, error) {
 
 // paymentCallbackHandler is POST /payments/callback: the signature is
 // checked first (signedByProvider), then the idempotency middleware,
-// scoped to the provider and keyed by paymentKey, replays a repeated
-// callback's answer (a repeat that comes while the first runs waits up to
-// paymentCallbackWait for it), then paymentCallback applies it.
+// scoped to the provider and keyed by paymentKey (idemhttp's Config.Key),
+// replays a repeated callback's answer (a repeat that comes while the
+// first runs waits up to paymentCallbackWait for it), then
+// paymentCallback applies it. An Idempotency-Key header the request may
+// carry is ignored.
 func (s *Shop) paymentCallbackHandler(idm *idemhttp.Middleware) (http.Handler, error) {
 	guard, err := idm.With(func(c *idemhttp.Config) {
 		c.Scope = func(*http.Request) (string, error) { return paymentScope, nil }
+		c.Key = func(r *http.Request, _ []byte) (string, error) {
+			cb, ok := callbackFrom(r.Context())
+			if !ok {
+				return "", errors.New("shop: no verified payment callback")
+			}
+			return paymentKey(cb), nil
+		}
+		// The key names everything the callback says (its body has no
+		// other member), and the signature vouches for its bytes: the
+		// fingerprint is the key's, so that a repeat sent with another
+		// Content-Type or other spacing is still a repeat, never 422.
+		c.Fingerprint = func(r *http.Request, _ []byte) (idem.Fingerprint, error) {
+			cb, ok := callbackFrom(r.Context())
+			if !ok {
+				return "", errors.New("shop: no verified payment callback")
+			}
+			sum := sha256.Sum256([]byte(paymentKey(cb)))
+			return idem.Fingerprint("shop-payment-v1:" + hex.EncodeToString(sum[:])), nil
+		}
 		c.KeyOptional = false
 		c.Wait = max(c.Wait, paymentCallbackWait)
 		c.MaxRequestBody = maxCallbackBody
@@ -687,32 +728,5 @@ func (s *Shop) paymentCallbackHandler(idm *idemhttp.Middleware) (http.Handler, e
 	if err != nil {
 		return nil, err
 	}
-	return s.signedByProvider(withPaymentKey(guard.Handler(http.HandlerFunc(s.paymentCallback)))), nil
-}
-
-// withPaymentKey gives a signed callback its idempotency key, derived from
-// its body (paymentKey), as the Idempotency-Key header the middleware
-// reads; one the request carried is replaced. A body that is no callback
-// is answered 400 INVALID_REQUEST here, before any record is created.
-//
-// TODO(idemhttp Config.Key): the middleware takes the key from the
-// request's body itself once Config.Key lands; this stand-in then goes.
-func withPaymentKey(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body) // bounded by signedByProvider
-		if err != nil {
-			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "cannot read the body")
-			return
-		}
-		cb, err := parsePaymentCallback(body)
-		if err != nil {
-			writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
-			return
-		}
-		r2 := r.WithContext(r.Context())
-		r2.Header = r.Header.Clone()
-		r2.Header.Set(idemhttp.HeaderIdempotencyKey, paymentKey(cb))
-		r2.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r2)
-	})
+	return s.signedByProvider(guard.Handler(http.HandlerFunc(s.paymentCallback))), nil
 }

@@ -226,6 +226,17 @@ func testPaymentCallbackPaysOrder(t *testing.T, b backend) {
 			t.Errorf("a repeat was not replayed")
 		}
 	}
+	// An Idempotency-Key the request carries is not the key (the trade is),
+	// and a repeat without Content-Type is still a repeat.
+	req := httptest.NewRequest("POST", "/payments/callback", strings.NewReader(body))
+	req.Header.Set(shop.PaySignatureHeader, shop.SignPayment(testPaySecret, time.Now(), []byte(body)))
+	req.Header.Set("Idempotency-Key", "chosen-by-the-sender")
+	rec = httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	wantSuccess(t, rec)
+	if rec.Header().Get("Idempotent-Replayed") != "true" {
+		t.Errorf("a repeat with an Idempotency-Key of its own was not replayed")
+	}
 	// Once the record has expired, the payment row and the order's state
 	// still make a repeat harmless.
 	mustExec(t, db, `DELETE FROM idem_records WHERE scope = 'provider:pay'`)
