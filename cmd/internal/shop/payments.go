@@ -527,27 +527,18 @@ func notPayable(cb paymentCallback, status string) *paymentRefusal {
 }
 
 // recordPayment inserts the payment row of cb, or reads the one its trade
-// number has already (uniq: insert first, read on conflict).
+// number has already (insertOrGet: uniq's insert first, read on conflict).
 func (s *Shop) recordPayment(ctx context.Context, tx *sql.Tx, cb paymentCallback, now int64) (storedPayment, bool, error) {
-	var insertErr error
-	p, created, err := uniq.InsertOrGet(ctx, tx,
-		func(ctx context.Context, q uniq.Querier) (storedPayment, error) {
-			_, insertErr = q.ExecContext(ctx, s.pq.insertPayment, cb.TradeNo, cb.OrderNo, cb.AmountCents, now)
-			return storedPayment{cb.OrderNo, cb.AmountCents, now}, insertErr
+	return insertOrGet(ctx, tx,
+		func(ctx context.Context, q querier) (storedPayment, error) {
+			_, err := q.ExecContext(ctx, s.pq.insertPayment, cb.TradeNo, cb.OrderNo, cb.AmountCents, now)
+			return storedPayment{cb.OrderNo, cb.AmountCents, now}, err
 		},
-		func(ctx context.Context, q uniq.Querier) (storedPayment, error) {
+		func(ctx context.Context, q querier) (storedPayment, error) {
 			var p storedPayment
 			err := q.QueryRowContext(ctx, s.pq.getPayment, cb.TradeNo).Scan(&p.orderNo, &p.amountCents, &p.createdMS)
 			return p, err
 		})
-	if err != nil && insertErr != nil && retryable(insertErr) {
-		// MySQL ends the whole transaction when it picks it as a deadlock
-		// victim, and the savepoint with it: uniq then reports the failed
-		// rollback to the savepoint, and the deadlock, which says "run the
-		// transaction again", must stay visible.
-		err = errors.Join(insertErr, err) // first: errors.As finds it before the rollback's error
-	}
-	return p, created, err
 }
 
 // reconcile records a callback that was not applied, once per trade
