@@ -2,10 +2,13 @@
 //
 //	go run ./cmd/shopd [-addr 127.0.0.1:8080] [-data ./shopdata | -db DATABASE] [-redis redis://host:port/db] [-wait 0]
 //	                   [-read-timeout 30s] [-write-timeout 1m] [-idle-timeout 1m] [-log-level info]
+//	                   [-pay-secret SECRET]
 //
 // DATABASE is sqlite:PATH, postgres://user:pass@host:port/db (or
 // postgresql://), mysql://user:pass@host:port/db (its query holds
 // go-sql-driver parameters) or mysql:DSN (a raw go-sql-driver DSN).
+// SECRET signs payment callbacks; without it shopd reads SHOPD_PAY_SECRET,
+// else uses dev-pay-secret and warns.
 //
 // Bad flags, or an address shopd cannot listen on, exit with status 2
 // before any data is touched. The first SIGINT or SIGTERM lets in-flight

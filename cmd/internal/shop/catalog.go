@@ -12,6 +12,7 @@ import (
 	"os"
 
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/uniq"
 )
 
 // Catalog is what a fresh database starts with: the products on sale and
@@ -172,7 +173,7 @@ func Seed(ctx context.Context, db *sql.DB, d sqlstore.Dialect, c Catalog) error 
 		}
 		// Another process seeded between our read and our insert: read
 		// again (its row is there now).
-		if attempt < 3 && isDuplicate(err) {
+		if attempt < 3 && uniq.IsDuplicate(err) {
 			continue
 		}
 		return fmt.Errorf("shop: seed catalogue: %w", err)

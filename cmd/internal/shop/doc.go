@@ -13,6 +13,7 @@
 //	POST /coupons/{id}/claim  claim a coupon, once per user
 //	GET  /users/me/coupons    the caller's coupon claims
 //	POST /tokens              a submit token for the caller (Submit-Token of POST /orders)
+//	POST /payments/callback   a payment provider reports a payment (signed; see Payments)
 //
 // and pages, for browsers:
 //
@@ -83,6 +84,61 @@
 // value, headers over 1 MiB) get net/http's plain-text 400, 431, 501 or 505
 // instead, and a path not in clean form (//orders) is redirected to its
 // clean form (307); PROBLEMS.md lists these.
+//
+// # Payments
+//
+// A payment provider reports a payment with POST /payments/callback and
+// the body {"order_no", "trade_no", "amount_cents", "status": "SUCCESS"}. It
+// sends no Idempotency-Key and no X-User-ID; it signs the request instead,
+// in the header
+//
+//	Pay-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
+//
+// (SignPayment writes it). The secret is shopd's -pay-secret, else
+// $SHOPD_PAY_SECRET, else DevPaySecret, which shopd warns about at startup.
+// The signature is checked before anything is read from or written to the
+// database, the idempotency record included: the body (at most 16 KiB, 413
+// beyond) must be signed with the secret, in constant time, under a
+// timestamp within 5 minutes of the shop's clock either way. Several v1
+// values may be given (a provider rotating its secret signs with both) and
+// one that matches is enough; parts other than t and v1 are ignored. A
+// missing, repeated, malformed, expired, future or wrong signature is 401
+// BAD_SIGNATURE and nothing is recorded.
+//
+// A signed SUCCESS callback is applied in one transaction: a payment row,
+// unique on trade_no, and the order's transition WAIT_PAY → PAID at the
+// version read (version + 1; updated_ms is the payment's created_ms), and
+// the answer 200 {"result":"SUCCESS"}. Repeats are harmless at two levels.
+// The idempotency middleware, keyed by the trade and what the callback says
+// about it (trade_no, status, order_no, amount), scoped to the provider,
+// replays the first answer; a repeat that arrives while the first runs
+// waits for its answer (up to 5 s) instead of getting 409. Under it, and
+// on their own once the record has expired, the business guards hold: a
+// trade_no already recorded for the same order and amount is success with
+// no second row and no second transition.
+//
+// A signed callback that must not be applied is recorded once per trade_no
+// in shop_reconciliations (later repeats keep the first reason) and is
+// answered:
+//
+//	409 AMOUNT_MISMATCH    the amount is not the order's (the order stays as it was)
+//	409 ORDER_NOT_PAYABLE  the order is cancelled, closed or refunded (reason ORDER_NOT_PAYABLE),
+//	                       or paid already by another trade (reason DUPLICATE_PAYMENT: refund it)
+//	409 TRADE_CONFLICT     the trade_no paid another order or amount already
+//	404 ORDER_NOT_FOUND    no order has this number
+//
+// Providers repeat callbacks answered otherwise than 2xx; each repeat gets
+// the same answer and adds no row. A status other than SUCCESS (FAILED,
+// say) changes nothing: the order stays WAIT_PAY, payable by another trade
+// until it is cancelled or closed, and the callback is acknowledged with 200
+// {"result":"SUCCESS"} so that the provider stops sending it. A body that is
+// not such an object (exact member names, each once, amount_cents an
+// integer of 0 or more) is 400 INVALID_REQUEST.
+//
+// The order page's "Pay (simulated)" makes the shop send itself a signed
+// callback for the order's amount three times at once, as providers do,
+// through its own handler; its trade number is derived from the order, so
+// paying twice repeats one trade instead of paying twice.
 //
 // # Running
 //

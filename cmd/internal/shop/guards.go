@@ -4,51 +4,37 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"strings"
-	"sync/atomic"
+
+	"github.com/idemkit/idem/uniq"
 )
 
-// insertOrGet runs insert and, when it fails with a unique violation, get:
-// it returns the row insert created (created = true) or the one already
-// there. It never selects first: of concurrent calls on one key the
-// database's unique index picks the creator. In a transaction the insert
-// runs inside a SAVEPOINT, rolled back on a duplicate, so that the
-// transaction stays usable on PostgreSQL. get should read with
-// lockingRead on MySQL, whose REPEATABLE READ snapshot may predate the
-// row.
+// insertOrGet runs insert and, when it fails with a unique violation, get
+// (uniq.InsertOrGet: insert first, read on conflict): it returns the row
+// insert created (created = true) or the one already there. In a
+// transaction the insert runs inside a savepoint, so that the transaction
+// stays usable on PostgreSQL. get should read with lockingRead on MySQL,
+// whose REPEATABLE READ snapshot may predate the row.
 //
-// This is the shop's stand-in for the uniq package's InsertOrGet, kept in
-// this one function so that the shop switches to the package in one place.
+// A deadlock that MySQL answered by rolling the whole transaction back
+// (its savepoints with it) stays visible to retryable: uniq reports the
+// failed rollback to the savepoint.
 func insertOrGet[T any](ctx context.Context, tx *sql.Tx,
 	insert func(ctx context.Context, q querier) (T, error),
 	get func(ctx context.Context, q querier) (T, error)) (T, bool, error) {
-	var zero T
-	sp := fmt.Sprintf("shop_insert_or_get_%d", savepoints.Add(1))
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
-		return zero, false, err
+	var insertErr error
+	v, created, err := uniq.InsertOrGet(ctx, tx,
+		func(ctx context.Context, q uniq.Querier) (T, error) {
+			var v T
+			v, insertErr = insert(ctx, q)
+			return v, insertErr
+		},
+		func(ctx context.Context, q uniq.Querier) (T, error) { return get(ctx, q) })
+	if err != nil && insertErr != nil && retryable(insertErr) {
+		err = errors.Join(insertErr, err) // first: errors.As finds it before the rollback's error
 	}
-	v, err := insert(ctx, tx)
-	if err == nil {
-		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+sp); err != nil {
-			return zero, false, err
-		}
-		return v, true, nil
-	}
-	if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
-		return zero, false, errors.Join(err, rerr)
-	}
-	if !isDuplicate(err) {
-		return zero, false, err
-	}
-	v, gerr := get(ctx, tx)
-	if errors.Is(gerr, sql.ErrNoRows) {
-		return zero, false, fmt.Errorf("a duplicate, and no row to read: %w", err)
-	}
-	return v, false, gerr
+	return v, created, err
 }
-
-var savepoints atomic.Uint64
 
 // pathHasSegments reports whether path is /a/{any}/c for segments a, "", c
 // ("" matches any one non-empty segment).

@@ -5,15 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
+	"github.com/idemkit/idem/fsm"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// The order's state machine, declared once. Every change of an order's
-// status goes through transitionOrder:
+// orderMachine is the order's state machine, declared once (package
+// fsm). Every change of an order's status goes through transitionOrder:
 //
 //	WAIT_PAY → PAID       the payment callback
 //	WAIT_PAY → CANCELLED  the owner (POST /orders/{order_no}/cancel)
@@ -21,12 +20,33 @@ import (
 //	PAID     → REFUNDED   a refund (POST /orders/{order_no}/refunds)
 //
 // CANCELLED, CLOSED and REFUNDED are final.
-var orderSources = map[string][]string{ // target → the states it may be reached from
-	StatusPaid:      {StatusWaitPay},
-	StatusCancelled: {StatusWaitPay},
-	StatusClosed:    {StatusWaitPay},
-	StatusRefunded:  {StatusPaid},
-}
+var orderMachine = fsm.MustNew(fsm.Definition{
+	States:  []fsm.State{StatusWaitPay, StatusPaid, StatusCancelled, StatusClosed, StatusRefunded},
+	Initial: StatusWaitPay,
+	Final:   []fsm.State{StatusCancelled, StatusClosed, StatusRefunded},
+	Transitions: []fsm.Transition{
+		{Name: "pay", From: []fsm.State{StatusWaitPay}, To: StatusPaid},
+		{Name: "cancel", From: []fsm.State{StatusWaitPay}, To: StatusCancelled},
+		{Name: "close", From: []fsm.State{StatusWaitPay}, To: StatusClosed},
+		{Name: "refund", From: []fsm.State{StatusPaid}, To: StatusRefunded},
+	},
+})
+
+// orderTables binds orderMachine to shop_orders (keyed by order_no) in
+// each dialect.
+var orderTables = func() map[sqlstore.Dialect]*fsm.Table {
+	tables := map[sqlstore.Dialect]*fsm.Table{}
+	for d, fd := range map[sqlstore.Dialect]fsm.Dialect{
+		sqlstore.SQLite: fsm.SQLite, sqlstore.PostgreSQL: fsm.PostgreSQL, sqlstore.MySQL: fsm.MySQL,
+	} {
+		t, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fd, Table: "shop_orders", ID: "order_no"})
+		if err != nil {
+			panic(err) // constants: cannot happen
+		}
+		tables[d] = t
+	}
+	return tables
+}()
 
 // orderTransition is the outcome of transitionOrder.
 type orderTransition struct {
@@ -70,58 +90,33 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// transitionOrder moves order orderNo to `to` with one conditional update
-// (status in the legal sources of to, and version = version when version
-// is positive), in q (a transaction, so that the transition commits with
-// its side effects). When no row moved, it reads the row (a locking read,
-// so that a MySQL transaction sees the latest committed state and not its
-// snapshot) and answers: already in to → AlreadyApplied; another state →
-// *illegalTransitionError; the version moved → *conflictError; no row →
-// errOrderNotFound.
+// transitionOrder moves order orderNo to `to` through orderMachine: one
+// conditional update (status in the legal sources of to, and version =
+// version when version is positive; updated_ms set in the same statement),
+// in q (a transaction, so that the transition commits with its side
+// effects). When no row moved, fsm reads the row (a locking read on
+// MySQL) and transitionOrder answers: already in to → AlreadyApplied;
+// another state → *illegalTransitionError; the version moved →
+// *conflictError; no row → errOrderNotFound.
 func (s *Shop) transitionOrder(ctx context.Context, q querier, orderNo, to string, version int64) (orderTransition, error) {
-	from, ok := orderSources[to]
-	if !ok {
-		return orderTransition{}, fmt.Errorf("shop: %s is no target of the order machine", to)
-	}
-	stmt := `UPDATE shop_orders SET status = ?, version = version + 1, updated_ms = ? WHERE order_no = ? AND status IN (?` +
-		strings.Repeat(", ?", len(from)-1) + `)`
-	args := []any{to, time.Now().UnixMilli(), orderNo}
-	for _, f := range from {
-		args = append(args, f)
-	}
+	opts := []fsm.Option{fsm.Set("updated_ms", time.Now().UnixMilli())}
 	if version > 0 {
-		stmt += ` AND version = ?`
-		args = append(args, version)
+		opts = append(opts, fsm.IfVersion(version))
 	}
-	res, err := q.ExecContext(ctx, rebind(s.dialect, stmt), args...)
-	if err != nil {
-		return orderTransition{}, fmt.Errorf("transition order to %s: %w", to, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return orderTransition{}, fmt.Errorf("transition order to %s: %w", to, err)
-	}
-	read := `SELECT status, version FROM shop_orders WHERE order_no = ?` + lockingRead(s.dialect)
-	var current string
-	var v int64
-	switch err := q.QueryRowContext(ctx, rebind(s.dialect, read), orderNo).Scan(&current, &v); {
-	case errors.Is(err, sql.ErrNoRows):
-		return orderTransition{}, errOrderNotFound
-	case err != nil:
-		return orderTransition{}, fmt.Errorf("read order after transition: %w", err)
-	}
-	if n == 1 {
-		// The row moved; from was one of the sources (a single source for
-		// every target of this machine).
-		return orderTransition{From: from[0], To: to, Version: v}, nil
-	}
+	r, err := orderTables[s.dialect].Transition(ctx, q, orderNo, fsm.State(to), opts...)
+	var illegal *fsm.IllegalTransitionError
+	var conflict *fsm.ConflictError
 	switch {
-	case current == to:
-		return orderTransition{To: to, Version: v, AlreadyApplied: true}, nil
-	case version > 0 && v != version && slices.Contains(from, current):
-		return orderTransition{}, &conflictError{OrderNo: orderNo, Want: version, Current: v}
+	case err == nil:
+		return orderTransition{From: string(r.From), To: string(r.To), Version: r.Version, AlreadyApplied: r.AlreadyApplied}, nil
+	case errors.Is(err, fsm.ErrNotFound):
+		return orderTransition{}, errOrderNotFound
+	case errors.As(err, &illegal):
+		return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: string(illegal.From), To: to}
+	case errors.As(err, &conflict):
+		return orderTransition{}, &conflictError{OrderNo: orderNo, Want: version, Current: conflict.Version}
 	}
-	return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: current, To: to}
+	return orderTransition{}, fmt.Errorf("transition order to %s: %w", to, err)
 }
 
 // lockingRead is the suffix of a SELECT that reads the latest committed

@@ -20,6 +20,11 @@ const (
 	CodeUnknownSKU       = "UNKNOWN_SKU"        // 400
 	CodeOutOfStock       = "OUT_OF_STOCK"       // 409
 	CodeCouponNotUsable  = "COUPON_NOT_USABLE"  // 409
+	CodeBadSignature     = "BAD_SIGNATURE"      // 401
+	CodeOrderNotFound    = "ORDER_NOT_FOUND"    // 404
+	CodeAmountMismatch   = "AMOUNT_MISMATCH"    // 409
+	CodeOrderNotPayable  = "ORDER_NOT_PAYABLE"  // 409
+	CodeTradeConflict    = "TRADE_CONFLICT"     // 409
 	// Coupons, cancellations and refunds.
 	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
 	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
@@ -33,6 +38,7 @@ const (
 var shopCodes = map[string]bool{
 	CodeNotFound: true, CodeMethodNotAllowed: true, CodeInternal: true, CodeUnhealthy: true,
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
+	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
 	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
 	CodeInvalidToken: true, CodeDuplicateSubmission: true,
 }

@@ -139,6 +139,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	catalogFlag := fs.String("catalog", "", "JSON file of the catalogue a fresh database starts with (default: SKU-1, BOOK-1 and coupon 1)")
+	paySecret := fs.String("pay-secret", "", "secret of payment callbacks' Pay-Signature (HMAC-SHA256), shared with the payment provider "+
+		"(default: $"+paySecretEnv+", else "+DevPaySecret+", which anyone can read); prefer the environment variable, which ps does not show")
 	payTimeout := fs.Duration("pay-timeout", DefaultPayTimeout, "how long an order may wait for its payment; the close job then closes it and gives its stock and coupon back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
@@ -229,6 +231,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("shopd: %w", err)
 		}
 	}
+	secret, secretFrom, err := choosePaySecret(set["pay-secret"], *paySecret)
+	if err != nil {
+		return err
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	// Listen before touching any data: an address in use or nonsense ends
@@ -287,7 +293,13 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("shopd: %w", err)
 		}
 	}
-	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log})
+	if secretFrom == "" {
+		log.Warn("shopd: payment callbacks are signed with the development secret "+DevPaySecret+
+			", which anyone can read; give -pay-secret or "+paySecretEnv+" in production", "secret", DevPaySecret)
+	} else {
+		log.Info("shopd: payment callbacks are verified with the secret of "+secretFrom, "from", secretFrom)
+	}
+	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret})
 	if err != nil {
 		return err
 	}
@@ -343,4 +355,24 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log.Info("shopd: stopped")
 	return nil
+}
+
+// paySecretEnv is the environment variable of the payment callbacks'
+// secret, read when -pay-secret is not given.
+const paySecretEnv = "SHOPD_PAY_SECRET"
+
+// choosePaySecret returns the payment callbacks' secret and where it came
+// from: -pay-secret when given (it must not be empty), else
+// $SHOPD_PAY_SECRET when set and not empty, else DevPaySecret (from "").
+func choosePaySecret(flagSet bool, flagValue string) (secret, from string, err error) {
+	if flagSet {
+		if flagValue == "" {
+			return "", "", errors.New("shopd: -pay-secret must not be empty (leave it out to use $" + paySecretEnv + ")")
+		}
+		return flagValue, "-pay-secret", nil
+	}
+	if v := os.Getenv(paySecretEnv); v != "" {
+		return v, paySecretEnv, nil
+	}
+	return DevPaySecret, "", nil
 }

@@ -40,6 +40,11 @@ type Config struct {
 	Wait time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// PaySecret is the secret that signs payment callbacks (the
+	// Pay-Signature header's HMAC-SHA256 key), shared with the payment
+	// provider. Empty means DevPaySecret, which anyone can read: set it in
+	// production.
+	PaySecret string
 }
 
 // Shop serves the shop's HTTP API.
@@ -52,6 +57,9 @@ type Shop struct {
 	// tokens are the submit tokens of POST /tokens and the checkout page.
 	tokens *memTokens
 	web    webQueries
+	// pq and paySecret serve payment callbacks (payments.go).
+	pq        payQueries
+	paySecret string
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -102,7 +110,11 @@ func New(cfg Config) (*Shop, error) {
 	default:
 		return nil, fmt.Errorf("shop: unknown dialect %v", cfg.Dialect)
 	}
-	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect)}
+	if cfg.PaySecret == "" {
+		cfg.PaySecret = DevPaySecret
+	}
+	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect),
+		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
 	s.tokens = newMemTokens(s.web.existsOrder)
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
@@ -123,6 +135,11 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("POST /checkout", s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.checkout))))
 	mux.Handle("POST /orders/{order_no}/pay", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.payPage))), http.HandlerFunc(pageOnly)))
 	mux.HandleFunc("GET /products", s.listProducts)
+	payments, err := s.paymentCallbackHandler(idm)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("POST /payments/callback", payments)
 	// The order page's Cancel button posts a form here (with the uid
 	// cookie) and gets 303 back to the page; API clients (X-User-ID) get JSON.
 	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))),
@@ -614,7 +631,7 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 		allow = "GET, POST"
 	case p == "/healthz", p == "/products", p == "/":
 		allow = "GET"
-	case p == "/tokens", p == "/checkout":
+	case p == "/tokens", p == "/checkout", p == "/payments/callback":
 		allow = "POST"
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
