@@ -49,6 +49,10 @@ const (
 // code read from an exported field or method; the error's message is never
 // parsed.
 func IsDuplicate(err error) bool {
+	var sp *savepointError
+	if errors.As(err, &sp) {
+		return false // the transaction is gone: nothing to read
+	}
 	return walk(err, isDuplicateOne)
 }
 

@@ -155,6 +155,20 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 	return zero, false, &UnresolvedError{Attempts: attempts, Tx: inTx, Err: dup}
 }
 
+// savepointError is an insert that failed in a savepoint the transaction
+// could not roll back to: the transaction is gone (MySQL rolls the whole
+// transaction back on a deadlock, savepoints with it). Both errors stay
+// visible to errors.Is and errors.As, so a caller sees the deadlock and
+// retries its transaction; IsDuplicate reports false for it, as no get
+// can run in a transaction that is gone.
+type savepointError struct{ insert, rollback error }
+
+func (e *savepointError) Error() string {
+	return fmt.Sprintf("%v (and rollback to savepoint: %v)", e.insert, e.rollback)
+}
+
+func (e *savepointError) Unwrap() []error { return []error{e.insert, e.rollback} }
+
 // savepoints numbers the savepoints, so that nested calls in one
 // transaction never share a name.
 var savepoints atomic.Uint64
@@ -177,7 +191,7 @@ func tryInsert[T any](ctx context.Context, q Querier, inTx bool, insert func(con
 		// A failed rollback leaves the transaction unusable: its error is
 		// the one returned (no longer a duplicate, so no get runs).
 		if _, rerr := q.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+name); rerr != nil {
-			return zero, fmt.Errorf("rollback to savepoint after %q: %w", err.Error(), rerr)
+			return zero, &savepointError{insert: err, rollback: rerr}
 		}
 		return zero, err
 	}
