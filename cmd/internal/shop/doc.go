@@ -32,7 +32,11 @@
 // API), and a refused submission rolls back with the token unspent. On
 // POST /orders the Idempotency-Key comes first: a retry with the same key
 // replays its answer whatever its token. The token does not guard what a
-// client sends without one.
+// client sends without one. Tokens are package token's, kept in the
+// shop's database (sqlstore's TokenStore, table idem_tokens; 30 minutes
+// from issue), so every shopd on the database honours every token and a
+// concurrent submission waits for the order's transaction; the close
+// job's passes sweep the expired ones.
 //
 // Pages identify the user by the uid cookie (SameSite=Lax, HttpOnly;
 // user 1 when a GET has none), the API by X-User-ID; a request carrying

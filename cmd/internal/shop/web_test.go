@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -131,9 +132,16 @@ func TestCheckoutRefusalKeepsToken(t *testing.T) {
 		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders"); n != 0 {
 			t.Fatalf("%d orders after a refusal, want 0", n)
 		}
+		if got, want := tokenRows(t, db), []tokenRow{{}}; !slices.Equal(got, want) {
+			t.Fatalf("token rows after a refusal %+v, want %+v (unspent)", got, want)
+		}
 		form.Set("quantity", "1")
-		if rec := page(s, "POST", "/checkout", 4, form); rec.Code != http.StatusSeeOther {
+		rec = page(s, "POST", "/checkout", 4, form)
+		if rec.Code != http.StatusSeeOther {
 			t.Fatalf("corrected form: %d\n%s", rec.Code, rec.Body)
+		}
+		if got, want := tokenRows(t, db), []tokenRow{{true, strings.TrimPrefix(rec.Header().Get("Location"), "/orders/")}}; !slices.Equal(got, want) {
+			t.Fatalf("token rows %+v, want %+v", got, want)
 		}
 		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders WHERE user_id = 4 AND quantity = 1"); n != 1 {
 			t.Fatalf("%d orders, want 1", n)
@@ -420,12 +428,9 @@ func TestSubmitTokensAPI(t *testing.T) {
 // 303.
 func TestCheckoutConcurrentSubmissions(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
-		if b.name != "sqlite" {
-			// SQLite runs one transaction at a time; on the servers only
-			// a token spent in the order's transaction (sqlstore's
-			// TokenStore) makes the second submission wait for the first.
-			t.Skip("the shop's token stand-in does not spend tokens in the order's transaction")
-		}
+		// SQLite runs one transaction at a time; on the servers the token
+		// spent in the order's transaction (sqlstore's TokenStore) makes
+		// the other submissions wait for the first, then see it used.
 		s, db := webShop(t, b)
 		tok := formToken(t, s, 13)
 		form := url.Values{"sku": {"SKU-1"}, "quantity": {"1"}, "token": {tok}}
@@ -451,7 +456,40 @@ func TestCheckoutConcurrentSubmissions(t *testing.T) {
 		if got := stock(t, db, "SKU-1"); got != 99 {
 			t.Fatalf("stock %d, want 99", got)
 		}
+		if got, want := tokenRows(t, db), []tokenRow{{used: true, result: strings.TrimPrefix(locs[0], "/orders/")}}; !slices.Equal(got, want) {
+			t.Fatalf("token rows %+v, want %+v", got, want)
+		}
 	})
+}
+
+// tokenRow is a row of idem_tokens, the submit tokens' table.
+type tokenRow struct {
+	used   bool
+	result string
+}
+
+// tokenRows reads idem_tokens: whether each token was spent, and the
+// order its use attached.
+func tokenRows(t *testing.T, db *sql.DB) []tokenRow {
+	t.Helper()
+	rows, err := db.Query(`SELECT used_at, result FROM idem_tokens ORDER BY created_at, digest`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []tokenRow
+	for rows.Next() {
+		var used sql.NullInt64
+		var result []byte
+		if err := rows.Scan(&used, &result); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tokenRow{used.Valid, string(result)})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // The submit-token codes are documented like the others.
