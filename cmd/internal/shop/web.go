@@ -387,7 +387,7 @@ func (s *Shop) pageOrder(w http.ResponseWriter, r *http.Request) (Order, bool) {
 // three times, as providers do), then 303 back to the order page.
 func (s *Shop) payPage(w http.ResponseWriter, r *http.Request) {
 	s.orderAction(w, r, "pay", func(ctx context.Context, user int64, no string) error {
-		return s.pageSimulatePayment(ctx, user, no)
+		return s.simulatePayment(ctx, user, no)
 	})
 }
 
@@ -395,7 +395,7 @@ func (s *Shop) payPage(w http.ResponseWriter, r *http.Request) {
 // the owner's cancellation, then 303 back to the order page.
 func (s *Shop) cancelPage(w http.ResponseWriter, r *http.Request) {
 	s.orderAction(w, r, "cancel", func(ctx context.Context, user int64, no string) error {
-		_, err := s.pageCancelOrder(ctx, user, no)
+		_, err := s.cancelOrder(ctx, user, no)
 		return err
 	})
 }

@@ -319,6 +319,19 @@ func TestOrderPageActions(t *testing.T) {
 		if n := count(t, db, "SELECT COUNT(*) FROM shop_payments WHERE order_no = '"+paid+"'"); n != 1 {
 			t.Fatalf("%d payments, want 1", n)
 		}
+		// The payment came through the signed callback (its trade number
+		// is derived from the order and the secret), which the
+		// idempotency middleware recorded under the provider's scope.
+		var trade string
+		if err := db.QueryRow("SELECT trade_no FROM shop_payments WHERE order_no = '" + paid + "'").Scan(&trade); err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`^sim_[0-9a-f]{24}$`).MatchString(trade) {
+			t.Fatalf("trade_no %q, want the simulated trade sim_<24 hex>", trade)
+		}
+		if n := count(t, db, "SELECT COUNT(*) FROM idem_records WHERE scope = 'provider:pay'"); n != 1 {
+			t.Fatalf("%d idempotency records of the payment callback, want 1 (one trade, three callbacks, paid twice)", n)
+		}
 		if rec := page(s, "GET", "/orders/"+paid, 7, nil); !strings.Contains(rec.Body.String(), ">PAID<") || strings.Contains(rec.Body.String(), `id="pay"`) {
 			t.Fatalf("paid order's page:\n%s", rec.Body)
 		}
