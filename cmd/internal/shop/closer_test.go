@@ -432,3 +432,36 @@ func TestCloserRefusesBadConfig(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 }
+
+// A pass of the close job sweeps expired submit tokens, used or not, and
+// keeps live ones.
+func TestCloseJobSweepsExpiredTokens(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, db := newShop(t, b)
+		issue := func() string {
+			rec := serve(s, "POST", "/tokens", map[string]string{"X-User-ID": "5"}, "")
+			if rec.Code != 201 {
+				t.Fatalf("POST /tokens: %d %s", rec.Code, rec.Body)
+			}
+			return rec.Body.String()
+		}
+		issue()
+		issue()
+		mustExec(t, db, `UPDATE idem_tokens SET expires_at = 1`)
+		issue()
+		job, err := s.NewCloser(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer job.Close()
+		if _, err := job.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens`); n != 1 {
+			t.Errorf("%d tokens left, want the live one", n)
+		}
+		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens WHERE expires_at = 1`); n != 0 {
+			t.Errorf("%d expired tokens left", n)
+		}
+	})
+}
