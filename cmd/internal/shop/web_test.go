@@ -1,6 +1,7 @@
 package shop_test
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -537,4 +538,32 @@ func checkDocumented(t *testing.T, rec *httptest.ResponseRecorder, code string) 
 	if !strings.Contains(string(doc), "\n## "+strings.ToLower(code)+"\n") || !strings.Contains(string(doc), fmt.Sprintf("`%d %s`", rec.Code, code)) {
 		t.Errorf("PROBLEMS.md has no section %q saying `%d %s`", strings.ToLower(code), rec.Code, code)
 	}
+}
+
+// A Pay click whose browser goes away at once (a double click without
+// scripts aborts the first post) still pays: the simulated provider's
+// callbacks do not end with the page's request, as a real provider's do
+// not. Before, they were cancelled halfway, and the execution they left
+// in flight made the next click's callbacks wait and answer 409.
+func TestPayPageOutlivesItsRequest(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, db := webShop(t, b)
+		rec := page(s, "POST", "/checkout", 9, url.Values{"sku": {"SKU-1"}, "quantity": {"1"}, "token": {formToken(t, s, 9)}})
+		no := strings.TrimPrefix(rec.Header().Get("Location"), "/orders/")
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // the browser left before the shop answered
+		req := httptest.NewRequestWithContext(ctx, "POST", "/orders/"+no+"/pay", strings.NewReader(""))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(&http.Cookie{Name: "uid", Value: "9"})
+		s.ServeHTTP(httptest.NewRecorder(), req)
+		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders WHERE order_no = '"+no+"' AND status = 'PAID'"); n != 1 {
+			t.Fatalf("the order is not paid after a Pay whose browser left")
+		}
+		if rec := page(s, "POST", "/orders/"+no+"/pay", 9, url.Values{}); rec.Code != http.StatusSeeOther {
+			t.Fatalf("pay again: %d\n%s", rec.Code, rec.Body)
+		}
+		if n := count(t, db, "SELECT COUNT(*) FROM shop_payments WHERE order_no = '"+no+"'"); n != 1 {
+			t.Fatalf("%d payments, want 1", n)
+		}
+	})
 }
