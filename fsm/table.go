@@ -76,6 +76,7 @@ type Table struct {
 	dialect                    Dialect
 	table, id, status, version string
 	selectQuery                string // the read after a refused UPDATE
+	statusCmp                  string // the status column, compared byte for byte
 	nowExpr                    string
 	reserved                   map[string]bool // columns Set may not touch
 }
@@ -132,7 +133,24 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 		}
 		t.reserved[strings.ToLower(c)] = true
 	}
-	t.selectQuery = "SELECT " + t.status + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
+	// The UPDATE compares the status byte for byte, whatever the column's
+	// collation (MySQL's default ones ignore case, accents and trailing
+	// spaces: 'paid' = 'PAID'; SQLite's NOCASE ignores case; PostgreSQL's
+	// citext and nondeterministic collations too), so that a row moves
+	// only from a state the machine declares. The read after a refused
+	// UPDATE reads the value the same way: PostgreSQL pads a CHAR(n)
+	// column with spaces, which a cast to text removes.
+	readStatus := t.status
+	switch t.dialect {
+	case PostgreSQL:
+		t.statusCmp = t.status + `::text COLLATE "C"`
+		readStatus = t.status + "::text"
+	case MySQL:
+		t.statusCmp = "CAST(CONVERT(" + t.status + " USING utf8mb4) AS BINARY)"
+	case SQLite:
+		t.statusCmp = t.status + " COLLATE BINARY"
+	}
+	t.selectQuery = "SELECT " + readStatus + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
 	if t.dialect == MySQL {
 		// Under REPEATABLE READ a plain read in a transaction sees the
 		// transaction's snapshot, older than the row the UPDATE was refused
@@ -243,6 +261,10 @@ func SetNow(column string) Option {
 //
 //	UPDATE table SET status = to, version = version + 1 [, Set columns]
 //	WHERE id = ? AND status IN (sources) [AND version = IfVersion]
+//
+// The status is compared byte for byte, whatever the column's collation
+// (status::text COLLATE "C" on PostgreSQL, the column converted to
+// utf8mb4 and cast to BINARY on MySQL, COLLATE BINARY on SQLite).
 //
 // When no row is updated, it reads the row (a locking read on MySQL) and
 // answers:
@@ -412,7 +434,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 			b.WriteString(", " + s.col + " = " + arg(s.val))
 		}
 	}
-	b.WriteString(" WHERE " + t.id + " = " + arg(id) + " AND " + t.status)
+	b.WriteString(" WHERE " + t.id + " = " + arg(id) + " AND " + t.statusCmp)
 	if len(sources) == 1 {
 		b.WriteString(" = " + arg(string(sources[0])))
 	} else {
