@@ -106,7 +106,10 @@ type Config struct {
 // When get finds nothing after a duplicate, InsertOrGet tries again (up to
 // DefaultAttempts inserts) unless q is a *sql.Tx, and then returns an
 // *UnresolvedError. Any other error of insert or get is returned as it is,
-// wrapped.
+// wrapped. In a transaction, when the ROLLBACK TO SAVEPOINT after a failed
+// insert fails too (MySQL rolls a deadlock's victim back whole, savepoint
+// included), the error wraps both the insert's error and the rollback's,
+// no get runs, and the transaction is no longer usable: retry it whole.
 func InsertOrGet[T any](ctx context.Context, q Querier,
 	insert func(ctx context.Context, q Querier) (T, error),
 	get func(ctx context.Context, q Querier) (T, error),
@@ -137,8 +140,9 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 		if err == nil {
 			return v, true, nil
 		}
-		if !IsDuplicate(err) {
-			return zero, false, fmt.Errorf("uniq: insert: %w", err)
+		var rb *rollbackError
+		if errors.As(err, &rb) || !IsDuplicate(err) {
+			return zero, false, fmt.Errorf("uniq: insert: %w", withCause(ctx, err))
 		}
 		dup = err
 		v, err = get(ctx, q)
@@ -146,7 +150,7 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 			return v, false, nil
 		}
 		if !errorsIsAny(err, sql.ErrNoRows, ErrNotFound) {
-			return zero, false, fmt.Errorf("uniq: get after a duplicate: %w", err)
+			return zero, false, fmt.Errorf("uniq: get after a duplicate: %w", withCause(ctx, err))
 		}
 		if ctx.Err() != nil {
 			return zero, false, context.Cause(ctx)
@@ -174,10 +178,10 @@ func tryInsert[T any](ctx context.Context, q Querier, inTx bool, insert func(con
 		// context.WithoutCancel: a cancelled ctx ends the transaction
 		// anyway (database/sql rolls it back), and otherwise the rollback
 		// must run for the transaction to stay usable.
-		// A failed rollback leaves the transaction unusable: its error is
-		// the one returned (no longer a duplicate, so no get runs).
+		// A failed rollback leaves the transaction unusable: both errors
+		// are returned, and no get runs (see rollbackError).
 		if _, rerr := q.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+name); rerr != nil {
-			return zero, fmt.Errorf("rollback to savepoint after %q: %w", err.Error(), rerr)
+			return zero, &rollbackError{err: err, rollback: rerr}
 		}
 		return zero, err
 	}
@@ -185,4 +189,31 @@ func tryInsert[T any](ctx context.Context, q Querier, inTx bool, insert func(con
 		return zero, fmt.Errorf("release savepoint: %w", err)
 	}
 	return v, nil
+}
+
+// rollbackError is an insert's error in a transaction whose ROLLBACK TO
+// SAVEPOINT failed too: the transaction is not usable any more (MySQL
+// rolls a deadlock's victim back whole, savepoint included). It wraps
+// both, so that the insert's error (the deadlock a caller retries the
+// transaction on, the cancelled context) stays visible to errors.Is and
+// errors.As; no get runs after it, even when the insert's error is a
+// duplicate.
+type rollbackError struct {
+	err, rollback error
+}
+
+func (e *rollbackError) Error() string {
+	return e.err.Error() + " (and rollback to savepoint: " + e.rollback.Error() + ")"
+}
+
+func (e *rollbackError) Unwrap() []error { return []error{e.err, e.rollback} }
+
+// withCause adds ctx's cause to err when ctx is done and err does not say
+// so already: lib/pq answers a cancelled statement with its own error
+// (SQLSTATE 57014), which errors.Is does not take for context.Canceled.
+func withCause(ctx context.Context, err error) error {
+	if ctx.Err() == nil || errors.Is(err, ctx.Err()) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, context.Cause(ctx))
 }
