@@ -47,8 +47,10 @@ type Config struct {
 	// notification) that carry no Idempotency-Key but a natural key, in
 	// the body (a trade number) or in a header of the provider's (an event
 	// id). body is the request body, read in full (at most MaxRequestBody
-	// bytes) and fingerprinted as usual; Key must not keep or change it,
-	// nor read r.Body. The handler still gets the whole body.
+	// bytes) and fingerprinted as usual; Key must not keep or change it.
+	// r is a copy of the request whose Body reads body, so Key may parse a
+	// form (r.PostFormValue("out_trade_no")): what it parses stays in that
+	// copy, and the handler still gets the whole body.
 	//
 	// The key returned goes through the same validation as a header's
 	// (idem.ValidateKey: 1 to 255 bytes of UTF-8 without control
