@@ -78,15 +78,16 @@ func walk(err error, f func(error) bool) bool {
 
 // isDuplicateOne looks at err alone, not at what it wraps.
 func isDuplicateOne(err error) bool {
-	if s, ok := err.(interface{ SQLState() string }); ok {
-		return s.SQLState() == sqlStateUniqueViolation
-	}
 	v := reflect.ValueOf(err)
 	if v.Kind() == reflect.Pointer {
+		// A typed nil (*pgconn.PgError)(nil): its methods would panic.
 		if v.IsNil() {
 			return false
 		}
 		v = v.Elem()
+	}
+	if s, ok := err.(interface{ SQLState() string }); ok {
+		return s.SQLState() == sqlStateUniqueViolation
 	}
 	if v.Kind() != reflect.Struct {
 		return false
