@@ -41,6 +41,14 @@
 //     a row committed after the transaction's snapshot; on PostgreSQL under
 //     REPEATABLE READ or SERIALIZABLE it cannot see such a row at all, and
 //     InsertOrGet answers an UnresolvedError (retry the transaction).
+//   - A unique constraint that PostgreSQL checks at COMMIT (DEFERRABLE
+//     INITIALLY DEFERRED) is not met by the insert in a transaction: the
+//     insert succeeds, InsertOrGet reports created = true, and the COMMIT
+//     fails with the duplicate (IsDuplicate holds for its error) — every
+//     retry of the transaction alike. Run SET CONSTRAINTS name IMMEDIATE
+//     in the transaction before InsertOrGet, or make the constraint
+//     immediate (the default). On a *sql.DB each statement commits at
+//     once, so the insert meets the duplicate.
 //   - The insert must be a single statement: a multi-statement insert
 //     function that fails on its second statement with a duplicate is rolled
 //     back to the savepoint in a transaction, but outside one its first
