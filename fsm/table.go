@@ -21,6 +21,13 @@ const (
 	// MySQL and MariaDB: ? placeholders, the new version through
 	// LAST_INSERT_ID(expr), CURRENT_TIMESTAMP(6), reads after a refused
 	// UPDATE that lock (LOCK IN SHARE MODE).
+	//
+	// LAST_INSERT_ID(expr) also sets the connection's LAST_INSERT_ID():
+	// after a transition, SQL that reads LAST_INSERT_ID() (INSERT INTO
+	// items (order_id) VALUES (LAST_INSERT_ID())) reads the new version,
+	// not the id of the row inserted before. Take an auto-increment id from
+	// its INSERT's sql.Result.LastInsertId, or use it before the
+	// transition.
 	MySQL
 	// SQLite 3.35 or later: ? placeholders, UPDATE … RETURNING,
 	// strftime('%Y-%m-%d %H:%M:%f', 'now') (UTC).
@@ -58,10 +65,14 @@ type TableConfig struct {
 	// Table is the table's name. Required.
 	Table string
 	// ID is the column that identifies a row: its primary key, or a
-	// column with a unique index. Empty means DefaultID ("id").
+	// column with a unique index. Empty means DefaultID ("id"). Pass ids of
+	// the column's type: MySQL compares a string column with a number as
+	// numbers, so 42 matches '42', '042' and '42abc' alike.
 	ID string
 	// Status is the column holding the state (a text column). Empty means
-	// DefaultStatus ("status").
+	// DefaultStatus ("status"). Under MariaDB's sql_mode
+	// PAD_CHAR_TO_FULL_LENGTH a CHAR(n) column is read with its padding
+	// and matches no state: use VARCHAR there.
 	Status string
 	// Version is an integer column incremented by every transition (start
 	// it at 0 or 1 when a row is created). Empty means DefaultVersion
@@ -345,7 +356,7 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 			return Result{}, t.dbError(id, to, err)
 		}
 		if n > 1 {
-			return Result{}, fmt.Errorf("fsm: %s: %d rows have %s = %v; the id column must be unique", t.table, n, t.id, id)
+			return Result{}, fmt.Errorf("fsm: %s: %d rows have %s = %v, and the UPDATE changed them all (roll the transaction back); the id column must be unique", t.table, n, t.id, id)
 		}
 		if updated = n == 1; updated {
 			if res.Version, err = r.LastInsertId(); err != nil {
