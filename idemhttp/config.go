@@ -61,6 +61,16 @@ type Config struct {
 	// An empty key is answered 400 MISSING_KEY (or, with KeyOptional, runs
 	// the handler unguarded); an error is answered 400 INVALID_KEY, with a
 	// detail that does not show the error (it is logged at debug level).
+	//
+	// The key is taken, and recorded, before the handler runs: a request
+	// the handler then refuses as forged (a bad signature answered 401)
+	// still holds the key, and its 4xx answer is stored. Anyone who knows
+	// a trade number (often an order number the customer sees) could send
+	// a forged notification first, and the provider's genuine one would
+	// be answered 422 KEY_MISMATCH until the record expires. Verify the
+	// provider's signature in Key, and return an error for a request that
+	// fails it: no record is made.
+	//
 	// Nil means the Idempotency-Key header.
 	Key func(r *http.Request, body []byte) (string, error)
 

@@ -1,6 +1,10 @@
 package idemhttp_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -64,5 +68,39 @@ func TestKeyFromForm(t *testing.T) {
 				t.Errorf("the handler read total_amount %q, want [19.99]", amounts)
 			}
 		})
+	}
+}
+
+// The pattern Config.Key's documentation asks for: Key verifies the
+// provider's signature, so a forged notification that carries a genuine
+// trade number makes no record, and the genuine one runs.
+func TestKeyVerifiesSignature(t *testing.T) {
+	t.Parallel()
+	secret := []byte("provider secret")
+	sign := func(body string) string {
+		h := hmac.New(sha256.New, secret)
+		h.Write([]byte(body))
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	e := setup(t, &idemhttp.Config{Key: func(r *http.Request, body []byte) (string, error) {
+		got, err := hex.DecodeString(r.Header.Get("X-Signature"))
+		h := hmac.New(sha256.New, secret)
+		h.Write(body)
+		if err != nil || !hmac.Equal(got, h.Sum(nil)) {
+			return "", errors.New("bad signature")
+		}
+		return tradeNo(r, body)
+	}}, nil)
+	const genuine = `{"trade_no":"T-9","amount":1999}`
+	forged := `{"trade_no":"T-9","amount":1}`
+	wantProblem(t, e.Serve(callback(forged, "X-Signature", sign(genuine))), http.StatusBadRequest, idemhttp.CodeInvalidKey)
+	e.NoRecord("", "T-9")
+	e.WantCalls(0)
+	if w := e.Serve(callback(genuine, "X-Signature", sign(genuine))); w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("genuine notification: %d %s", w.Code, w.Body)
+	}
+	e.WantCalls(1)
+	if rec := e.Record("", "T-9"); rec.Response == nil || rec.Response.StatusCode != http.StatusCreated {
+		t.Fatalf("record: %+v", rec)
 	}
 }
