@@ -15,9 +15,11 @@
 //     number of processes), the database's unique index lets exactly one
 //     insert succeed: that caller gets created = true, every other one gets
 //     the row it created, with created = false.
-//   - In a *sql.Tx, the insert runs in a savepoint, so a duplicate leaves
-//     the transaction usable on PostgreSQL (where a failed statement
-//     otherwise aborts it) and the caller's transaction still commits.
+//   - In a *sql.Tx (or a wrapper of one with its Commit and Rollback
+//     methods, as sqlx's *Tx), the insert runs in a savepoint, so a
+//     duplicate leaves the transaction usable on PostgreSQL (where a failed
+//     statement otherwise aborts it) and the caller's transaction still
+//     commits.
 //   - A duplicate that get cannot read back (a collision on another unique
 //     constraint, a row deleted meanwhile, a snapshot that cannot see it)
 //     is never reported as success: it is an [*UnresolvedError].

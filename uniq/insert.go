@@ -50,8 +50,9 @@ var (
 type UnresolvedError struct {
 	// Attempts is how many times the insert was tried.
 	Attempts int
-	// Tx reports whether the Querier was a *sql.Tx (no retry is made in a
-	// transaction: its snapshot would not change).
+	// Tx reports whether the Querier was a transaction (a *sql.Tx, or a
+	// type with its Commit and Rollback methods): no retry is made in a
+	// transaction, whose snapshot would not change.
 	Tx bool
 	// Err is the last insert's duplicate-key error.
 	Err error
@@ -75,7 +76,7 @@ func (e *UnresolvedError) Unwrap() []error { return []error{ErrUnresolved, e.Err
 type Config struct {
 	// Attempts is how many times the insert is tried, at most, when it
 	// meets a duplicate that get then cannot find, on a Querier that is not
-	// a *sql.Tx. Zero means DefaultAttempts (3). In a transaction the
+	// a transaction. Zero means DefaultAttempts (3). In a transaction the
 	// insert is tried once.
 	Attempts int
 }
@@ -93,10 +94,13 @@ type Config struct {
 // the same unique key the insert collides on, and return sql.ErrNoRows or
 // ErrNotFound (possibly wrapped) when there is none.
 //
-// When q is a *sql.Tx, insert runs inside a SAVEPOINT, rolled back on any
-// error of insert and released otherwise: on PostgreSQL a failed statement
-// aborts the whole transaction, and the savepoint keeps it usable, so the
-// transaction still commits after a duplicate. On MySQL/MariaDB in a
+// When q is a transaction — a *sql.Tx, or a type of its own with the
+// Commit() error and Rollback() error methods of one, as the transactions
+// of sqlx and of tracing wrappers have — insert runs inside a SAVEPOINT,
+// rolled back on any error of insert and released otherwise: on
+// PostgreSQL a failed statement aborts the whole transaction, and the
+// savepoint keeps it usable, so the transaction still commits after a
+// duplicate. On MySQL/MariaDB in a
 // transaction, get should use a locking read (SELECT … LOCK IN SHARE MODE,
 // or FOR SHARE) so that it reads the latest committed row rather than the
 // transaction's snapshot. On a *sql.Conn no savepoint is made: a Conn is
@@ -104,7 +108,7 @@ type Config struct {
 // otherwise).
 //
 // When get finds nothing after a duplicate, InsertOrGet tries again (up to
-// DefaultAttempts inserts) unless q is a *sql.Tx, and then returns an
+// DefaultAttempts inserts) unless q is a transaction, and then returns an
 // *UnresolvedError. Any other error of insert or get is returned as it is,
 // wrapped. In a transaction, when the ROLLBACK TO SAVEPOINT after a failed
 // insert fails too (MySQL rolls a deadlock's victim back whole, savepoint
@@ -130,7 +134,7 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 	if cfg != nil && cfg.Attempts > 0 {
 		attempts = cfg.Attempts
 	}
-	_, inTx := q.(*sql.Tx)
+	inTx := isTx(q)
 	if inTx {
 		attempts = 1
 	}
@@ -216,4 +220,18 @@ func withCause(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+}
+
+// isTx reports whether q is a transaction: a *sql.Tx, or a wrapper of one
+// (sqlx's *Tx embeds it) that has its Commit and Rollback methods, which
+// *sql.DB and *sql.Conn do not have.
+func isTx(q Querier) bool {
+	if _, ok := q.(*sql.Tx); ok {
+		return true
+	}
+	_, ok := q.(interface {
+		Commit() error
+		Rollback() error
+	})
+	return ok
 }

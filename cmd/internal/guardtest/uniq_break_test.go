@@ -138,3 +138,44 @@ func waitBlocked(t *testing.T, db *sql.DB, d dialect) {
 		}
 	}
 }
+
+// wrappedTx is a transaction as sqlx and tracing wrappers hand it out: a
+// type of their own that embeds *sql.Tx.
+type wrappedTx struct{ *sql.Tx }
+
+// TestInsertOrGetWrappedTx: a transaction wrapped in another type (sqlx's
+// *Tx embeds *sql.Tx) is still a transaction: the duplicate is met in a
+// savepoint, and on PostgreSQL the transaction goes on and commits.
+func TestInsertOrGetWrappedTx(t *testing.T) {
+	t.Parallel()
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			db := uniqSchema(t, s)
+			ctx := context.Background()
+			d := s.dialect
+			if _, _, err := uniq.InsertOrGet(ctx, db, insertOrder(d, "w-1", "", 5), getOrder(d, "w-1")); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			q := wrappedTx{tx}
+			o, created, err := uniq.InsertOrGet(ctx, q, insertOrder(d, "w-1", "", 6), getOrder(d, "w-1"))
+			if err != nil || created || o.Amount != 5 {
+				t.Fatalf("duplicate in a wrapped tx: %+v, created %v, %v", o, created, err)
+			}
+			if _, _, err := uniq.InsertOrGet(ctx, q, insertOrder(d, "w-2", "", 7), getOrder(d, "w-2")); err != nil {
+				t.Fatalf("insert after the duplicate: %v", err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if n := count(t, db, d, `SELECT COUNT(*) FROM orders WHERE ref IN ('w-1', 'w-2')`); n != 2 {
+				t.Errorf("%d rows, want w-1 and w-2", n)
+			}
+		})
+	}
+}
