@@ -175,7 +175,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // answers the request and returns false. It returns "" and true for a
 // request without a key under KeyOptional.
 func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []byte) (string, bool) {
-	key, err := m.key(r, body)
+	// Key gets a copy of the request whose Body reads body: r.Body is
+	// drained already, and a form Key parses (r.FormValue) would be parsed
+	// from nothing, then seen empty by the handler, whose request is a
+	// copy of r.
+	kr := r.WithContext(r.Context())
+	rd := &bodyReader{}
+	rd.Reset(body)
+	defer rd.Reset(nil)
+	kr.Body = rd
+	kr.ContentLength = int64(len(body))
+	key, err := m.key(kr, body)
 	switch {
 	case err != nil:
 		m.log.DebugContext(r.Context(), "idemhttp: no idempotency key in the request", "error", err)
