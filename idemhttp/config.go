@@ -82,6 +82,10 @@ type Config struct {
 	// only when there is a single caller, or the keys are unguessable and
 	// responses hold nothing private.
 	//
+	// Scope gets a copy of the request whose body cannot be read (reads
+	// fail; r.FormValue sees only the URL's query): the body belongs to
+	// the fingerprint and the handler.
+	//
 	// An error answers the request 401 UNAUTHENTICATED without running the
 	// handler, or with the status, code and detail of a *ScopeError it
 	// wraps. A scope that idem.ValidateScope refuses is answered 400

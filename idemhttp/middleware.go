@@ -213,7 +213,13 @@ func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bo
 	if m.scope == nil {
 		return "", true
 	}
-	scope, err := m.scope(r)
+	// Scope sees a copy whose body cannot be read: the body is the
+	// middleware's to read (for the fingerprint) and the handler's; a
+	// Scope that parsed a form would drain it, and the fingerprint would
+	// be taken over nothing.
+	sr := r.WithContext(r.Context())
+	sr.Body = scopeBody{}
+	scope, err := m.scope(sr)
 	if err != nil {
 		var se *ScopeError
 		if errors.As(err, &se) {
@@ -232,6 +238,15 @@ func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bo
 	}
 	return scope, true
 }
+
+// errScopeReadsBody is what Config.Scope reads from a request body.
+var errScopeReadsBody = errors.New("idemhttp: Config.Scope must not read the request body (derive the scope from headers, the URL or the context)")
+
+// scopeBody is the body of the request Config.Scope sees.
+type scopeBody struct{}
+
+func (scopeBody) Read([]byte) (int, error) { return 0, errScopeReadsBody }
+func (scopeBody) Close() error             { return nil }
 
 var errBodyTooLarge = errors.New("idemhttp: request body too large")
 
