@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,12 +28,19 @@ func pgIsolationDB(t *testing.T, level string) (db, admin *sql.DB) {
 	}
 	q := u.Query()
 	q.Set("default_transaction_isolation", level)
-	u.RawQuery = q.Encode()
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads a space as "%20", not as "+"
 	db = testdb.Open(t, "pgx", u.String(), servers[0].svc)
 	db.SetMaxOpenConns(8)
 	var got string
 	if err := db.QueryRowContext(t.Context(), "SHOW transaction_isolation").Scan(&got); err != nil || got != level {
 		t.Fatalf("transaction_isolation = %q, %v; want %q", got, err, level)
+	}
+	s, err := sqlstore.New(admin, &sqlstore.Config{Dialect: sqlstore.PostgreSQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
 	}
 	return db, admin
 }
