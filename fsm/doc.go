@@ -23,7 +23,12 @@
 //     or an IllegalTransitionError that names the state the winner left
 //     the row in.
 //   - A row only ever changes along a declared edge, and every transition
-//     increments the version column.
+//     increments the version column. The status is compared byte for byte
+//     whatever the column's collation: on MySQL/MariaDB, whose default
+//     collations take 'paid' for 'PAID' and 'cafe' for 'café', a row
+//     holding a value the machine does not declare does not move as the
+//     declared state it resembles. A PostgreSQL CHAR(n) column's padding
+//     is not part of the state.
 //   - Columns given with [Set] and [SetNow] change in the same statement,
 //     so they change if and only if the status does.
 //   - With a *sql.Tx, the transition commits or rolls back with the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -249,20 +250,30 @@ func (m *Machine) Lookup(name string) (Transition, bool) {
 // (stateDiagram-v2): the initial state from [*], each transition's edges
 // in declaration order labelled with its name, and each final state to
 // [*]. A state whose name is not made of letters, digits and '_' is drawn
-// under an alias (s0, s1 … by its position in States) with its name as the
-// label.
+// under an alias (s0, s1 … by its position in States, with '_' appended
+// while another state has that name) with its name as the label.
 func (m *Machine) Mermaid() string {
 	ids := make(map[State]string, len(m.def.States))
+	taken := map[string]bool{}
+	for _, s := range m.def.States {
+		if isIdent(string(s)) && !mermaidKeywords[strings.ToLower(string(s))] {
+			ids[s] = string(s)
+			taken[string(s)] = true
+		}
+	}
 	var b strings.Builder
 	b.WriteString("stateDiagram-v2\n")
 	for i, s := range m.def.States {
-		if isIdent(string(s)) && !mermaidKeywords[strings.ToLower(string(s))] {
-			ids[s] = string(s)
+		if ids[s] != "" {
 			continue
 		}
-		ids[s] = fmt.Sprintf("s%d", i)
-		label := strings.ReplaceAll(string(s), `"`, "#quot;")
-		fmt.Fprintf(&b, "    state \"%s\" as %s\n", label, ids[s])
+		// A state may be named s1 itself: the alias must not be its id.
+		id := "s" + strconv.Itoa(i)
+		for taken[id] {
+			id += "_"
+		}
+		ids[s], taken[id] = id, true
+		fmt.Fprintf(&b, "    state \"%s\" as %s\n", mermaidLabel.Replace(string(s)), id)
 	}
 	fmt.Fprintf(&b, "    [*] --> %s\n", ids[m.def.Initial])
 	for _, tr := range m.def.Transitions {
@@ -275,6 +286,10 @@ func (m *Machine) Mermaid() string {
 	}
 	return b.String()
 }
+
+// mermaidLabel escapes a label: Mermaid reads "#name;" and "#123;" as
+// entity codes, so '#' is written as one, and so is '"'.
+var mermaidLabel = strings.NewReplacer("#", "#35;", `"`, "#quot;")
 
 // isIdent reports whether s is a non-empty run of letters, digits and '_'.
 func isIdent(s string) bool {

@@ -150,6 +150,35 @@ func TestMermaid(t *testing.T) {
 	}
 }
 
+// An alias never takes the id of another state: "a b" (the first state)
+// is drawn as s0, which a state may be named; and a label holding what
+// Mermaid reads as an entity code shows as it is.
+func TestMermaidAliasCollision(t *testing.T) {
+	t.Parallel()
+	m := MustNew(Definition{
+		States:  []State{"a b", "s0", "s0_", "x#quot;y"},
+		Initial: "a b",
+		Final:   []State{"x#quot;y"},
+		Transitions: []Transition{
+			{Name: "go", From: []State{"a b"}, To: "s0"},
+			{Name: "on", From: []State{"s0"}, To: "s0_"},
+			{Name: "end", From: []State{"s0_"}, To: "x#quot;y"},
+		},
+	})
+	const want = `stateDiagram-v2
+    state "a b" as s0__
+    state "x#35;quot;y" as s3
+    [*] --> s0__
+    s0__ --> s0: go
+    s0 --> s0_: on
+    s0_ --> s3: end
+    s3 --> [*]
+`
+	if got := m.Mermaid(); got != want {
+		t.Errorf("Mermaid() =\n%s\nwant\n%s", got, want)
+	}
+}
+
 func TestMustNewPanics(t *testing.T) {
 	t.Parallel()
 	defer func() {

@@ -21,6 +21,13 @@ const (
 	// MySQL and MariaDB: ? placeholders, the new version through
 	// LAST_INSERT_ID(expr), CURRENT_TIMESTAMP(6), reads after a refused
 	// UPDATE that lock (LOCK IN SHARE MODE).
+	//
+	// LAST_INSERT_ID(expr) also sets the connection's LAST_INSERT_ID():
+	// after a transition, SQL that reads LAST_INSERT_ID() (INSERT INTO
+	// items (order_id) VALUES (LAST_INSERT_ID())) reads the new version,
+	// not the id of the row inserted before. Take an auto-increment id from
+	// its INSERT's sql.Result.LastInsertId, or use it before the
+	// transition.
 	MySQL
 	// SQLite 3.35 or later: ? placeholders, UPDATE … RETURNING,
 	// strftime('%Y-%m-%d %H:%M:%f', 'now') (UTC).
@@ -58,10 +65,14 @@ type TableConfig struct {
 	// Table is the table's name. Required.
 	Table string
 	// ID is the column that identifies a row: its primary key, or a
-	// column with a unique index. Empty means DefaultID ("id").
+	// column with a unique index. Empty means DefaultID ("id"). Pass ids of
+	// the column's type: MySQL compares a string column with a number as
+	// numbers, so 42 matches '42', '042' and '42abc' alike.
 	ID string
 	// Status is the column holding the state (a text column). Empty means
-	// DefaultStatus ("status").
+	// DefaultStatus ("status"). Under MariaDB's sql_mode
+	// PAD_CHAR_TO_FULL_LENGTH a CHAR(n) column is read with its padding
+	// and matches no state: use VARCHAR there.
 	Status string
 	// Version is an integer column incremented by every transition (start
 	// it at 0 or 1 when a row is created). Empty means DefaultVersion
@@ -76,6 +87,7 @@ type Table struct {
 	dialect                    Dialect
 	table, id, status, version string
 	selectQuery                string // the read after a refused UPDATE
+	statusCmp                  string // the status column, compared byte for byte
 	nowExpr                    string
 	reserved                   map[string]bool // columns Set may not touch
 }
@@ -132,7 +144,24 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 		}
 		t.reserved[strings.ToLower(c)] = true
 	}
-	t.selectQuery = "SELECT " + t.status + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
+	// The UPDATE compares the status byte for byte, whatever the column's
+	// collation (MySQL's default ones ignore case, accents and trailing
+	// spaces: 'paid' = 'PAID'; SQLite's NOCASE ignores case; PostgreSQL's
+	// citext and nondeterministic collations too), so that a row moves
+	// only from a state the machine declares. The read after a refused
+	// UPDATE reads the value the same way: PostgreSQL pads a CHAR(n)
+	// column with spaces, which a cast to text removes.
+	readStatus := t.status
+	switch t.dialect {
+	case PostgreSQL:
+		t.statusCmp = t.status + `::text COLLATE "C"`
+		readStatus = t.status + "::text"
+	case MySQL:
+		t.statusCmp = "CAST(CONVERT(" + t.status + " USING utf8mb4) AS BINARY)"
+	case SQLite:
+		t.statusCmp = t.status + " COLLATE BINARY"
+	}
+	t.selectQuery = "SELECT " + readStatus + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
 	if t.dialect == MySQL {
 		// Under REPEATABLE READ a plain read in a transaction sees the
 		// transaction's snapshot, older than the row the UPDATE was refused
@@ -244,6 +273,10 @@ func SetNow(column string) Option {
 //	UPDATE table SET status = to, version = version + 1 [, Set columns]
 //	WHERE id = ? AND status IN (sources) [AND version = IfVersion]
 //
+// The status is compared byte for byte, whatever the column's collation
+// (status::text COLLATE "C" on PostgreSQL, the column converted to
+// utf8mb4 and cast to BINARY on MySQL, COLLATE BINARY on SQLite).
+//
 // When no row is updated, it reads the row (a locking read on MySQL) and
 // answers:
 //
@@ -323,7 +356,7 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 			return Result{}, t.dbError(id, to, err)
 		}
 		if n > 1 {
-			return Result{}, fmt.Errorf("fsm: %s: %d rows have %s = %v; the id column must be unique", t.table, n, t.id, id)
+			return Result{}, fmt.Errorf("fsm: %s: %d rows have %s = %v, and the UPDATE changed them all (roll the transaction back); the id column must be unique", t.table, n, t.id, id)
 		}
 		if updated = n == 1; updated {
 			if res.Version, err = r.LastInsertId(); err != nil {
@@ -412,7 +445,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 			b.WriteString(", " + s.col + " = " + arg(s.val))
 		}
 	}
-	b.WriteString(" WHERE " + t.id + " = " + arg(id) + " AND " + t.status)
+	b.WriteString(" WHERE " + t.id + " = " + arg(id) + " AND " + t.statusCmp)
 	if len(sources) == 1 {
 		b.WriteString(" = " + arg(string(sources[0])))
 	} else {

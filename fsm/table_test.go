@@ -58,19 +58,19 @@ func TestUpdateText(t *testing.T) {
 		args    []any
 	}{
 		{PostgreSQL, TableConfig{}, "PAID", []State{"WAIT_PAY"}, nil,
-			"UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3 RETURNING version",
+			`UPDATE orders SET status = $1, version = version + 1 WHERE id = $2 AND status::text COLLATE "C" = $3 RETURNING version`,
 			[]any{"PAID", 7, "WAIT_PAY"}},
 		{PostgreSQL, TableConfig{}, "CANCELLED", []State{"NEW", "WAIT_PAY"}, []Option{IfVersion(3), Set("reason", "late"), SetNow("cancelled_at")},
-			"UPDATE orders SET status = $1, version = version + 1, reason = $2, cancelled_at = now() WHERE id = $3 AND status IN ($4, $5) AND version = $6 RETURNING version",
+			`UPDATE orders SET status = $1, version = version + 1, reason = $2, cancelled_at = now() WHERE id = $3 AND status::text COLLATE "C" IN ($4, $5) AND version = $6 RETURNING version`,
 			[]any{"CANCELLED", "late", 7, "NEW", "WAIT_PAY", int64(3)}},
 		{MySQL, TableConfig{}, "CANCELLED", []State{"NEW", "WAIT_PAY"}, []Option{IfVersion(3), SetNow("cancelled_at")},
-			"UPDATE orders SET status = ?, version = LAST_INSERT_ID(version + 1), cancelled_at = CURRENT_TIMESTAMP(6) WHERE id = ? AND status IN (?, ?) AND version = ?",
+			"UPDATE orders SET status = ?, version = LAST_INSERT_ID(version + 1), cancelled_at = CURRENT_TIMESTAMP(6) WHERE id = ? AND CAST(CONVERT(status USING utf8mb4) AS BINARY) IN (?, ?) AND version = ?",
 			[]any{"CANCELLED", 7, "NEW", "WAIT_PAY", int64(3)}},
 		{SQLite, TableConfig{ID: "ref", Status: "state", Version: "rev", Table: "shop.orders"}, "PAID", []State{"WAIT_PAY"}, []Option{Set("paid_at", 99)},
-			"UPDATE shop.orders SET state = ?, rev = rev + 1, paid_at = ? WHERE ref = ? AND state = ? RETURNING rev",
+			"UPDATE shop.orders SET state = ?, rev = rev + 1, paid_at = ? WHERE ref = ? AND state COLLATE BINARY = ? RETURNING rev",
 			[]any{"PAID", 99, 7, "WAIT_PAY"}},
 		{SQLite, TableConfig{}, "PAID", []State{"WAIT_PAY"}, []Option{SetNow("paid_at")},
-			"UPDATE orders SET status = ?, version = version + 1, paid_at = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = ? AND status = ? RETURNING version",
+			"UPDATE orders SET status = ?, version = version + 1, paid_at = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE id = ? AND status COLLATE BINARY = ? RETURNING version",
 			[]any{"PAID", 7, "WAIT_PAY"}},
 	} {
 		cfg := tc.cfg
@@ -99,7 +99,7 @@ func TestUpdateText(t *testing.T) {
 		t.Errorf("MySQL read: %s, want %s", mysqlTable.selectQuery, want)
 	}
 	pgTable, _ := NewTable(m, &TableConfig{Dialect: PostgreSQL, Table: "orders"})
-	if want := "SELECT status, version FROM orders WHERE id = $1"; pgTable.selectQuery != want {
+	if want := "SELECT status::text, version FROM orders WHERE id = $1"; pgTable.selectQuery != want {
 		t.Errorf("PostgreSQL read: %s, want %s", pgTable.selectQuery, want)
 	}
 }

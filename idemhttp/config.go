@@ -47,8 +47,10 @@ type Config struct {
 	// notification) that carry no Idempotency-Key but a natural key, in
 	// the body (a trade number) or in a header of the provider's (an event
 	// id). body is the request body, read in full (at most MaxRequestBody
-	// bytes) and fingerprinted as usual; Key must not keep or change it,
-	// nor read r.Body. The handler still gets the whole body.
+	// bytes) and fingerprinted as usual; Key must not keep or change it.
+	// r is a copy of the request whose Body reads body, so Key may parse a
+	// form (r.PostFormValue("out_trade_no")): what it parses stays in that
+	// copy, and the handler still gets the whole body.
 	//
 	// The key returned goes through the same validation as a header's
 	// (idem.ValidateKey: 1 to 255 bytes of UTF-8 without control
@@ -59,6 +61,16 @@ type Config struct {
 	// An empty key is answered 400 MISSING_KEY (or, with KeyOptional, runs
 	// the handler unguarded); an error is answered 400 INVALID_KEY, with a
 	// detail that does not show the error (it is logged at debug level).
+	//
+	// The key is taken, and recorded, before the handler runs: a request
+	// the handler then refuses as forged (a bad signature answered 401)
+	// still holds the key, and its 4xx answer is stored. Anyone who knows
+	// a trade number (often an order number the customer sees) could send
+	// a forged notification first, and the provider's genuine one would
+	// be answered 422 KEY_MISMATCH until the record expires. Verify the
+	// provider's signature in Key, and return an error for a request that
+	// fails it: no record is made.
+	//
 	// Nil means the Idempotency-Key header.
 	Key func(r *http.Request, body []byte) (string, error)
 
@@ -69,6 +81,10 @@ type Config struct {
 	// so one caller's key can replay another caller's response. Use nil
 	// only when there is a single caller, or the keys are unguessable and
 	// responses hold nothing private.
+	//
+	// Scope gets a copy of the request whose body cannot be read (reads
+	// fail; r.FormValue sees only the URL's query): the body belongs to
+	// the fingerprint and the handler.
 	//
 	// An error answers the request 401 UNAUTHENTICATED without running the
 	// handler, or with the status, code and detail of a *ScopeError it

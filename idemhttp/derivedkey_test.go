@@ -191,3 +191,40 @@ func TestKeyConcurrentCallbacks(t *testing.T) {
 	}
 	e.WantCalls(1)
 }
+
+// A Config.Scope that parses the form (the tenant in the query string, read
+// with r.FormValue) must not drain a form body: the fingerprint and the
+// handler still see every byte, so two different forms under one key are a
+// mismatch, not a replay of each other.
+func TestScopeCannotDrainBody(t *testing.T) {
+	t.Parallel()
+	var handlerBody, handlerAmount string
+	var scopeRead error
+	e := setup(t, &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
+		_, scopeRead = io.ReadAll(r.Body)
+		return "tenant:" + r.FormValue("tenant"), nil
+	}}, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		handlerBody = string(b)
+		r.Body = io.NopCloser(strings.NewReader(handlerBody))
+		handlerAmount = r.PostFormValue("amount")
+		echoHandler(w, r)
+	})
+	form := func(amount string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/pay?tenant=t1", strings.NewReader("amount="+amount))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set("Idempotency-Key", "k1")
+		return r
+	}
+	if rec := e.Serve(form("100")); rec.Code != http.StatusCreated || handlerBody != "amount=100" || handlerAmount != "100" {
+		t.Fatalf("first: %d; the handler read %q (amount %q)", rec.Code, handlerBody, handlerAmount)
+	}
+	if scopeRead == nil {
+		t.Error("Scope read the body without an error")
+	}
+	if rec := e.Record("tenant:t1", "k1"); rec.Response == nil {
+		t.Fatalf("no record under the scope the query named: %+v", rec)
+	}
+	wantProblem(t, e.Serve(form("999")), http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch)
+	e.WantCalls(1)
+}

@@ -38,6 +38,9 @@
 //     the key is validated, not hashed, so that a record's key stays the
 //     provider's identifier. The body is read (and 413 checked) first;
 //     replays, 422 KEY_MISMATCH and 409 PROCESSING are as with the header.
+//     Key must verify the provider's signature (an error makes no record):
+//     the key is recorded before the handler runs, so a forged request
+//     with a genuine trade number would otherwise take the key first.
 //   - Config.Scope fails: 401 UNAUTHENTICATED, or the status and code of
 //     the *ScopeError it returns; a scope idem.ValidateScope refuses: 400
 //     INVALID_SCOPE.

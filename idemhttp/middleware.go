@@ -175,7 +175,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // answers the request and returns false. It returns "" and true for a
 // request without a key under KeyOptional.
 func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []byte) (string, bool) {
-	key, err := m.key(r, body)
+	// Key gets a copy of the request whose Body reads body: r.Body is
+	// drained already, and a form Key parses (r.FormValue) would be parsed
+	// from nothing, then seen empty by the handler, whose request is a
+	// copy of r.
+	kr := r.WithContext(r.Context())
+	rd := &bodyReader{}
+	rd.Reset(body)
+	defer rd.Reset(nil)
+	kr.Body = rd
+	kr.ContentLength = int64(len(body))
+	key, err := m.key(kr, body)
 	switch {
 	case err != nil:
 		m.log.DebugContext(r.Context(), "idemhttp: no idempotency key in the request", "error", err)
@@ -203,7 +213,13 @@ func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bo
 	if m.scope == nil {
 		return "", true
 	}
-	scope, err := m.scope(r)
+	// Scope sees a copy whose body cannot be read: the body is the
+	// middleware's to read (for the fingerprint) and the handler's; a
+	// Scope that parsed a form would drain it, and the fingerprint would
+	// be taken over nothing.
+	sr := r.WithContext(r.Context())
+	sr.Body = scopeBody{}
+	scope, err := m.scope(sr)
 	if err != nil {
 		var se *ScopeError
 		if errors.As(err, &se) {
@@ -222,6 +238,15 @@ func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bo
 	}
 	return scope, true
 }
+
+// errScopeReadsBody is what Config.Scope reads from a request body.
+var errScopeReadsBody = errors.New("idemhttp: Config.Scope must not read the request body (derive the scope from headers, the URL or the context)")
+
+// scopeBody is the body of the request Config.Scope sees.
+type scopeBody struct{}
+
+func (scopeBody) Read([]byte) (int, error) { return 0, errScopeReadsBody }
+func (scopeBody) Close() error             { return nil }
 
 var errBodyTooLarge = errors.New("idemhttp: request body too large")
 

@@ -56,10 +56,16 @@ func PGTryAdvisoryXactLock(ctx context.Context, tx *sql.Tx, key int64) error {
 // characters.
 const MaxMySQLLockName = 64
 
+// mysqlNoTimeout is GET_LOCK's timeout for a wait without limit, in
+// seconds: the year MySQL waits for a negative timeout (LONG_TIMEOUT).
+// MariaDB refuses a negative timeout (NULL, warning 1411).
+const mysqlNoTimeout = 365 * 24 * 3600
+
 // MySQLGetLock takes MySQL's (or MariaDB's) named lock name with GET_LOCK
 // on conn's session, waiting up to timeout (rounded up to whole seconds;
-// 0 tries once; negative waits without limit), and at most until ctx
-// ends. It returns ErrHeld if another session still held the lock when
+// 0 tries once; negative waits without limit: a year, MySQL's own bound
+// for a negative timeout, sent as such because MariaDB answers a negative
+// timeout with NULL), and at most until ctx ends. It returns ErrHeld if another session still held the lock when
 // the wait ended. GET_LOCK answering NULL (an error in the server, the
 // session killed) is an error.
 //
@@ -79,7 +85,7 @@ func MySQLGetLock(ctx context.Context, conn *sql.Conn, name string, timeout time
 	if name == "" || utf8.RuneCountInString(name) > MaxMySQLLockName || !utf8.ValidString(name) {
 		return nil, fmt.Errorf("%w: a MySQL lock name is 1 to %d characters of valid UTF-8", ErrInvalidName, MaxMySQLLockName)
 	}
-	secs := int64(-1)
+	secs := int64(mysqlNoTimeout)
 	if timeout >= 0 {
 		secs = int64(math.Ceil(timeout.Seconds()))
 	}

@@ -21,7 +21,10 @@
 //     TTL), even if a renewal hangs. Lease.Err and the Err of Context's
 //     contexts check the clock, so work that checks them before its
 //     effect does not go on past the lease when the process is starved of
-//     CPU and its timers run late.
+//     CPU and its timers run late, or the machine was suspended (the time
+//     passed is the larger of the monotonic clock's, which stands still
+//     during a suspend on Linux, and the wall clock's; a step of the wall
+//     clock forward ends a lease early, never late).
 //   - A fencing token strictly increasing per lock name, across releases,
 //     expiries and takeovers, returned with every lease (Lease.Fence).
 //

@@ -89,11 +89,14 @@ func (e *Lease) Done() <-chan struct{} { return e.ctx.Done() }
 // ErrLost, ErrMaxHold or ErrReleased. It checks the clock: past the end
 // of the lease last confirmed it ends the lease itself, should the
 // watchdog's timer not have run yet (a process starved of CPU runs its
-// timers late), so work that checks Err before its effect never goes on
-// past the lease.
+// timers late; a machine woken from a suspend runs them once its
+// monotonic clock, which stood still, has caught up), so work that checks
+// Err before its effect never goes on past the lease. The time passed is
+// the larger of the monotonic and the wall clock's.
 func (e *Lease) Err() error {
 	if e.ctx.Err() == nil {
-		if time.Since(e.base) < time.Duration(e.due.Load()) {
+		due := time.Duration(e.due.Load())
+		if time.Since(e.base) < due && wallNow().Sub(e.base.Round(0)) < due {
 			return nil
 		}
 		e.expire()
@@ -204,7 +207,7 @@ func (e *Lease) endWatch() {
 // watchdog runs (what tick does when its timer fires then).
 func (e *Lease) expire() {
 	e.mu.Lock()
-	if e.over || time.Now().Before(e.validUntil) {
+	if e.over || !e.ended(time.Now()) {
 		e.mu.Unlock()
 		return
 	}
@@ -232,7 +235,7 @@ func (e *Lease) tick() {
 		return
 	}
 	now := time.Now()
-	if !now.Before(e.validUntil) {
+	if e.ended(now) {
 		cause := e.endCause()
 		e.endWatch()
 		e.mu.Unlock()
@@ -282,7 +285,7 @@ func (e *Lease) tick() {
 	switch {
 	case errors.Is(err, ErrNotHeld):
 		cause = ErrLost
-	case !now.Before(e.validUntil):
+	case e.ended(now):
 		cause = e.endCause()
 	case err == nil:
 		e.validUntil = sent.Add(ttl)
@@ -314,3 +317,17 @@ func (e *Lease) report(cause, err error) {
 		e.cancel(cause)
 	}
 }
+
+// ended reports whether the lease last confirmed has ended at now, on
+// either clock: the monotonic one, which the wall clock's steps do not
+// move, or the wall clock, which goes on while the machine is suspended
+// and the monotonic clock (Linux's CLOCK_MONOTONIC) stands still, as the
+// backend's clock goes on. A step of the wall clock forward ends the
+// lease early, never late. mu held.
+func (e *Lease) ended(now time.Time) bool {
+	return !now.Before(e.validUntil) || !wallNow().Before(e.validUntil.Round(0))
+}
+
+// wallNow is the wall clock's now, without a monotonic reading: a
+// variable, for the tests to move it.
+var wallNow = func() time.Time { return time.Now().Round(0) }

@@ -23,9 +23,9 @@ var (
 	//go:embed lock_release.lua
 	lockReleaseLua string
 
-	lockAcquireScript = redis.NewScript(lockAcquireLua)
-	lockExtendScript  = redis.NewScript(lockExtendLua)
-	lockReleaseScript = redis.NewScript(lockReleaseLua)
+	lockAcquireScript = redis.NewScript(libLua + lockAcquireLua)
+	lockExtendScript  = redis.NewScript(libLua + lockExtendLua)
+	lockReleaseScript = redis.NewScript(libLua + lockReleaseLua)
 )
 
 // LockConfig configures a LockBackend. A nil LockConfig, and the zero
@@ -38,18 +38,23 @@ type LockConfig struct {
 }
 
 // LockBackend is a [lock.Backend] on Redis: one Lua script per
-// operation, one round trip each. A lock is the key
+// operation, one round trip each. A lock is the hash
 //
 //	PREFIX:lock:{B64(name)}
 //
-// holding "FENCE:OWNER" with the lease as its TTL (on the server's
-// clock), and its fence comes from the counter key
+// holding its owner (o), fence (f) and the end of its lease (u, unix
+// milliseconds on the server's clock, TIME), with no TTL: Redis does not
+// evict it under a volatile-* maxmemory policy (the default of several
+// managed services), which evicts only keys with a TTL and would
+// otherwise hand a held lock to a second owner. Its fence comes from the
+// counter key
 //
 //	PREFIX:lock:{B64(name)}:fence
 //
 // (INCR, no TTL), in the same Redis Cluster slot (B64 is unpadded
 // base64url, so braces in a name cannot change the hash tag). Release
-// deletes the lock and keeps the counter.
+// deletes the lock and keeps the counter; a lock whose lease ended
+// without Release stays until the next Acquire of its name.
 //
 // It is an efficiency lock. The counter lives on one node: a failover to
 // a replica that had not received the last INCR, a restart without

@@ -1,12 +1,18 @@
 -- lock_acquire.lua takes a lock if it is free.
--- KEYS[1]: the lock (a string "FENCE:OWNER" with the lease as its TTL),
+-- KEYS[1]: the lock, a hash with no TTL: o (owner), f (fence), u (the end
+-- of the lease, unix ms on the server's clock). Without a TTL, Redis does
+-- not evict it under a volatile-* maxmemory policy.
 -- KEYS[2]: the name's fence counter (no TTL; same hash slot).
 -- ARGV: owner, lease ms.
 -- Returns the new fence, or 0 if another owner holds the lock.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- The lease ends at now + lease + 1: now is truncated to the millisecond,
+-- so the lease never ends before the lease ms have passed since the script
+-- began.
+local now = now_ms()
+local u = redis.call('HGET', KEYS[1], 'u')
+if u and tonumber(u) > now then
   return 0
 end
 local fence = redis.call('INCR', KEYS[2])
--- %d: Lua's own conversion of a number would turn to an exponent past 1e14.
-redis.call('SET', KEYS[1], string.format('%d', fence) .. ':' .. ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', int(fence), 'u', int(now + tonumber(ARGV[2]) + 1))
 return fence

@@ -1,9 +1,11 @@
 -- lock_extend.lua extends a lease held by the caller (compare-and-extend).
--- KEYS[1]: the lock. ARGV: owner, fence, lease ms.
+-- KEYS[1]: the lock (see lock_acquire.lua). ARGV: owner, fence, lease ms.
 -- Returns 1, or 0 if the lock is not held by (owner, fence): another
--- owner's, released, or expired.
-if redis.call('GET', KEYS[1]) ~= ARGV[2] .. ':' .. ARGV[1] then
+-- owner's, released, or past the end of its lease.
+local now = now_ms()
+local t = redis.call('HMGET', KEYS[1], 'o', 'f', 'u')
+if t[1] ~= ARGV[1] or t[2] ~= ARGV[2] or not t[3] or tonumber(t[3]) <= now then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[1], 'u', int(now + tonumber(ARGV[3]) + 1))
 return 1

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -38,9 +39,10 @@ func TestNewLockBackendRejects(t *testing.T) {
 	}
 }
 
-// The keys: the lock holds "FENCE:OWNER" with the lease as TTL; the
-// counter has no TTL and stays after release; braces in the name leave
-// both in one hash slot.
+// The keys: the lock is a hash of owner, fence and lease end with no TTL
+// (a volatile-* maxmemory policy must not evict it); the counter has no
+// TTL and stays after release; braces in the name leave both in one hash
+// slot.
 func TestLockKeys(t *testing.T) {
 	t.Parallel()
 	c := singleClient(t)
@@ -49,15 +51,23 @@ func TestLockKeys(t *testing.T) {
 	name := "{job}:x"
 	k, f := b.LockKeys(name)
 	o := lock.NewOwner()
+	before := time.Now()
 	fence, err := b.Acquire(ctx, name, o, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := c.Get(ctx, k).Val(); v != "1:"+o {
-		t.Fatalf("lock key %s = %q", k, v)
+	h := c.HGetAll(ctx, k).Val()
+	u, err := strconv.ParseInt(h["u"], 10, 64)
+	if h["o"] != o || h["f"] != "1" || err != nil {
+		t.Fatalf("lock key %s = %q", k, h)
 	}
-	if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 || ttl > time.Minute {
-		t.Fatalf("lock key TTL %v", ttl)
+	// The server's clock is the machine's: the lease ends a minute after
+	// the Acquire, give or take the call.
+	if end := time.UnixMilli(u); end.Before(before.Add(time.Minute-time.Second)) || end.After(time.Now().Add(time.Minute+time.Second)) {
+		t.Fatalf("lease end %v, want about a minute from %v", end, before)
+	}
+	if ttl := c.PTTL(ctx, k).Val(); ttl != -1 {
+		t.Fatalf("lock key TTL %v, want none", ttl)
 	}
 	if err := b.Release(ctx, name, o, fence); err != nil {
 		t.Fatal(err)

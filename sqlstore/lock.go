@@ -40,8 +40,8 @@ func (st *lockStatements) query(i int) *query {
 	return [...]*query{lockAcquire: st.acquire, lockExtend: st.extend, lockRelease: st.release}[i]
 }
 
-// lockAcquireAttempts bounds how often Acquire runs its statement again
-// after a deadlock or a serialisation failure.
+// lockAcquireAttempts bounds how often Acquire, Extend and Release run
+// their statement after a deadlock or a serialisation failure.
 const lockAcquireAttempts = 5
 
 // LockBackend is a [lock.Backend] in the database: the table idem_locks
@@ -49,7 +49,10 @@ const lockAcquireAttempts = 5
 // lock name with its owner, fence and lease. The fence comes from that
 // row (+1 on every acquisition) and survives release and expiry (release
 // clears the owner and keeps the row); the lease is counted on the
-// database's clock. Every operation is one statement. It is safe for
+// database's clock. Every operation is one statement, run again (at most
+// 5 times) after a deadlock or a serialisation failure, which PostgreSQL
+// reports when the sessions default to REPEATABLE READ or SERIALIZABLE
+// and the row changed while the statement waited for it. It is safe for
 // concurrent use, also by several processes sharing the database.
 //
 // Lock names are compared byte for byte ("a", "A" and "a " are three
@@ -226,7 +229,8 @@ func (b *LockBackend) Release(ctx context.Context, name, owner string, fence int
 }
 
 // update runs Extend's or Release's statement: one matched row, or
-// ErrNotHeld. On MySQL, which counts changed rows rather than matched
+// ErrNotHeld. A deadlock or a serialisation failure is retried, as
+// Acquire does. On MySQL, which counts changed rows rather than matched
 // ones, the extend statement reports a match as its insert id
 // (LAST_INSERT_ID(expr)) and the release statement always changes the
 // row it matches.
@@ -238,9 +242,19 @@ func (b *LockBackend) update(ctx context.Context, op string, i int, v values) er
 	if err != nil {
 		return b.fail(ctx, op, v.name, err)
 	}
-	res, err := st.ExecContext(ctx, b.st.query(i).args(&v)...)
-	if err != nil {
-		return b.fail(ctx, op, v.name, err)
+	args := b.st.query(i).args(&v)
+	var res sql.Result
+	for attempt := 1; ; attempt++ {
+		// A serialisation failure (PostgreSQL, when the sessions default
+		// to REPEATABLE READ or SERIALIZABLE and the row changed while the
+		// statement waited for it) or a deadlock rolled the statement
+		// back: a new snapshot sees the row as the change left it.
+		if res, err = st.ExecContext(ctx, args...); err == nil {
+			break
+		}
+		if !b.d.retryable(err) || attempt == lockAcquireAttempts || ctx.Err() != nil {
+			return b.fail(ctx, op, v.name, err)
+		}
 	}
 	var n int64
 	if i == lockExtend && !b.d.completeReturns() {

@@ -142,3 +142,67 @@ func TestMySQLGetLock(t *testing.T) {
 		t.Errorf("GET_LOCK of 64 characters: %v", err)
 	}
 }
+
+// A negative timeout waits for the lock however long the holder keeps it
+// (MariaDB refuses GET_LOCK's negative timeouts, which MySQL reads as no
+// limit, with a NULL answer): on a free lock, and behind a holder.
+func TestMySQLGetLockNoTimeout(t *testing.T) {
+	t.Parallel()
+	db := servers[1].open(t, "")
+	ctx := t.Context()
+	c1, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c1.Close() })
+	c2, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c2.Close() })
+	name := randomName("idemtest:")
+	release, err := lock.MySQLGetLock(ctx, c1, name, -1)
+	if err != nil {
+		t.Fatalf("GET_LOCK without a timeout on a free lock: %v", err)
+	}
+	got := make(chan error, 1)
+	var release2 func(context.Context) error
+	go func() {
+		var err error
+		release2, err = lock.MySQLGetLock(ctx, c2, name, -time.Second)
+		got <- err
+	}()
+	// The waiter is queued on the server before the holder lets go.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(%'").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case err := <-got:
+			t.Fatalf("waiter answered before the release: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never showed in the process list")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter without a timeout: %v", err)
+	}
+	var holder sql.NullInt64
+	if err := c1.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", name).Scan(&holder); err != nil || !holder.Valid || holder.Int64 != 0 {
+		t.Fatalf("IS_USED_LOCK from the former holder: %v, %v; want another session", holder, err)
+	}
+	if err := release2(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -59,7 +59,9 @@ func (t *TokenStore) Migrate(ctx context.Context) error { return t.s.Migrate(ctx
 func (t *TokenStore) Close() error { return t.s.Close() }
 
 // Insert stores a new token; see [token.Store]. A digest already in the
-// table, expired or not, gives token.ErrDuplicate.
+// table, expired or not, gives token.ErrDuplicate. A serialisation failure
+// (a digest inserted concurrently, under a session default of
+// SERIALIZABLE) is retried.
 func (t *TokenStore) Insert(ctx context.Context, scope, digest string, ttl time.Duration) (time.Time, error) {
 	const op = "token insert"
 	s := t.s
@@ -86,7 +88,19 @@ func (t *TokenStore) Insert(ctx context.Context, scope, digest string, ttl time.
 		return fromMS(now + v.ttlMS), nil
 	}
 	var exp int64
-	err := s.queryRow(ctx, nil, q, &v, &exp)
+	var err error
+	for attempt := range maxAcquireAttempts {
+		// Under SERIALIZABLE (a session default), PostgreSQL fails an
+		// insert that met a digest another transaction committed after
+		// the statement's snapshot: a new snapshot sees the digest stored.
+		err = s.queryRow(ctx, nil, q, &v, &exp)
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+			return time.Time{}, s.fail(ctx, op, err)
+		}
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return time.Time{}, token.ErrDuplicate
 	}
@@ -125,8 +139,10 @@ func (t *TokenStore) Consume(ctx context.Context, scope, digest string, result [
 //
 // Under REPEATABLE READ or SERIALIZABLE on PostgreSQL, a token spent by
 // another transaction after tx's snapshot fails with a serialisation
-// failure (SQLSTATE 40001) rather than token.ErrUsed: roll tx back and run
-// it again. On SQLite, begin tx with sqlite.Open's settings (IMMEDIATE):
+// failure (SQLSTATE 40001) rather than token.ErrUsed; and under
+// SERIALIZABLE, tx's Commit itself may fail with one when a Consume of the
+// same token, run SERIALIZABLE too (the session's default), waited for tx.
+// Either way tx spent nothing: roll it back and run it again. On SQLite, begin tx with sqlite.Open's settings (IMMEDIATE):
 // a deferred transaction that has read before may fail to take the write
 // lock.
 func (t *TokenStore) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, digest string, result []byte) error {

@@ -15,9 +15,11 @@
 //     number of processes), the database's unique index lets exactly one
 //     insert succeed: that caller gets created = true, every other one gets
 //     the row it created, with created = false.
-//   - In a *sql.Tx, the insert runs in a savepoint, so a duplicate leaves
-//     the transaction usable on PostgreSQL (where a failed statement
-//     otherwise aborts it) and the caller's transaction still commits.
+//   - In a *sql.Tx (or a wrapper of one with its Commit and Rollback
+//     methods, as sqlx's *Tx), the insert runs in a savepoint, so a
+//     duplicate leaves the transaction usable on PostgreSQL (where a failed
+//     statement otherwise aborts it) and the caller's transaction still
+//     commits.
 //   - A duplicate that get cannot read back (a collision on another unique
 //     constraint, a row deleted meanwhile, a snapshot that cannot see it)
 //     is never reported as success: it is an [*UnresolvedError].
@@ -41,6 +43,14 @@
 //     a row committed after the transaction's snapshot; on PostgreSQL under
 //     REPEATABLE READ or SERIALIZABLE it cannot see such a row at all, and
 //     InsertOrGet answers an UnresolvedError (retry the transaction).
+//   - A unique constraint that PostgreSQL checks at COMMIT (DEFERRABLE
+//     INITIALLY DEFERRED) is not met by the insert in a transaction: the
+//     insert succeeds, InsertOrGet reports created = true, and the COMMIT
+//     fails with the duplicate (IsDuplicate holds for its error) — every
+//     retry of the transaction alike. Run SET CONSTRAINTS name IMMEDIATE
+//     in the transaction before InsertOrGet, or make the constraint
+//     immediate (the default). On a *sql.DB each statement commits at
+//     once, so the insert meets the duplicate.
 //   - The insert must be a single statement: a multi-statement insert
 //     function that fails on its second statement with a duplicate is rolled
 //     back to the savepoint in a transaction, but outside one its first

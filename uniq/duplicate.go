@@ -49,7 +49,7 @@ const (
 // code read from an exported field or method; the error's message is never
 // parsed.
 func IsDuplicate(err error) bool {
-	var sp *savepointError
+	var sp *rollbackError
 	if errors.As(err, &sp) {
 		return false // the transaction is gone: nothing to read
 	}
@@ -82,15 +82,16 @@ func walk(err error, f func(error) bool) bool {
 
 // isDuplicateOne looks at err alone, not at what it wraps.
 func isDuplicateOne(err error) bool {
-	if s, ok := err.(interface{ SQLState() string }); ok {
-		return s.SQLState() == sqlStateUniqueViolation
-	}
 	v := reflect.ValueOf(err)
 	if v.Kind() == reflect.Pointer {
+		// A typed nil (*pgconn.PgError)(nil): its methods would panic.
 		if v.IsNil() {
 			return false
 		}
 		v = v.Elem()
+	}
+	if s, ok := err.(interface{ SQLState() string }); ok {
+		return s.SQLState() == sqlStateUniqueViolation
 	}
 	if v.Kind() != reflect.Struct {
 		return false

@@ -51,7 +51,11 @@ func TestIsDuplicate(t *testing.T) {
 		t.Fatalf("stand-ins' package path is %q", reflect.TypeOf(MySQLError{}).PkgPath())
 	}
 
-	var nilMySQL *MySQLError
+	var (
+		nilMySQL  *MySQLError
+		nilPG     *pgLike // its SQLState reads a field, as pgconn's does
+		nilSQLite *SQLiteError
+	)
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -76,6 +80,9 @@ func TestIsDuplicate(t *testing.T) {
 		{"mysql not null 1048", &MySQLError{Number: 1048}, false},
 		{"mysql check 4025", &MySQLError{Number: 4025}, false},
 		{"mysql nil pointer", nilMySQL, false},
+		{"pg nil pointer", nilPG, false},
+		{"pg nil pointer, wrapped", fmt.Errorf("x: %w", nilPG), false},
+		{"sqlite nil pointer", nilSQLite, false},
 		{"sqlite unique", &SQLiteError{2067}, true},
 		{"sqlite primary key", &SQLiteError{1555}, true},
 		{"sqlite rowid", &SQLiteError{2579}, true},

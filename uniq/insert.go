@@ -50,8 +50,9 @@ var (
 type UnresolvedError struct {
 	// Attempts is how many times the insert was tried.
 	Attempts int
-	// Tx reports whether the Querier was a *sql.Tx (no retry is made in a
-	// transaction: its snapshot would not change).
+	// Tx reports whether the Querier was a transaction (a *sql.Tx, or a
+	// type with its Commit and Rollback methods): no retry is made in a
+	// transaction, whose snapshot would not change.
 	Tx bool
 	// Err is the last insert's duplicate-key error.
 	Err error
@@ -75,7 +76,7 @@ func (e *UnresolvedError) Unwrap() []error { return []error{ErrUnresolved, e.Err
 type Config struct {
 	// Attempts is how many times the insert is tried, at most, when it
 	// meets a duplicate that get then cannot find, on a Querier that is not
-	// a *sql.Tx. Zero means DefaultAttempts (3). In a transaction the
+	// a transaction. Zero means DefaultAttempts (3). In a transaction the
 	// insert is tried once.
 	Attempts int
 }
@@ -93,10 +94,13 @@ type Config struct {
 // the same unique key the insert collides on, and return sql.ErrNoRows or
 // ErrNotFound (possibly wrapped) when there is none.
 //
-// When q is a *sql.Tx, insert runs inside a SAVEPOINT, rolled back on any
-// error of insert and released otherwise: on PostgreSQL a failed statement
-// aborts the whole transaction, and the savepoint keeps it usable, so the
-// transaction still commits after a duplicate. On MySQL/MariaDB in a
+// When q is a transaction — a *sql.Tx, or a type of its own with the
+// Commit() error and Rollback() error methods of one, as the transactions
+// of sqlx and of tracing wrappers have — insert runs inside a SAVEPOINT,
+// rolled back on any error of insert and released otherwise: on
+// PostgreSQL a failed statement aborts the whole transaction, and the
+// savepoint keeps it usable, so the transaction still commits after a
+// duplicate. On MySQL/MariaDB in a
 // transaction, get should use a locking read (SELECT … LOCK IN SHARE MODE,
 // or FOR SHARE) so that it reads the latest committed row rather than the
 // transaction's snapshot. On a *sql.Conn no savepoint is made: a Conn is
@@ -104,9 +108,12 @@ type Config struct {
 // otherwise).
 //
 // When get finds nothing after a duplicate, InsertOrGet tries again (up to
-// DefaultAttempts inserts) unless q is a *sql.Tx, and then returns an
+// DefaultAttempts inserts) unless q is a transaction, and then returns an
 // *UnresolvedError. Any other error of insert or get is returned as it is,
-// wrapped.
+// wrapped. In a transaction, when the ROLLBACK TO SAVEPOINT after a failed
+// insert fails too (MySQL rolls a deadlock's victim back whole, savepoint
+// included), the error wraps both the insert's error and the rollback's,
+// no get runs, and the transaction is no longer usable: retry it whole.
 func InsertOrGet[T any](ctx context.Context, q Querier,
 	insert func(ctx context.Context, q Querier) (T, error),
 	get func(ctx context.Context, q Querier) (T, error),
@@ -127,7 +134,7 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 	if cfg != nil && cfg.Attempts > 0 {
 		attempts = cfg.Attempts
 	}
-	_, inTx := q.(*sql.Tx)
+	inTx := isTx(q)
 	if inTx {
 		attempts = 1
 	}
@@ -137,8 +144,9 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 		if err == nil {
 			return v, true, nil
 		}
-		if !IsDuplicate(err) {
-			return zero, false, fmt.Errorf("uniq: insert: %w", err)
+		var rb *rollbackError
+		if errors.As(err, &rb) || !IsDuplicate(err) {
+			return zero, false, fmt.Errorf("uniq: insert: %w", withCause(ctx, err))
 		}
 		dup = err
 		v, err = get(ctx, q)
@@ -146,7 +154,7 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 			return v, false, nil
 		}
 		if !errorsIsAny(err, sql.ErrNoRows, ErrNotFound) {
-			return zero, false, fmt.Errorf("uniq: get after a duplicate: %w", err)
+			return zero, false, fmt.Errorf("uniq: get after a duplicate: %w", withCause(ctx, err))
 		}
 		if ctx.Err() != nil {
 			return zero, false, context.Cause(ctx)
@@ -154,20 +162,6 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 	}
 	return zero, false, &UnresolvedError{Attempts: attempts, Tx: inTx, Err: dup}
 }
-
-// savepointError is an insert that failed in a savepoint the transaction
-// could not roll back to: the transaction is gone (MySQL rolls the whole
-// transaction back on a deadlock, savepoints with it). Both errors stay
-// visible to errors.Is and errors.As, so a caller sees the deadlock and
-// retries its transaction; IsDuplicate reports false for it, as no get
-// can run in a transaction that is gone.
-type savepointError struct{ insert, rollback error }
-
-func (e *savepointError) Error() string {
-	return fmt.Sprintf("%v (and rollback to savepoint: %v)", e.insert, e.rollback)
-}
-
-func (e *savepointError) Unwrap() []error { return []error{e.insert, e.rollback} }
 
 // savepoints numbers the savepoints, so that nested calls in one
 // transaction never share a name.
@@ -188,10 +182,10 @@ func tryInsert[T any](ctx context.Context, q Querier, inTx bool, insert func(con
 		// context.WithoutCancel: a cancelled ctx ends the transaction
 		// anyway (database/sql rolls it back), and otherwise the rollback
 		// must run for the transaction to stay usable.
-		// A failed rollback leaves the transaction unusable: its error is
-		// the one returned (no longer a duplicate, so no get runs).
+		// A failed rollback leaves the transaction unusable: both errors
+		// are returned, and no get runs (see rollbackError).
 		if _, rerr := q.ExecContext(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT "+name); rerr != nil {
-			return zero, &savepointError{insert: err, rollback: rerr}
+			return zero, &rollbackError{err: err, rollback: rerr}
 		}
 		return zero, err
 	}
@@ -199,4 +193,45 @@ func tryInsert[T any](ctx context.Context, q Querier, inTx bool, insert func(con
 		return zero, fmt.Errorf("release savepoint: %w", err)
 	}
 	return v, nil
+}
+
+// rollbackError is an insert's error in a transaction whose ROLLBACK TO
+// SAVEPOINT failed too: the transaction is not usable any more (MySQL
+// rolls a deadlock's victim back whole, savepoint included). It wraps
+// both, so that the insert's error (the deadlock a caller retries the
+// transaction on, the cancelled context) stays visible to errors.Is and
+// errors.As; no get runs after it, even when the insert's error is a
+// duplicate.
+type rollbackError struct {
+	err, rollback error
+}
+
+func (e *rollbackError) Error() string {
+	return e.err.Error() + " (and rollback to savepoint: " + e.rollback.Error() + ")"
+}
+
+func (e *rollbackError) Unwrap() []error { return []error{e.err, e.rollback} }
+
+// withCause adds ctx's cause to err when ctx is done and err does not say
+// so already: lib/pq answers a cancelled statement with its own error
+// (SQLSTATE 57014), which errors.Is does not take for context.Canceled.
+func withCause(ctx context.Context, err error) error {
+	if ctx.Err() == nil || errors.Is(err, ctx.Err()) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+}
+
+// isTx reports whether q is a transaction: a *sql.Tx, or a wrapper of one
+// (sqlx's *Tx embeds it) that has its Commit and Rollback methods, which
+// *sql.DB and *sql.Conn do not have.
+func isTx(q Querier) bool {
+	if _, ok := q.(*sql.Tx); ok {
+		return true
+	}
+	_, ok := q.(interface {
+		Commit() error
+		Rollback() error
+	})
+	return ok
 }

@@ -111,11 +111,11 @@ func TestInsertOrGetNeedsFunctions(t *testing.T) {
 func TestSavepointGoneKeepsInsertError(t *testing.T) {
 	deadlock := errors.New("Error 1213: Deadlock found when trying to get lock")
 	gone := errors.New("Error 1305: SAVEPOINT idem_uniq_1 does not exist")
-	err := error(&savepointError{insert: fmt.Errorf("insert: %w", deadlock), rollback: gone})
+	err := error(&rollbackError{err: fmt.Errorf("insert: %w", deadlock), rollback: gone})
 	if !errors.Is(err, deadlock) || !errors.Is(err, gone) {
 		t.Fatalf("errors.Is lost an error of %v", err)
 	}
-	dup := &savepointError{insert: &pgLike{"23505"}, rollback: gone}
+	dup := &rollbackError{err: &pgLike{"23505"}, rollback: gone}
 	if IsDuplicate(dup) {
 		t.Fatal("IsDuplicate of an insert whose savepoint is gone = true; no get can run")
 	}

@@ -336,7 +336,12 @@ LIMIT ?;
 -- and MariaDB by default; all on the row as it was under MariaDB's
 -- SIMULTANEOUS_ASSIGNMENT):
 --
---   take = owner = '' OR lease_until <= now
+--   take = owner = X'' OR lease_until <= now
+--
+-- (X'', not '': under MariaDB's EMPTY_STRING_IS_NULL the literal '' is
+-- NULL, which owner = '' never equals and a release could not write into
+-- the NOT NULL column in a strict mode; a hexadecimal literal stays an
+-- empty string.)
 --
 --   - fence comes first: its take reads the row as it was in both modes;
 --   - owner reads only its own column and lease_until, not yet assigned
@@ -351,14 +356,14 @@ VALUES (?, ?, LAST_INSERT_ID(1),
         (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?)
 ON DUPLICATE KEY UPDATE
     fence = CASE WHEN LAST_INSERT_ID(
-                CASE WHEN owner = ''
+                CASE WHEN owner = X''
                           OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
                      THEN fence + 1 ELSE 0 END) > 0
         THEN fence + 1 ELSE fence END,
-    owner = CASE WHEN owner = ''
+    owner = CASE WHEN owner = X''
                       OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
         THEN ? ELSE owner END,
-    lease_until = CASE WHEN owner = ? OR owner = ''
+    lease_until = CASE WHEN owner = ? OR owner = X''
                       OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
         THEN (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? ELSE lease_until END;
 
@@ -378,6 +383,6 @@ WHERE name = ? AND owner = ? AND fence = ?
 -- Compare-and-delete: the row, and its fence, stay; the owner goes (a
 -- change, so the affected-rows count is 1 on a match).
 UPDATE idem_locks
-SET owner = '', lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+SET owner = X'', lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
 WHERE name = ? AND owner = ? AND fence = ?
   AND lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
