@@ -223,6 +223,16 @@ func testBrowserCheckout(t *testing.T, b backend, browser context.Context) {
 	if n := stock(t, db, "SKU-1"); n != 98 {
 		t.Fatalf("stock %d, want 98", n)
 	}
+	// Both payments were the shop's signed callbacks of one simulated
+	// trade (derived from the order): replayed or found paid, never
+	// refused into the reconciliation table.
+	var trade string
+	if err := db.QueryRow("SELECT trade_no FROM shop_payments WHERE order_no = '" + orderNo + "'").Scan(&trade); err != nil || !strings.HasPrefix(trade, "sim_") || len(trade) != len("sim_")+24 {
+		t.Fatalf("trade_no %q (err %v), want the simulated trade sim_<24 hex>", trade, err)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM shop_reconciliations"); n != 0 {
+		t.Fatalf("%d reconciliations, want 0", n)
+	}
 }
 
 // wantRows checks the numbers of orders and payments.

@@ -7,28 +7,45 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/lock"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // The close job: orders unpaid for the pay timeout are closed (WAIT_PAY →
-// CLOSED) and what they hold is given back. Every shopd runs the job; the
-// instance holding the job's lock works, the others wait for their turn.
-// Each close is a transition of the order machine with the version the job
+// CLOSED) and what they hold is given back. Every shopd runs the job; a
+// pass works only in the instance that holds the job's lock (package
+// lock, in the shop's database), and each of its close transactions
+// presents the lease's fence to the row shop_jobs.'shop.close-unpaid'
+// (UPDATE … WHERE last_fence <= fence): once a newer holder has written,
+// an older one, paused past its lease, can no longer close anything. Each
+// close is also a transition of the order machine with the version the job
 // read, in one transaction with the give-back, so a second job, a late
 // payment or a cancel racing the job never gives stock back twice and
 // never closes a paid order: whoever moves the order first wins, and the
 // loser's transition changes nothing.
+//
+// The lock is taken for one pass (TryAcquire) and released at its end,
+// rather than held across passes: an instance that stops or hangs holds
+// nothing between passes, any instance may run the next one, and the
+// watchdog renews the lease only while a pass runs. The pass works under
+// the lease's Context, so it stops when the lease is lost.
 
 // Defaults and bounds of CloserConfig.
 const (
 	DefaultPayTimeout = 30 * time.Minute
 	// MaxPayTimeout bounds -pay-timeout: a week.
-	MaxPayTimeout       = 7 * 24 * time.Hour
-	DefaultCloseBatch   = 100
-	minCloseInterval    = time.Second
-	maxCloseInterval    = time.Minute
-	closeLockName       = "shop-close-unpaid"
-	closeAttemptTimeout = 30 * time.Second
+	MaxPayTimeout     = 7 * 24 * time.Hour
+	DefaultCloseBatch = 100
+	minCloseInterval  = time.Second
+	maxCloseInterval  = time.Minute
+	// releaseTimeout bounds the release of the lock after a pass.
+	releaseTimeout = 5 * time.Second
 )
+
+// CloseJobName names the close job's lock (in idem_locks) and its fence
+// row (in shop_jobs).
+const CloseJobName = "shop.close-unpaid"
 
 // CloserConfig configures a Closer. The zero value means the defaults.
 type CloserConfig struct {
@@ -40,40 +57,67 @@ type CloserConfig struct {
 	Interval time.Duration
 	// Batch bounds the orders one pass closes. Default DefaultCloseBatch.
 	Batch int
-	// Lock, when set, is taken for each pass: a pass runs only in the
-	// instance that holds it (nil: every instance works, which the order
-	// machine keeps correct, only wasteful).
+	// Lock is the lock a pass is taken under (CloseJobName). Default: a
+	// lock.Locker with lock's defaults (a 30 s lease, renewed by its
+	// watchdog while a pass runs, held at most 10 min) over
+	// sqlstore.NewLockBackend on the shop's database, whose table
+	// idem_locks sqlstore's Migrate creates; the Closer closes it. Its
+	// fences must come from the shop's database: the close transactions
+	// compare them with shop_jobs.last_fence.
 	Lock JobLock
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
 
-// JobLock is the fenced lock the close job works under: TryAcquire
-// returns a lease, or ErrJobLockHeld when another instance holds the
-// lock. The lock package's Locker fits it through an adapter.
+// JobLock is the fenced lock the close job works under, shaped like
+// package lock's Locker (NewJobLock adapts one): TryAcquire returns a
+// lease, or an error matching lock.ErrHeld when another instance holds
+// the lock.
 type JobLock interface {
 	TryAcquire(ctx context.Context, name string) (JobLease, error)
 }
 
-// JobLease is a held JobLock.
+// JobLease is a held JobLock; *lock.Lease is one.
 type JobLease interface {
-	// Fence is the lease's fencing token.
+	// Fence is the lease's fencing token, greater than every earlier
+	// lease's of the lock.
 	Fence() int64
-	// Context returns a context cancelled when the lease is lost.
+	// Context returns a context derived from parent, cancelled when the
+	// lease is lost.
 	Context(parent context.Context) (context.Context, context.CancelFunc)
+	// Release ends the lease.
 	Release(ctx context.Context) error
 }
 
-// ErrJobLockHeld: another instance holds the job's lock.
-var ErrJobLockHeld = errors.New("shop: the close job's lock is held by another instance")
+// NewJobLock returns l as a JobLock.
+func NewJobLock(l *lock.Locker) JobLock { return lockerJobLock{l} }
+
+type lockerJobLock struct{ l *lock.Locker }
+
+func (j lockerJobLock) TryAcquire(ctx context.Context, name string) (JobLease, error) {
+	lease, err := j.l.TryAcquire(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return lease, nil
+}
+
+// ErrFenced: a close transaction found a fence in shop_jobs higher than
+// its lease's; a newer holder of the job's lock has worked, and this
+// pass stopped without closing anything more.
+var ErrFenced = errors.New("shop: the close job's fence is older than the last one written: a newer holder of its lock has worked")
 
 // Closer runs the close job over a Shop's database until Close.
 type Closer struct {
-	s      *Shop
-	cfg    CloserConfig
-	stop   context.CancelFunc
-	done   chan struct{}
-	closed sync.Once
+	s       *Shop
+	cfg     CloserConfig
+	backend *sqlstore.LockBackend // the default lock's, closed by Close
+	stop    context.CancelFunc
+	done    chan struct{}
+	closed  sync.Once
+	// beforeClose, when set (tests), runs in a pass before each close
+	// transaction.
+	beforeClose func(orderNo string)
 }
 
 // closeInterval derives the scan interval from the pay timeout.
@@ -108,7 +152,20 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Closer{s: s, cfg: c}, nil
+	closer := &Closer{s: s, cfg: c}
+	if c.Lock == nil {
+		b, err := sqlstore.NewLockBackend(s.db, s.dialect)
+		if err != nil {
+			return nil, err
+		}
+		l, err := lock.New(b, &lock.Config{Logger: s.log})
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		closer.cfg.Lock, closer.backend = NewJobLock(l), b
+	}
+	return closer, nil
 }
 
 // Start runs the job in a goroutine of the Closer's own, a pass every
@@ -133,40 +190,46 @@ func (c *Closer) Start() {
 	}()
 }
 
-// Close stops the job and waits for its pass in progress to end.
+// Close stops the job, waits for its pass in progress to end, and closes
+// the default lock's backend. It is idempotent.
 func (c *Closer) Close() error {
 	c.closed.Do(func() {
 		if c.stop != nil {
 			c.stop()
 			<-c.done
 		}
+		if c.backend != nil {
+			c.backend.Close()
+		}
 	})
 	return nil
 }
 
-// RunOnce runs one pass: under the lock, when one is configured (and
-// returns 0, nil when another instance holds it), it closes up to Batch
-// orders that have waited for their payment longer than PayTimeout and
-// returns how many it closed.
+// RunOnce runs one pass: it takes the job's lock (and returns 0, nil when
+// another instance holds it), closes up to Batch orders that have waited
+// for their payment longer than PayTimeout, sweeps expired submit tokens,
+// releases the lock, and returns how many orders it closed. It stops
+// early, with an error, when the lease is lost (the cause is lock's) or a
+// close transaction finds a newer fence (ErrFenced).
 func (c *Closer) RunOnce(ctx context.Context) (int, error) {
-	fence := int64(0)
-	if c.cfg.Lock != nil {
-		lease, err := c.cfg.Lock.TryAcquire(ctx, closeLockName)
-		if errors.Is(err, ErrJobLockHeld) {
-			return 0, nil
-		} else if err != nil {
-			return 0, fmt.Errorf("close job lock: %w", err)
-		}
-		defer lease.Release(context.WithoutCancel(ctx))
-		var cancel context.CancelFunc
-		ctx, cancel = lease.Context(ctx)
-		defer cancel()
-		fence = lease.Fence()
+	lease, err := c.cfg.Lock.TryAcquire(ctx, CloseJobName)
+	if errors.Is(err, lock.ErrHeld) {
+		return 0, nil
+	} else if err != nil {
+		return 0, fmt.Errorf("close job lock: %w", err)
 	}
+	defer func(parent context.Context) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(parent), releaseTimeout)
+		defer cancel()
+		_ = lease.Release(rctx) // a lost lease is not held: nothing to free
+	}(ctx)
+	ctx, cancel := lease.Context(ctx)
+	defer cancel()
+	fence := lease.Fence()
 	cutoff := c.cfg.Now().Add(-c.cfg.PayTimeout).UnixMilli()
 	rows, err := c.s.db.QueryContext(ctx, rebind(c.s.dialect, sqlExpiredOrders), StatusWaitPay, cutoff, c.cfg.Batch)
 	if err != nil {
-		return 0, fmt.Errorf("find expired orders: %w", err)
+		return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 	}
 	type candidate struct {
 		orderNo string
@@ -177,22 +240,25 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 		var o candidate
 		if err := rows.Scan(&o.orderNo, &o.version); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("find expired orders: %w", err)
+			return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 		}
 		todo = append(todo, o)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("find expired orders: %w", err)
+		return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 	}
 	closed := 0
 	for _, o := range todo {
-		if ctx.Err() != nil {
-			return closed, ctx.Err() // the lease was lost, or Close
+		if c.beforeClose != nil {
+			c.beforeClose(o.orderNo)
 		}
-		ok, err := c.s.closeOrder(ctx, o.orderNo, o.version)
+		if ctx.Err() != nil {
+			return closed, fmt.Errorf("close job stopped: %w", context.Cause(ctx)) // the lease was lost, or Close
+		}
+		ok, err := c.s.closeOrder(ctx, fence, o.orderNo, o.version)
 		if err != nil {
-			return closed, fmt.Errorf("close order %s: %w", o.orderNo, err)
+			return closed, fmt.Errorf("close order %s: %w", o.orderNo, stopCause(ctx, err))
 		}
 		if ok {
 			closed++
@@ -201,7 +267,22 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 	if closed > 0 {
 		c.s.log.InfoContext(ctx, "shop: closed unpaid orders", "closed", closed, "pay_timeout", c.cfg.PayTimeout, "fence", fence)
 	}
+	swept, err := c.s.tokens.Sweep(ctx, 0)
+	if err != nil {
+		return closed, fmt.Errorf("sweep expired submit tokens: %w", stopCause(ctx, err))
+	}
+	if swept > 0 {
+		c.s.log.DebugContext(ctx, "shop: swept expired submit tokens", "swept", swept)
+	}
 	return closed, nil
+}
+
+// stopCause adds to err why ctx ended (the lease lost, Close), if it did.
+func stopCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+		return fmt.Errorf("%w (%w)", err, cause)
+	}
+	return err
 }
 
 // sqlExpiredOrders finds orders waiting for their payment since before a
@@ -209,14 +290,31 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 // Orders of schema version 1 have created_ms 0 and count as expired.
 const sqlExpiredOrders = `SELECT order_no, version FROM shop_orders WHERE status = ? AND created_ms <= ? ORDER BY created_ms LIMIT ?`
 
-// closeOrder moves one order WAIT_PAY → CLOSED with the version the job
-// read, and gives back what it holds in that transaction. It reports
-// whether it closed the order; an order that moved meanwhile (paid,
-// cancelled, closed by another job) is left as it is.
-func (s *Shop) closeOrder(ctx context.Context, orderNo string, version int64) (bool, error) {
+// sqlFenceJob presents a pass's fence to the job's row: it succeeds (one
+// row) while no newer fence was written, and refuses (0 rows) once a newer
+// holder of the lock has written. fenced_writes changes the row every
+// time, so MySQL counts it as affected.
+const sqlFenceJob = `UPDATE shop_jobs SET last_fence = ?, fenced_writes = fenced_writes + 1 WHERE name = ? AND last_fence <= ?`
+
+// closeOrder presents fence to the job's row and moves one order
+// WAIT_PAY → CLOSED with the version the job read, and gives back what it
+// holds, in one transaction. It reports whether it closed the order; an
+// order that moved meanwhile (paid, cancelled, closed by another job) is
+// left as it is. A newer fence in the job's row is ErrFenced, and nothing
+// changes.
+func (s *Shop) closeOrder(ctx context.Context, fence int64, orderNo string, version int64) (bool, error) {
 	closed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		closed = false
+		res, err := tx.ExecContext(ctx, rebind(s.dialect, sqlFenceJob), fence, CloseJobName, fence)
+		if err != nil {
+			return fmt.Errorf("fence: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("fence: %w", err)
+		} else if n == 0 {
+			return ErrFenced
+		}
 		t, err := s.transitionOrder(ctx, tx, orderNo, StatusClosed, version)
 		var illegal *illegalTransitionError
 		var conflict *conflictError

@@ -3,11 +3,14 @@ package shop_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/lock"
+	"github.com/idemkit/idem/sqlstore"
 )
 
 // expiredOrders places n orders of one SKU-1 each, users 1..n, each with a
@@ -83,9 +86,44 @@ func assertGivenBackOnce(t *testing.T, db *sql.DB, orders []shop.Order, stock in
 	}
 }
 
+// jobRow reads the close job's fence row: the last fence its close
+// transactions presented and how many of them committed.
+func jobRow(t *testing.T, db *sql.DB) (lastFence, writes int64) {
+	t.Helper()
+	if err := db.QueryRow(`SELECT last_fence, fenced_writes FROM shop_jobs WHERE name = 'shop.close-unpaid'`).Scan(&lastFence, &writes); err != nil {
+		t.Fatal(err)
+	}
+	return lastFence, writes
+}
+
+// lockRow reads the close job's lock in idem_locks: its owner ("" when
+// free) and the last fence it handed out.
+func lockRow(t *testing.T, db *sql.DB) (owner string, fence int64) {
+	t.Helper()
+	if err := db.QueryRow(`SELECT owner, fence FROM idem_locks WHERE name = 'shop.close-unpaid'`).Scan(&owner, &fence); err != nil {
+		t.Fatal(err)
+	}
+	return owner, fence
+}
+
+// assertFenced checks the lock's and the fence row's traces of passes
+// that closed orders: the lock is free, the row holds a fence the lock
+// handed out, and at least closes transactions presented it.
+func assertFenced(t *testing.T, db *sql.DB, closes int) {
+	t.Helper()
+	owner, fence := lockRow(t, db)
+	last, writes := jobRow(t, db)
+	if owner != "" || last < 1 || last > fence || writes < int64(closes) {
+		t.Errorf("lock owner %q fence %d; job row last_fence %d, %d fenced writes; want a free lock, 1 <= last_fence <= %d, >= %d writes",
+			owner, fence, last, writes, fence, closes)
+	}
+}
+
 // Two jobs over one database, three passes each at once, close each
 // expired order once: 10 closes in all, stock and claims given back once;
-// an order within its pay time stays.
+// an order within its pay time stays. Passes that find the lock held
+// close nothing; no pass is ever fenced out (the lock lets one pass run
+// at a time).
 func TestCloseJobClosesExpiredOnce(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) {
 		s, db := newShop(t, b)
@@ -102,6 +140,7 @@ func TestCloseJobClosesExpiredOnce(t *testing.T) {
 		var mu sync.Mutex
 		closed := 0
 		var wg sync.WaitGroup
+		expired := `SELECT COUNT(*) FROM shop_orders WHERE status = 'WAIT_PAY' AND created_ms = 1`
 		for _, job := range jobs {
 			for range 3 {
 				wg.Go(func() {
@@ -114,7 +153,7 @@ func TestCloseJobClosesExpiredOnce(t *testing.T) {
 						mu.Lock()
 						closed += n
 						mu.Unlock()
-						if n == 0 {
+						if n == 0 && countRows(t, db, expired) == 0 {
 							return
 						}
 					}
@@ -122,6 +161,10 @@ func TestCloseJobClosesExpiredOnce(t *testing.T) {
 			}
 		}
 		wg.Wait()
+		for _, job := range jobs {
+			job.Close()
+		}
+		assertFenced(t, db, len(orders))
 		if closed != len(orders) {
 			t.Errorf("the jobs closed %d orders, want %d", closed, len(orders))
 		}
@@ -228,7 +271,140 @@ func TestShopdCloseJobAcrossProcesses(t *testing.T) {
 			t.Errorf("statuses %v, want %d CLOSED", c, len(orders))
 		}
 		assertGivenBackOnce(t, db, orders, 100)
+		assertFenced(t, db, len(orders))
 	})
+}
+
+// unawareLock hands out leases whose Context does not end with the
+// lease: a holder that does not notice it lost the lock, as a process
+// paused (GC, a suspended VM) between its check and its write.
+type unawareLock struct{ shop.JobLock }
+
+func (u unawareLock) TryAcquire(ctx context.Context, name string) (shop.JobLease, error) {
+	l, err := u.JobLock.TryAcquire(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return unawareLease{l}, nil
+}
+
+type unawareLease struct{ shop.JobLease }
+
+func (unawareLease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithCancel(parent)
+}
+
+// A pass of job A, under a lease that runs out after 300 ms (its maximum
+// hold), is paused before its first close until job B has taken the lock
+// (a higher fence) and closed one order. Resumed, A closes nothing: if A
+// watches its lease (its Context), it stops because the lease ended; if
+// it does not notice (paused between its check and its write), its close
+// transaction presents the old fence, which shop_jobs refuses
+// (ErrFenced). Either way the two orders B left stay WAIT_PAY, holding
+// their stock and claims.
+func TestCloseJobPausedHolderIsFenced(t *testing.T) {
+	for _, aware := range []bool{false, true} {
+		name := "unaware"
+		if aware {
+			name = "aware"
+		}
+		t.Run(name, func(t *testing.T) {
+			forBackends(t, func(t *testing.T, b backend) {
+				s, db := newShop(t, b)
+				orders := expiredOrders(t, s, db, 3)
+				backendA, err := sqlstore.NewLockBackend(db, b.dialect)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer backendA.Close()
+				lockerA, err := lock.New(backendA, &lock.Config{TTL: 300 * time.Millisecond, MaxHold: 300 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var lockA shop.JobLock = shop.NewJobLock(lockerA)
+				if !aware {
+					lockA = unawareLock{lockA}
+				}
+				jobA, err := s.NewCloser(&shop.CloserConfig{PayTimeout: time.Hour, Lock: lockA})
+				if err != nil {
+					t.Fatal(err)
+				}
+				paused, resume := make(chan string, 1), make(chan struct{})
+				shop.SetBeforeClose(jobA, func(orderNo string) {
+					select {
+					case paused <- orderNo:
+						<-resume
+					default:
+					}
+				})
+				type result struct {
+					n   int
+					err error
+				}
+				doneA := make(chan result, 1)
+				go func() {
+					n, err := jobA.RunOnce(context.Background())
+					doneA <- result{n, err}
+				}()
+				var first string
+				select {
+				case first = <-paused:
+				case r := <-doneA:
+					t.Fatalf("job A ended before its first close: %d, %v", r.n, r.err)
+				}
+
+				jobB, err := s.NewCloser(&shop.CloserConfig{PayTimeout: time.Hour, Batch: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer jobB.Close()
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					n, err := jobB.RunOnce(context.Background())
+					if err != nil {
+						t.Fatalf("job B: %v", err)
+					}
+					if n == 1 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("job B did not get the lock within 20 s of A's lease running out")
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				_, fenceB := lockRow(t, db)
+				if last, writes := jobRow(t, db); last != fenceB || writes != 1 {
+					t.Fatalf("after B's pass the job row has last_fence %d and %d writes, want %d and 1", last, writes, fenceB)
+				}
+
+				close(resume)
+				r := <-doneA
+				switch {
+				case r.n != 0:
+					t.Errorf("job A closed %d orders after losing its lease", r.n)
+				case aware && !errors.Is(r.err, lock.ErrMaxHold):
+					t.Errorf("job A (watching its lease): %v, want the lease's end (lock.ErrMaxHold)", r.err)
+				case !aware && !errors.Is(r.err, shop.ErrFenced):
+					t.Errorf("job A (not noticing): %v, want shop.ErrFenced", r.err)
+				}
+				if last, writes := jobRow(t, db); last != fenceB || writes != 1 {
+					t.Errorf("after A resumed the job row has last_fence %d and %d writes, want %d and 1 (B's)", last, writes, fenceB)
+				}
+				if c := statusCounts(t, db); c["CLOSED"] != 1 || c["WAIT_PAY"] != 2 {
+					t.Errorf("statuses %v, want 1 CLOSED (by B) and 2 WAIT_PAY", c)
+				}
+				if r := readOrderRow(t, db, b.dialect, first, orders[0].UserID); first != orders[0].OrderNo || r.Status != "CLOSED" || r.Version != 2 {
+					t.Errorf("A paused before %s, B closed %+v; want the oldest order %s closed once", first, r, orders[0].OrderNo)
+				}
+				if got := stock(t, db, "SKU-1"); got != 100-2 {
+					t.Errorf("stock %d, want %d (one order's item given back, once)", got, 100-2)
+				}
+				if n := countRows(t, db, `SELECT COUNT(*) FROM shop_coupon_claims WHERE status = 'USED'`); n != 2 {
+					t.Errorf("%d claims USED, want 2", n)
+				}
+			})
+		})
+	}
 }
 
 func TestCloserRefusesBadConfig(t *testing.T) {
@@ -255,4 +431,37 @@ func TestCloserRefusesBadConfig(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
+}
+
+// A pass of the close job sweeps expired submit tokens, used or not, and
+// keeps live ones.
+func TestCloseJobSweepsExpiredTokens(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, db := newShop(t, b)
+		issue := func() string {
+			rec := serve(s, "POST", "/tokens", map[string]string{"X-User-ID": "5"}, "")
+			if rec.Code != 201 {
+				t.Fatalf("POST /tokens: %d %s", rec.Code, rec.Body)
+			}
+			return rec.Body.String()
+		}
+		issue()
+		issue()
+		mustExec(t, db, `UPDATE idem_tokens SET expires_at = 1`)
+		issue()
+		job, err := s.NewCloser(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer job.Close()
+		if _, err := job.RunOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens`); n != 1 {
+			t.Errorf("%d tokens left, want the live one", n)
+		}
+		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens WHERE expires_at = 1`); n != 0 {
+			t.Errorf("%d expired tokens left", n)
+		}
+	})
 }

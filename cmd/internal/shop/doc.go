@@ -32,7 +32,11 @@
 // API), and a refused submission rolls back with the token unspent. On
 // POST /orders the Idempotency-Key comes first: a retry with the same key
 // replays its answer whatever its token. The token does not guard what a
-// client sends without one.
+// client sends without one. Tokens are package token's, kept in the
+// shop's database (sqlstore's TokenStore, table idem_tokens; 30 minutes
+// from issue), so every shopd on the database honours every token and a
+// concurrent submission waits for the order's transaction; the close
+// job's passes sweep the expired ones.
 //
 // Pages identify the user by the uid cookie (SameSite=Lax, HttpOnly;
 // user 1 when a GET has none), the API by X-User-ID; a request carrying
@@ -47,7 +51,20 @@
 // discount. Every change of an order's status is a transition of one
 // state machine (orderfsm.go): WAIT_PAY → PAID (payment), WAIT_PAY →
 // CANCELLED (the owner), WAIT_PAY → CLOSED (the close job, after
-// -pay-timeout, default 30m), PAID → REFUNDED. A transition is one
+// -pay-timeout, default 30m), PAID → REFUNDED. Its Mermaid diagram (a
+// test keeps it, and the README's, equal to the machine's):
+//
+//	stateDiagram-v2
+//	    [*] --> WAIT_PAY
+//	    WAIT_PAY --> PAID: pay
+//	    WAIT_PAY --> CANCELLED: cancel
+//	    WAIT_PAY --> CLOSED: close
+//	    PAID --> REFUNDED: refund
+//	    CANCELLED --> [*]
+//	    CLOSED --> [*]
+//	    REFUNDED --> [*]
+//
+// A transition is one
 // conditional update with the order's version; cancelling and closing give
 // the stock and the claim back in the transaction of the transition, only
 // when it moved the order, so a repeated cancel, two close jobs, or a job
@@ -58,7 +75,17 @@
 // is unique on its order.
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
-// (from 1 s to 1 min) closes up to 100 expired orders.
+// (from 1 s to 1 min) closes up to 100 expired orders and deletes expired
+// submit tokens. A pass works only in the instance holding the lock
+// "shop.close-unpaid" (package lock over sqlstore's LockBackend, in the
+// shop's database), taken for the pass and released after it, and works
+// under the lease's context, so it stops when the lease is lost. The
+// lock's fence is checked by the rows it protects: each close
+// transaction first raises shop_jobs.last_fence to its fence, only if no
+// higher fence is there (0 rows: ErrFenced, the transaction rolls back
+// and the pass ends), so an instance paused past its lease cannot close
+// anything after another instance took the lock and wrote. A crashed
+// holder's lease runs out after 30 s.
 //
 // The caller is identified by the X-User-ID header (a positive integer; a
 // stand-in for real authentication) and that identity is the idempotency

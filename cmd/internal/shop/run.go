@@ -303,6 +303,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	defer shop.Close()
 	// The close job runs in every instance; it stops before the database
 	// closes.
 	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout})

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/token"
 )
 
 // Config configures a Shop.
@@ -54,9 +55,12 @@ type Shop struct {
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
-	// tokens are the submit tokens of POST /tokens and the checkout page.
-	tokens *memTokens
-	web    webQueries
+	// tokens are the submit tokens of POST /tokens and the checkout page,
+	// kept in the shop's database (tokenStore, the table idem_tokens) so
+	// that an order spends its token in the order's transaction.
+	tokens     *token.Tokens
+	tokenStore *sqlstore.TokenStore
+	web        webQueries
 	// pq and paySecret serve payment callbacks (payments.go).
 	pq        payQueries
 	paySecret string
@@ -113,9 +117,16 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.PaySecret == "" {
 		cfg.PaySecret = DevPaySecret
 	}
+	var err error
 	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect),
 		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
-	s.tokens = newMemTokens(s.web.existsOrder)
+	if s.tokenStore, err = sqlstore.NewTokenStore(cfg.DB, &sqlstore.Config{Dialect: cfg.Dialect, Logger: cfg.Logger}); err != nil {
+		return nil, err
+	}
+	if s.tokens, err = token.New(s.tokenStore, nil); err != nil {
+		s.tokenStore.Close()
+		return nil, err
+	}
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:  cfg.Store,
 		Scope:  scopeOf,
@@ -152,6 +163,11 @@ func New(cfg Config) (*Shop, error) {
 	s.handler = mux
 	return s, nil
 }
+
+// Close releases what the Shop prepared on its database (the submit
+// tokens' statements); it does not close the database. Requests served
+// after Close fail. It is idempotent.
+func (s *Shop) Close() error { return s.tokenStore.Close() }
 
 // ServeHTTP serves the shop's API.
 func (s *Shop) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

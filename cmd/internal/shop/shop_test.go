@@ -57,6 +57,7 @@ func shopOn(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog) *shop.
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

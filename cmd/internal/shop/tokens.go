@@ -9,14 +9,19 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/token"
 )
 
-// Submit tokens: a page (or an API client, with POST /tokens) gets a
-// token before it submits, and the submission spends it in the order's
-// transaction, attaching the order's number. A second submission with
-// the same token creates nothing: it is led to the order the first one
-// created (303 to the order's page, or 409 DUPLICATE_SUBMISSION naming
-// it over the API).
+// Submit tokens (package token, in the shop's database through
+// sqlstore's TokenStore): a page (or an API client, with POST /tokens)
+// gets a token before it submits, and the submission spends it in the
+// order's transaction (Tokens.ConsumeTx), attaching the order's number.
+// A second submission with the same token creates nothing: it is led to
+// the order the first one created (303 to the order's page, or 409
+// DUPLICATE_SUBMISSION naming it over the API). A refused order (out of
+// stock, ...) rolls back, and its token stays unspent. Expired tokens are
+// swept by the close job (Closer).
 
 // tokenResponse is the body of POST /tokens.
 type tokenResponse struct {
@@ -63,7 +68,7 @@ func submitTokenHeader(r *http.Request) (string, error) {
 // sees it used (or spends it, if tx rolled back).
 func (s *Shop) spendToken(ctx context.Context, tx *sql.Tx, user int64, id, orderNo string) error {
 	err := s.tokens.ConsumeTx(ctx, tx, userScope(user), id, []byte(orderNo))
-	var used *tokenUsedError
+	var used *token.UsedError
 	switch {
 	case err == nil:
 		return nil
@@ -74,7 +79,7 @@ func (s *Shop) spendToken(ctx context.Context, tx *sql.Tx, user int64, id, order
 			return invalidToken()
 		}
 		return &duplicateSubmissionError{orderNo: string(used.Result)}
-	case errors.Is(err, errTokenInvalid):
+	case errors.Is(err, token.ErrInvalid):
 		return invalidToken()
 	}
 	return fmt.Errorf("spend submit token: %w", err)

@@ -72,6 +72,8 @@ const (
 	maxFormBytes = 16 << 10
 	// recentOrders is how many of the user's orders the checkout page lists.
 	recentOrders = 10
+	// simulatedPaymentTimeout bounds the order page's simulated payment.
+	simulatedPaymentTimeout = 30 * time.Second
 )
 
 // webQueries are the statements of the pages.
@@ -384,10 +386,18 @@ func (s *Shop) pageOrder(w http.ResponseWriter, r *http.Request) (Order, bool) {
 
 // payPage serves POST /orders/{order_no}/pay from the order page: the
 // simulated payment (shopd sends itself the provider's signed callback,
-// three times, as providers do), then 303 back to the order page.
+// three times, as providers do), then 303 back to the order page. The
+// payment does not end with the browser's request (a double click without
+// scripts aborts the first post), as a real provider's callbacks do not:
+// cut off halfway, a callback's execution would be left in flight, and
+// the next click's callbacks would wait for it and answer 409. It is
+// bounded by simulatedPaymentTimeout instead.
 func (s *Shop) payPage(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), simulatedPaymentTimeout)
+	defer cancel()
+	r = r.WithContext(ctx)
 	s.orderAction(w, r, "pay", func(ctx context.Context, user int64, no string) error {
-		return s.pageSimulatePayment(ctx, user, no)
+		return s.simulatePayment(ctx, user, no)
 	})
 }
 
@@ -395,7 +405,7 @@ func (s *Shop) payPage(w http.ResponseWriter, r *http.Request) {
 // the owner's cancellation, then 303 back to the order page.
 func (s *Shop) cancelPage(w http.ResponseWriter, r *http.Request) {
 	s.orderAction(w, r, "cancel", func(ctx context.Context, user int64, no string) error {
-		_, err := s.pageCancelOrder(ctx, user, no)
+		_, err := s.cancelOrder(ctx, user, no)
 		return err
 	})
 }
