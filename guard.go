@@ -38,7 +38,8 @@ type GuardConfig struct {
 	// StoreTimeout bounds each store call the guard makes: the Acquire of
 	// Begin, and the Complete, Release and Get (of Committed) that end an
 	// execution; a call that runs out fails with context.DeadlineExceeded,
-	// like any store failure. (A renewal is bounded by a third of the lease
+	// like any store failure. The Acquire runs under StoreTimeout alone,
+	// not the caller's context (see Begin). (A renewal is bounded by a third of the lease
 	// and by the end of the lease last confirmed; CompleteTx runs under the
 	// caller's context and transaction.) Default 5 s; negative means no
 	// bound beyond the caller's context.
@@ -113,18 +114,48 @@ func (g *Guard) Config() GuardConfig { return g.cfg }
 // running Execution whose watchdog renews the lease; the caller must end it
 // with Complete, CompleteTx, Release or Abandon. For the other outcomes the
 // Execution is nil and the result holds the record found.
+//
+// A ctx that has ended fails Begin with its error before the store is
+// asked. The Acquire itself is not cut short when ctx ends (cancelled or
+// past its deadline): StoreTimeout bounds it (with a negative
+// StoreTimeout it runs under ctx, and a ctx that ends mid-call may leave
+// the key acquired, to its lease). When ctx ends while it runs and the key
+// was acquired, the record is released at once and Begin returns ctx's
+// error, so a caller that went away leaves no record in flight.
 func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*Execution, AcquireResult, error) {
 	req := AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: g.cfg.Lease, Retention: g.cfg.Retention}
 	if err := req.Validate(); err != nil {
 		return nil, AcquireResult{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, AcquireResult{}, err // the caller has gone: the store is not asked
+	}
 	// The execution is made first: its bounded context serves the Acquire.
+	// The Acquire runs to its end even if ctx is cancelled meanwhile (it is
+	// bounded by StoreTimeout): a driver cancelled mid-statement reports
+	// the cancellation whether or not the statement committed, and a key
+	// acquired with nobody told would be left in flight to its lease.
+	actx := ctx
+	if g.cfg.StoreTimeout >= 0 {
+		actx = context.WithoutCancel(ctx)
+	}
 	e := &Execution{g: g}
 	sent := time.Now() // the lease is counted from no later than this
-	res, err := g.store.Acquire(e.bound(ctx), req)
+	res, err := g.store.Acquire(e.bound(actx), req)
 	e.unbound()
 	if err != nil || res.Outcome != Acquired {
 		return nil, res, err
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller went away while the key was being acquired: nobody
+		// will run the work or end the execution, so the key is released
+		// at once and a retry runs without waiting for the lease.
+		if rerr := g.store.Release(e.bound(context.WithoutCancel(ctx)), res.Lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+			g.cfg.Logger.WarnContext(ctx, "idem: cannot release a key acquired for a caller that went away; left to its lease",
+				"scope", scope, "key", key, "error", rerr)
+		}
+		e.unbound()
+		return nil, AcquireResult{}, err
 	}
 	g.start(e, ctx, res.Lease, sent)
 	return e, res, nil

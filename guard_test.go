@@ -1111,3 +1111,46 @@ func TestGuardDoWorkCompletes(t *testing.T) {
 		t.Fatalf("record = %+v, %v; want work's completion", rec, err)
 	}
 }
+
+// A caller that goes away while its Acquire is on the wire (a client that
+// hangs up as its request arrives) leaves no record in flight. A driver
+// whose statement committed answers the cancellation, not the outcome
+// (pgx, go-sql-driver/mysql and modernc's sqlite all do, depending on when
+// the cancel lands): before, Begin returned that error with the key
+// acquired, nobody could release it, and every retry got 409 PROCESSING
+// until the lease ran out. The Acquire now runs to its end, bounded by
+// StoreTimeout only, and a key acquired for a caller that has gone is
+// released at once.
+func TestGuardBeginCallerGoneMidAcquire(t *testing.T) {
+	t.Parallel()
+	mem := memstore.New(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	s := &hookStore{Store: mem, acquire: func(actx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+		res, err := mem.Acquire(actx, req) // the statement committed...
+		cancel()                           // ...as the caller went away
+		if err := actx.Err(); err != nil {
+			return idem.AcquireResult{}, err // the driver reports the cancellation
+		}
+		return res, err
+	}}
+	g := newGuard(t, s, nil)
+	exec, _, err := g.Begin(ctx, "scope", "k", "fp")
+	if err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Begin for a caller that went away = %v, %v; want context.Canceled", exec, err)
+	}
+	if rec, err := mem.Get(t.Context(), "scope", "k"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after a cancelled Begin: %+v, %v; want none (a retry must run at once)", rec, err)
+	}
+	// A retry runs at once.
+	exec = begin(t, newGuard(t, mem, nil), "k")
+	exec.Abandon()
+
+	// A caller gone before Begin does not reach the store.
+	s.acquire = func(context.Context, idem.AcquireRequest) (idem.AcquireResult, error) {
+		t.Error("Acquire called for a caller that had gone")
+		return idem.AcquireResult{}, errors.New("unexpected")
+	}
+	if _, _, err := g.Begin(ctx, "scope", "k2", "fp"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Begin with a cancelled context = %v, want context.Canceled", err)
+	}
+}

@@ -13,7 +13,9 @@ import (
 )
 
 // The close job: orders unpaid for the pay timeout are closed (WAIT_PAY →
-// CLOSED) and what they hold is given back. Every shopd runs the job; a
+// CLOSED) and what they hold is given back. The timeout is counted on the
+// database's clock (an order's created_ms and the pass's cutoff), so
+// shopd processes whose clocks disagree agree on which orders expired. Every shopd runs the job; a
 // pass works only in the instance that holds the job's lock (package
 // lock, in the shop's database), and each of its close transactions
 // presents the lease's fence to the row shop_jobs.'shop.close-unpaid'
@@ -65,8 +67,6 @@ type CloserConfig struct {
 	// fences must come from the shop's database: the close transactions
 	// compare them with shop_jobs.last_fence.
 	Lock JobLock
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
 }
 
 // JobLock is the fenced lock the close job works under, shaped like
@@ -149,9 +149,6 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	case c.Batch < 0:
 		return nil, errors.New("shop: the close job's batch must be positive")
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	closer := &Closer{s: s, cfg: c}
 	if c.Lock == nil {
 		b, err := sqlstore.NewLockBackend(s.db, s.dialect)
@@ -226,8 +223,7 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := lease.Context(ctx)
 	defer cancel()
 	fence := lease.Fence()
-	cutoff := c.cfg.Now().Add(-c.cfg.PayTimeout).UnixMilli()
-	rows, err := c.s.db.QueryContext(ctx, rebind(c.s.dialect, sqlExpiredOrders), StatusWaitPay, cutoff, c.cfg.Batch)
+	rows, err := c.s.db.QueryContext(ctx, rebind(c.s.dialect, sqlExpiredOrders(c.s.dialect)), StatusWaitPay, c.cfg.PayTimeout.Milliseconds(), c.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 	}
@@ -285,10 +281,14 @@ func stopCause(ctx context.Context, err error) error {
 	return err
 }
 
-// sqlExpiredOrders finds orders waiting for their payment since before a
-// cutoff, oldest first (the index shop_orders_status_created serves it).
-// Orders of schema version 1 have created_ms 0 and count as expired.
-const sqlExpiredOrders = `SELECT order_no, version FROM shop_orders WHERE status = ? AND created_ms <= ? ORDER BY created_ms LIMIT ?`
+// sqlExpiredOrders finds orders waiting for their payment for at least a
+// timeout (in milliseconds) on the database's clock, on which their
+// created_ms is written too, oldest first (the index
+// shop_orders_status_created serves it). Orders of schema version 1 have
+// created_ms 0 and count as expired.
+func sqlExpiredOrders(d sqlstore.Dialect) string {
+	return `SELECT order_no, version FROM shop_orders WHERE status = ? AND created_ms <= ` + dbNowMS(d) + ` - ? ORDER BY created_ms LIMIT ?`
+}
 
 // sqlFenceJob presents a pass's fence to the job's row: it succeeds (one
 // row) while no newer fence was written, and refuses (0 rows) once a newer

@@ -4,11 +4,15 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -464,4 +468,71 @@ func TestCloseJobSweepsExpiredTokens(t *testing.T) {
 			t.Errorf("%d expired tokens left", n)
 		}
 	})
+}
+
+// The pay timeout is counted on the database's clock, never a shopd
+// process's: an order's created_ms is the database's time, and the close
+// job's cutoff the database's time less the timeout. Before, both came
+// from the process that ran the statement, so an instance whose clock ran
+// an hour fast closed every order other instances had placed in the last
+// half hour (their payments then refused as ORDER_NOT_PAYABLE), and one
+// whose clock was slow kept orders past their time. MariaDB lets a session
+// set its clock (SET timestamp), so a second pool over the same database
+// is the database two hours later: there the order placed now has waited
+// two hours, and the order placed "two hours later" is fresh when seen now.
+func TestCloseJobCountsOnTheDatabaseClock(t *testing.T) {
+	t.Parallel()
+	db, dsn := testdb.MySQL(t)
+	now := shopOn(t, db, sqlstore.MySQL, shop.DefaultCatalog())
+	sep := "?"
+	if strings.Contains(dsn[strings.LastIndexByte(dsn, ')')+1:], "?") {
+		sep = "&"
+	}
+	later := testdb.Open(t, "mysql", fmt.Sprintf("%s%stimestamp=%d", dsn, sep, time.Now().Add(2*time.Hour).Unix()), testenv.MySQL)
+	store, err := sqlstore.New(later, &sqlstore.Config{Dialect: sqlstore.MySQL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTwoHours, err := shop.New(shop.Config{DB: later, Dialect: sqlstore.MySQL, Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, placedNow, code := postOrder(t, now, 1, "placed-now", `{"sku":"SKU-1","quantity":1}`)
+	if code != "" {
+		t.Fatal(code)
+	}
+	_, placedLater, code := postOrder(t, inTwoHours, 2, "placed-later", `{"sku":"SKU-1","quantity":1}`)
+	if code != "" {
+		t.Fatal(code)
+	}
+	run := func(s *shop.Shop) int {
+		c, err := s.NewCloser(&shop.CloserConfig{PayTimeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		n, err := c.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Now, on the database's clock: the order placed "two hours later"
+	// has not waited at all, the other a moment.
+	if n := run(now); n != 0 {
+		t.Fatalf("the job closed %d orders that waited less than the pay timeout on the database's clock", n)
+	}
+	// Two hours later on the database's clock: the order placed now has
+	// waited two hours, the other a moment.
+	if n := run(inTwoHours); n != 1 {
+		t.Fatalf("two hours later on the database's clock the job closed %d orders, want 1 (the one placed two hours before)", n)
+	}
+	for _, o := range []struct {
+		no, want string
+	}{{placedNow.OrderNo, shop.StatusClosed}, {placedLater.OrderNo, shop.StatusWaitPay}} {
+		var st string
+		if err := db.QueryRow(`SELECT status FROM shop_orders WHERE order_no = ?`, o.no).Scan(&st); err != nil || st != o.want {
+			t.Errorf("order %s is %s (%v), want %s", o.no, st, err, o.want)
+		}
+	}
 }

@@ -76,7 +76,10 @@
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
 // (from 1 s to 1 min) closes up to 100 expired orders and deletes expired
-// submit tokens. A pass works only in the instance holding the lock
+// submit tokens. An order expires when it has waited -pay-timeout on the
+// database's clock (its created_ms is the database's time too), never a
+// shopd process's: an instance whose clock is off closes no order early
+// or late. A pass works only in the instance holding the lock
 // "shop.close-unpaid" (package lock over sqlstore's LockBackend, in the
 // shop's database), taken for the pass and released after it, and works
 // under the lease's context, so it stops when the lease is lost. The

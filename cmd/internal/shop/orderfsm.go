@@ -140,3 +140,18 @@ func forUpdate(d sqlstore.Dialect) string {
 	}
 	return ` FOR UPDATE`
 }
+
+// dbNowMS is an SQL expression of the database's clock in unix
+// milliseconds, constant within a statement (as sqlstore reads it): times
+// that decide (an order's pay timeout) come from the database, never from
+// a shopd process, whose clocks may disagree.
+func dbNowMS(d sqlstore.Dialect) string {
+	switch d {
+	case sqlstore.PostgreSQL:
+		return `floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint`
+	case sqlstore.MySQL:
+		// No session time zone involved (see sqlstore's MySQL queries).
+		return `(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)`
+	}
+	return `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
+}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -686,4 +687,50 @@ func testPaymentRacesCancel(t *testing.T, b backend) {
 		}
 	}
 	t.Logf("outcomes: %v", outcomes)
+}
+
+// A provider whose connection drops at any moment of a callback (before,
+// during or after the key's Acquire, or while the payment is applied)
+// leaves no idempotency record in flight: the provider's retry runs at
+// once and pays the order, instead of 409 PROCESSING until the lease runs
+// out. Before, a cancellation that landed while the Acquire statement
+// committed was reported as a failed Acquire (503) with the key held.
+func TestCallbackCutOffLeavesNothingInFlight(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, db := newPayShop(t, b)
+		store, err := sqlstore.New(db, &sqlstore.Config{Dialect: b.dialect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cut := 0
+		for i := range 60 {
+			o := placeOrder(t, s, 1, 1)
+			trade := fmt.Sprintf("T-cut-%d", i)
+			body := callbackBody(o.OrderNo, trade, o.AmountCents, "SUCCESS")
+			ctx, cancel := context.WithCancel(context.Background())
+			// Cancelled from at once to 3 ms in: every step of the callback.
+			stop := time.AfterFunc(time.Duration(i%30)*100*time.Microsecond, cancel)
+			req := httptest.NewRequestWithContext(ctx, "POST", "/payments/callback", strings.NewReader(body))
+			req.Header.Set(shop.PaySignatureHeader, shop.SignPayment(testPaySecret, time.Now(), []byte(body)))
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			stop.Stop()
+			cancel()
+			if rec.Code != http.StatusOK {
+				cut++
+			}
+			key := fmt.Sprintf("trade:%s:SUCCESS:%s:%d", trade, o.OrderNo, o.AmountCents)
+			if r, err := store.Get(context.Background(), "provider:pay", key); err == nil && r.Status == idem.StatusProcessing {
+				t.Fatalf("callback %d answered %d and left its record in flight (lease until %v): %s", i, rec.Code, r.LeaseUntil, rec.Body)
+			}
+			wantSuccess(t, callback(s, body)) // the provider's retry
+			if st := readOrder(t, db, b, o.OrderNo).status; st != shop.StatusPaid {
+				t.Fatalf("order %s is %s after the retry", o.OrderNo, st)
+			}
+			if n := payCount(t, db, b, `SELECT COUNT(*) FROM shop_payments WHERE order_no = ?`, o.OrderNo); n != 1 {
+				t.Fatalf("%d payments of order %s", n, o.OrderNo)
+			}
+		}
+		t.Logf("%d of 60 callbacks were cut off before their answer", cut)
+	})
 }

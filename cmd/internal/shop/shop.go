@@ -78,8 +78,11 @@ const orderColumns = `order_no, user_id, sku, quantity, amount_cents, coupon_id,
 
 func newQueries(d sqlstore.Dialect) queries {
 	return queries{
+		// created_ms is the database's clock, which the close job's
+		// cutoff is counted on too (closer.go): shopd processes' clocks
+		// may disagree.
 		insertOrder: rebind(d, `INSERT INTO shop_orders (order_no, user_id, sku, quantity, amount_cents, coupon_id, reserved_qty, status, version, created_at, created_ms, updated_ms)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?)`),
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, `+dbNowMS(d)+`, `+dbNowMS(d)+`)`),
 		getOrder:   rebind(d, `SELECT `+orderColumns+` FROM shop_orders WHERE order_no = ? AND user_id = ?`),
 		listOrders: rebind(d, `SELECT `+orderColumns+` FROM shop_orders WHERE user_id = ? ORDER BY id DESC LIMIT ?`),
 		// One conditional update reserves the stock: it never goes below 0
@@ -501,10 +504,9 @@ func (s *Shop) placeOrder(ctx context.Context, tx *sql.Tx, user int64, req order
 		coupon = sql.NullInt64{Int64: req.CouponID, Valid: true}
 	}
 	order.AmountCents = amount
-	ms := now.UnixMilli()
 	if _, err := tx.ExecContext(ctx, s.q.insertOrder,
 		order.OrderNo, order.UserID, order.SKU, order.Quantity, order.AmountCents, coupon, order.Quantity,
-		order.Status, order.CreatedAt, ms, ms); err != nil {
+		order.Status, order.CreatedAt); err != nil {
 		return Order{}, fmt.Errorf("insert order: %w", err)
 	}
 	return order, nil

@@ -388,9 +388,8 @@ func (s *Shop) pageOrder(w http.ResponseWriter, r *http.Request) (Order, bool) {
 // simulated payment (shopd sends itself the provider's signed callback,
 // three times, as providers do), then 303 back to the order page. The
 // payment does not end with the browser's request (a double click without
-// scripts aborts the first post), as a real provider's callbacks do not:
-// cut off halfway, a callback's execution would be left in flight, and
-// the next click's callbacks would wait for it and answer 409. It is
+// scripts aborts the first post), as a real provider's callbacks do not
+// (cut off, they would leave the order unpaid for the next click). It is
 // bounded by simulatedPaymentTimeout instead.
 func (s *Shop) payPage(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), simulatedPaymentTimeout)
