@@ -33,6 +33,7 @@ func TestLockMySQLModes(t *testing.T) {
 			if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
 				t.Fatal(err)
 			}
+			admin.SetMaxIdleConns(0) // used again only to drop the database
 			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
 			db := openMySQLMode(t, m, name)
 			db.SetMaxOpenConns(4)

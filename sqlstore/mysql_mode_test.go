@@ -90,8 +90,10 @@ func openMySQLMode(t *testing.T, m mysqlSession, dbName string) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(10)
-	db.SetMaxIdleConns(10)
+	// Small: every mode of mysqlModes and lockModes runs at once, beside
+	// the other test packages, within MariaDB's default 151 connections.
+	db.SetMaxOpenConns(4)
+	db.SetMaxIdleConns(4)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	var got, version string
@@ -248,6 +250,7 @@ func TestMySQLModeConformance(t *testing.T) {
 			if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
 				t.Fatal(err)
 			}
+			admin.SetMaxIdleConns(0) // used again only to drop the database
 			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
 			db := openMySQLMode(t, m, name)
 			s, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.MySQL})
