@@ -18,16 +18,18 @@ import (
 //
 //   - add: BEGIN, OutboxStore.Add of a 64-byte message with a header,
 //     COMMIT — against BEGIN, the bare INSERT into idem_outbox, COMMIT;
+//
 //   - relay: one message added (untimed, in Before) and Relay.Once, which
 //     claims it, hands it to an in-memory publisher and marks it sent —
 //     against the bare claim transaction: BEGIN, SELECT … LIMIT 1 FOR
 //     UPDATE SKIP LOCKED (no lock clause on SQLite), UPDATE … SET sent_at,
 //     COMMIT;
+//
 //   - relay100: 100 messages of 100 keys added (untimed) and one
 //     Relay.Once that publishes and marks them all — against BEGIN, the
 //     claim SELECT of 100 rows, 100 UPDATEs by id, COMMIT.
 //
-//	go test -run '^$' -bench OutboxVsBare -benchmem -count 3 ./sqlstore/
+//     go test -run '^$' -bench OutboxVsBare -benchmem -count 3 ./sqlstore/
 func BenchmarkOutboxVsBare(b *testing.B) {
 	for _, srv := range []server{sqliteServer, servers[0], servers[1]} {
 		b.Run(srv.dialect.String(), func(b *testing.B) {
