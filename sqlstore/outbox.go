@@ -313,7 +313,11 @@ func (s *OutboxStore) Claim(ctx context.Context, limit int) (outbox.Batch, error
 }
 
 func (s *OutboxStore) claimTx(ctx context.Context, limit int) (*outboxBatch, error) {
-	tx, err := s.db.BeginTx(ctx, readCommitted)
+	// Not ctx: database/sql rolls a transaction back when the context it
+	// began with ends, and a batch's marks must commit even after the
+	// relay's context ended (what the broker confirmed is marked). The
+	// statements run under ctx; MarkSent or Release ends the transaction.
+	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), readCommitted)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,9 @@ func outboxDB(t *testing.T, srv server) (*sql.DB, string) {
 	case sqlstore.PostgreSQL:
 		return testdb.Postgres(t)
 	case sqlstore.MySQL:
-		return testdb.MySQL(t)
+		db, addr := testdb.MySQL(t)
+		db.SetMaxOpenConns(4) // the server's connections are shared
+		return db, addr
 	}
 	addr := filepath.Join(t.TempDir(), "outbox.db")
 	return openDB(t, addr), addr
@@ -164,7 +166,10 @@ func outboxChildDB(t *testing.T) (*sql.DB, sqlstore.Dialect) {
 	for _, srv := range servers {
 		if srv.dialect.String() == dialect {
 			db := srv.open(t, addr)
-			db.SetMaxOpenConns(8)
+			db.SetMaxOpenConns(8) // 3 relays, 3 listeners (PostgreSQL)
+			if srv.dialect == sqlstore.MySQL {
+				db.SetMaxOpenConns(4)
+			}
 			return db, srv.dialect
 		}
 	}

@@ -65,6 +65,7 @@ var cases = []struct {
 	{"ReleaseRepublishesSameID", releaseRepublishes},
 	{"PartialMark", partialMark},
 	{"BatchEndsOnce", batchEndsOnce},
+	{"MarkAfterClaimContextEnds", markAfterCancel},
 	{"Invalid", invalid},
 	{"RolledBack", rolledBack},
 	{"Sweep", sweep},
@@ -238,6 +239,25 @@ func batchEndsOnce(t *testing.T, h Harness, _ Caps) {
 	}
 	if got := claimIDs(t, h.Store, 10, true); !slices.Equal(got, id) {
 		t.Fatalf("Claim = %q, want %q still pending", got, id)
+	}
+}
+
+// markAfterCancel: a relay stopping (its context cancelled) after the
+// publisher confirmed still marks what was confirmed.
+func markAfterCancel(t *testing.T, h Harness, _ Caps) {
+	id := add(t, h, msg("t", "k", "1"))
+	ctx, cancel := context.WithCancel(t.Context())
+	b, err := h.Store.Claim(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	time.Sleep(10 * time.Millisecond) // let a watcher of ctx act on it
+	if err := b.MarkSent(context.WithoutCancel(ctx), ids(b)); err != nil {
+		t.Fatalf("MarkSent after the claim's context ended: %v", err)
+	}
+	if got := claimIDs(t, h.Store, 10, false); len(got) != 0 {
+		t.Fatalf("Claim = %q, want none pending (%s marked)", got, id[0])
 	}
 }
 
