@@ -104,7 +104,8 @@ type statements struct {
 	tokenConsume *query
 	tokenSelect  *query
 	tokenSweep   *query
-	lock         lockStatements // the statements of LockBackend (lock.go)
+	lock         lockStatements   // the statements of LockBackend (lock.go)
+	outbox       outboxStatements // the statements of OutboxStore (outbox.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -157,6 +158,13 @@ const (
 	pDigest
 	pResult
 	pTTLMS
+
+	// Outbox.
+	pOutboxID
+	pTopic
+	pMsgKey
+	pPayload
+	pHeaders
 )
 
 var paramNames = map[string]param{
@@ -178,6 +186,12 @@ var paramNames = map[string]param{
 	"digest": pDigest,
 	"result": pResult,
 	"ttl_ms": pTTLMS,
+
+	"id":      pOutboxID,
+	"topic":   pTopic,
+	"msg_key": pMsgKey,
+	"payload": pPayload,
+	"headers": pHeaders,
 }
 
 // values holds everything a statement may bind.
@@ -200,6 +214,13 @@ type values struct {
 	digest string
 	result []byte // nil or empty: NULL
 	ttlMS  int64
+
+	// Outbox.
+	outboxID int64
+	topic    string
+	msgKey   string
+	payload  []byte // never nil: the column is NOT NULL
+	headers  any    // JSON text, or nil (NULL)
 }
 
 // query is one statement and the parameters it binds, in order. A dialect
@@ -255,6 +276,16 @@ func (q *query) args(v *values) []any {
 			}
 		case pTTLMS:
 			a[i] = v.ttlMS
+		case pOutboxID:
+			a[i] = v.outboxID
+		case pTopic:
+			a[i] = v.topic
+		case pMsgKey:
+			a[i] = v.msgKey
+		case pPayload:
+			a[i] = v.payload
+		case pHeaders:
+			a[i] = v.headers
 		}
 	}
 	return a
@@ -277,6 +308,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		slot, ok := slots[cur.name]
 		if !ok {
 			slot, ok = st.lock.byName()[cur.name]
+		}
+		if !ok {
+			slot, ok = st.outbox.byName()[cur.name]
 		}
 		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
@@ -323,6 +357,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		panic("sqlstore: numQueries is out of date")
 	}
 	maps.Copy(slots, st.lock.byName())
+	maps.Copy(slots, st.outbox.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)

@@ -386,3 +386,40 @@ UPDATE idem_locks
 SET owner = X'', lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
 WHERE name = ? AND owner = ? AND fence = ?
   AND lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
+
+-- Outbox (OutboxStore, outbox.go): statements whose names start with
+-- "outbox_".
+
+-- name: outbox_insert
+-- params: topic msg_key payload headers
+-- The id is the statement's insert id.
+INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
+VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
+
+-- name: outbox_claim
+-- params: limit
+-- The pending heads (see queries/postgres.sql), locked with SKIP LOCKED
+-- (MySQL 8, MariaDB 10.6). The batch's transaction is READ COMMITTED, so
+-- the locking read takes no gap locks: an Add is never blocked by a
+-- relay's batch.
+SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+FROM idem_outbox o
+WHERE o.sent_at IS NULL
+  AND (o.msg_key = X'' OR NOT EXISTS (
+      SELECT 1 FROM idem_outbox p
+      WHERE p.msg_key = o.msg_key AND p.sent_at IS NULL AND p.id < o.id))
+ORDER BY o.id
+LIMIT ?
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_mark
+-- params: id
+UPDATE idem_outbox SET sent_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE id = ? AND sent_at IS NULL;
+
+-- name: outbox_sweep
+-- params: retention_ms limit
+DELETE FROM idem_outbox
+WHERE sent_at IS NOT NULL AND sent_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
+ORDER BY sent_at
+LIMIT ?;

@@ -247,3 +247,42 @@ UPDATE idem_locks
 SET owner = '', lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
 WHERE name = $1 AND owner = $2 AND fence = $3
   AND lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+-- Outbox (OutboxStore, outbox.go): statements whose names start with
+-- "outbox_".
+
+-- name: outbox_insert
+-- params: topic msg_key payload headers
+INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
+VALUES ($1, $2, $3, $4, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+RETURNING id;
+
+-- name: outbox_claim
+-- params: limit
+-- The pending heads: messages with no older pending message of their key
+-- (every message without a key), oldest first, that no other batch
+-- holds (SKIP LOCKED). The batch's transaction holds them until it marks
+-- them or ends. A head that another batch holds keeps its key's later
+-- messages out too: they have an older pending message.
+SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+FROM idem_outbox o
+WHERE o.sent_at IS NULL
+  AND (o.msg_key = '' OR NOT EXISTS (
+      SELECT 1 FROM idem_outbox p
+      WHERE p.msg_key = o.msg_key AND p.sent_at IS NULL AND p.id < o.id))
+ORDER BY o.id
+LIMIT $1
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: outbox_mark
+-- params: id
+UPDATE idem_outbox SET sent_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE id = $1 AND sent_at IS NULL;
+
+-- name: outbox_sweep
+-- params: retention_ms limit
+DELETE FROM idem_outbox WHERE id IN (
+    SELECT id FROM idem_outbox
+    WHERE sent_at IS NOT NULL AND sent_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1
+    ORDER BY sent_at
+    LIMIT $2);

@@ -212,3 +212,44 @@ UPDATE idem_locks
 SET owner = '', lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER)
 WHERE name = ?1 AND owner = ?2 AND fence = ?3
   AND lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- Outbox (OutboxStore, outbox.go): statements whose names start with
+-- "outbox_".
+
+-- name: outbox_insert
+-- params: topic msg_key payload headers
+INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
+VALUES (?1, ?2, ?3, ?4, CAST(unixepoch('subsec') * 1000 AS INTEGER))
+RETURNING id;
+
+-- name: outbox_claim
+-- params: limit
+-- The pending heads (see queries/postgres.sql). SQLite has no row locks:
+-- the claimer holds the relay lease (idem_locks, name idem_outbox), and
+-- outbox_mark checks it.
+SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+FROM idem_outbox o
+WHERE o.sent_at IS NULL
+  AND (o.msg_key = '' OR NOT EXISTS (
+      SELECT 1 FROM idem_outbox p
+      WHERE p.msg_key = o.msg_key AND p.sent_at IS NULL AND p.id < o.id))
+ORDER BY o.id
+LIMIT ?1;
+
+-- name: outbox_mark
+-- params: id name owner fence
+-- Marks the message only while the caller's lease on the relay lock
+-- (name, owner, fence) lives: 0 rows when it ended.
+UPDATE idem_outbox SET sent_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE id = ?1 AND sent_at IS NULL
+  AND EXISTS (SELECT 1 FROM idem_locks
+              WHERE name = ?2 AND owner = ?3 AND fence = ?4
+                AND lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER));
+
+-- name: outbox_sweep
+-- params: retention_ms limit
+DELETE FROM idem_outbox WHERE id IN (
+    SELECT id FROM idem_outbox
+    WHERE sent_at IS NOT NULL AND sent_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
+    ORDER BY sent_at
+    LIMIT ?2);

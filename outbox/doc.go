@@ -1,0 +1,64 @@
+// Package outbox publishes events atomically with the business write that
+// causes them: the transactional outbox.
+//
+// The business code adds a Message (topic, key, payload, headers) to the
+// outbox table in its own transaction — sqlstore's OutboxStore.Add, on
+// PostgreSQL, MySQL/MariaDB or SQLite — so the event exists if and only if
+// the change it reports committed. A Relay then claims pending messages
+// from the Store, hands them to a Publisher (a broker adapter) and marks
+// sent those the broker confirmed. Sent messages are swept after a
+// retention.
+//
+// The message's ID is the outbox row's id (with the store's prefix). The
+// publisher sends it as the broker's message id (NATS Nats-Msg-Id, AMQP
+// message_id), so that a message published twice — a relay that died
+// after the broker's confirmation and before its mark — is dropped by the
+// broker's de-duplication window or by the consumer's inbox.
+//
+// Stores: MemoryStore (this package, one process) and the sqlstore
+// package's OutboxStore. The outboxtest package is the conformance suite
+// every store passes.
+//
+// # What it guarantees
+//
+//   - A message is added in the caller's transaction: a rolled-back
+//     transaction leaves no message; a committed one leaves it pending
+//     until a relay publishes it.
+//   - Every pending message is published at least once, with the ID it
+//     got at Add, again and again until the publisher confirms it.
+//   - Messages of one non-empty key are published in the order they were
+//     added (the order of the rows' ids, which is the commit order of
+//     transactions that serialise on the business row they change), each
+//     only after the one before was confirmed and marked: a claim takes
+//     only the oldest pending message of each key. This holds with any
+//     number of relays, in one process or many: on PostgreSQL and MySQL
+//     8/MariaDB 10.6 a batch holds its rows with FOR UPDATE SKIP LOCKED
+//     until it marks them; on SQLite a fenced lease lets one relay at a
+//     time claim, and a relay whose lease ended cannot mark.
+//   - A message is marked sent only after the publisher confirmed it.
+//   - A relay wakes on new messages without polling often: on PostgreSQL
+//     a trigger's NOTIFY wakes it when a transaction that added messages
+//     commits; elsewhere it polls every RelayConfig.PollInterval (1 s).
+//   - Timestamps (CreatedAt, the sending time that Sweep compares) come
+//     from the store's clock: the database's.
+//
+// # What it does not guarantee
+//
+//   - Exactly-once delivery: a relay that dies (or loses its SQLite lease)
+//     between the broker's confirmation and the mark leaves the message
+//     pending, and it is published again with the same ID. Consumers
+//     de-duplicate by ID (package inbox), or the broker does within its
+//     window.
+//   - Order between keys, or among messages with an empty key.
+//   - Order between messages of one key added by transactions that
+//     overlap without serialising on anything: their ids were taken in
+//     one order and may commit in the other.
+//   - Throughput on one key: a claim takes one message per key, so a key
+//     moves one message per claim (a few milliseconds); many keys move in
+//     parallel, up to RelayConfig.BatchSize per claim.
+//   - IDs unique across databases: two outboxes that publish into one
+//     stream must have different ID prefixes (sqlstore's
+//     OutboxConfig.IDPrefix).
+//   - A message refused by the publisher forever (a poison message) holds
+//     its key back forever; the relay logs each failure.
+package outbox

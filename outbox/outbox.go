@@ -1,0 +1,147 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits on a Message, checked by Validate (and so by every store's Add).
+const (
+	// MaxTopicLen is the longest topic, in bytes.
+	MaxTopicLen = 255
+	// MaxKeyLen is the longest ordering key, in bytes.
+	MaxKeyLen = 255
+)
+
+var (
+	// ErrInvalid is wrapped by the error of a message that Validate
+	// refuses (no topic, a topic or key too long or not UTF-8, an empty
+	// header name).
+	ErrInvalid = errors.New("outbox: invalid message")
+	// ErrLeaseLost is returned by Batch.MarkSent when the batch's claim
+	// ended before the mark (a SQLite relay's lease ran out): nothing was
+	// marked, and the batch's messages will be published again, with the
+	// same IDs.
+	ErrLeaseLost = errors.New("outbox: claim lost before the mark")
+	// ErrNoNotify is returned at once by a Notifier that cannot notify on
+	// this database (a dialect without LISTEN/NOTIFY): the relay then
+	// polls only.
+	ErrNoNotify = errors.New("outbox: notifications not available")
+	// ErrBatchDone is returned by a Batch's MarkSent or Release after the
+	// batch ended.
+	ErrBatchDone = errors.New("outbox: batch already ended")
+)
+
+// Message is one event in the outbox.
+type Message struct {
+	// ID identifies the message: the store sets it from the outbox row's
+	// id (with the store's ID prefix) when it adds the message; Add
+	// ignores the field. Publishers send it as the broker's message id
+	// (NATS Nats-Msg-Id, AMQP message_id), so that a message published
+	// twice is recognised by the broker's de-duplication or by the
+	// consumer's inbox.
+	ID string
+	// Topic is where the message goes: a subject, a routing key, an
+	// exchange; its meaning is the publisher's. Required.
+	Topic string
+	// Key orders messages: those of one non-empty key are published in
+	// the order they were added, each only after the one before it was
+	// confirmed. Messages with an empty key are not ordered.
+	Key string
+	// Payload is the message's body, stored and published as it is.
+	Payload []byte
+	// Headers are published with the message. A nil and an empty map are
+	// the same.
+	Headers map[string]string
+	// CreatedAt is when the message was added, on the store's clock (the
+	// database's), to the millisecond. Add ignores the field.
+	CreatedAt time.Time
+}
+
+// Validate reports whether m can be added: a topic of 1 to MaxTopicLen
+// bytes, a key of at most MaxKeyLen bytes, both valid UTF-8, and no empty
+// header name. The error wraps ErrInvalid.
+func (m Message) Validate() error {
+	switch {
+	case m.Topic == "":
+		return fmt.Errorf("%w: empty topic", ErrInvalid)
+	case len(m.Topic) > MaxTopicLen:
+		return fmt.Errorf("%w: topic of %d bytes (at most %d)", ErrInvalid, len(m.Topic), MaxTopicLen)
+	case !utf8.ValidString(m.Topic):
+		return fmt.Errorf("%w: topic is not UTF-8", ErrInvalid)
+	case len(m.Key) > MaxKeyLen:
+		return fmt.Errorf("%w: key of %d bytes (at most %d)", ErrInvalid, len(m.Key), MaxKeyLen)
+	case !utf8.ValidString(m.Key):
+		return fmt.Errorf("%w: key is not UTF-8", ErrInvalid)
+	}
+	if _, ok := m.Headers[""]; ok {
+		return fmt.Errorf("%w: empty header name", ErrInvalid)
+	}
+	return nil
+}
+
+// Publisher sends messages to a broker. The broker adapters implement it.
+type Publisher interface {
+	// Publish sends msg, with msg.ID as the broker's message id, and
+	// returns nil only once the broker confirmed it (a JetStream ack, an
+	// AMQP publisher confirm): the relay marks the message sent only
+	// then. An error leaves it pending: it is published again later,
+	// with the same ID, and the messages after it of the same key wait.
+	Publish(ctx context.Context, msg Message) error
+}
+
+// PublisherFunc adapts a function to the Publisher interface.
+type PublisherFunc func(ctx context.Context, msg Message) error
+
+// Publish calls f(ctx, msg).
+func (f PublisherFunc) Publish(ctx context.Context, msg Message) error { return f(ctx, msg) }
+
+// Store is the relay's view of an outbox: it hands out pending messages
+// in batches and forgets sent ones. Adding messages is the business
+// code's, in its own transaction (sqlstore's OutboxStore.Add); the
+// outboxtest package is the conformance suite every Store passes.
+type Store interface {
+	// Claim returns a batch of at most limit (> 0) pending messages, in
+	// the order they were added, that no other live batch holds. Of each
+	// non-empty key it returns only the oldest pending message (the
+	// key's head), and only if no other batch holds it; messages with an
+	// empty key are all eligible. A batch may be empty. The messages stay
+	// claimed until the batch ends: by MarkSent, by Release, or when its
+	// holder dies (its transaction is rolled back, its lease ends).
+	Claim(ctx context.Context, limit int) (Batch, error)
+
+	// Sweep removes up to limit (> 0) messages sent at least retention
+	// ago (on the store's clock) and returns how many it removed. Pending
+	// messages are never removed.
+	Sweep(ctx context.Context, retention time.Duration, limit int) (int, error)
+}
+
+// Batch is a claim on some pending messages. Exactly one of MarkSent and
+// Release ends it; a call after that returns ErrBatchDone. A batch is
+// used by one goroutine.
+type Batch interface {
+	// Messages returns the batch's messages, in the order they were
+	// added.
+	Messages() []Message
+	// MarkSent marks the messages ids (a subset of the batch's) sent and
+	// ends the batch, releasing the others, which stay pending. Mark only
+	// what the publisher confirmed.
+	MarkSent(ctx context.Context, ids []string) error
+	// Release ends the batch without marking anything: its messages stay
+	// pending and a later Claim returns them again, with the same IDs.
+	Release(ctx context.Context) error
+}
+
+// Notifier is implemented by stores that can wake a relay when messages
+// are added, so that it need not poll often (PostgreSQL's LISTEN/NOTIFY).
+type Notifier interface {
+	// Listen calls wake once it listens, and then after every commit
+	// that added messages (several commits may share one call), until
+	// ctx ends or the listening fails; it returns ctx's error, the
+	// failure, or ErrNoNotify at once if the store cannot notify. wake
+	// must not block.
+	Listen(ctx context.Context, wake func()) error
+}

@@ -1,0 +1,173 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/outboxtest"
+)
+
+func memHarness(t *testing.T) outboxtest.Harness {
+	s := outbox.NewMemoryStore("mem-")
+	return outboxtest.Harness{
+		Store: s,
+		Add: func(ctx context.Context, msgs ...outbox.Message) ([]string, error) {
+			tx := s.Begin()
+			var ids []string
+			for _, m := range msgs {
+				id, err := tx.Add(ctx, m)
+				if err != nil {
+					tx.Rollback()
+					return nil, err
+				}
+				ids = append(ids, id)
+			}
+			tx.Commit()
+			return ids, nil
+		},
+		AddRollback: func(ctx context.Context, msgs ...outbox.Message) error {
+			tx := s.Begin()
+			defer tx.Rollback()
+			for _, m := range msgs {
+				if _, err := tx.Add(ctx, m); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func TestMemoryConformance(t *testing.T) {
+	t.Parallel()
+	outboxtest.Run(t, memHarness, outboxtest.Caps{})
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("k", outbox.MaxKeyLen+1)
+	for _, c := range []struct {
+		name string
+		m    outbox.Message
+		ok   bool
+	}{
+		{"minimal", outbox.Message{Topic: "t"}, true},
+		{"full", outbox.Message{Topic: "t", Key: "k", Payload: []byte("p"), Headers: map[string]string{"h": ""}}, true},
+		{"no topic", outbox.Message{Key: "k"}, false},
+		{"long key", outbox.Message{Topic: "t", Key: long}, false},
+		{"bad key", outbox.Message{Topic: "t", Key: "\xc3"}, false},
+		{"empty header", outbox.Message{Topic: "t", Headers: map[string]string{"": "v"}}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			err := c.m.Validate()
+			if c.ok != (err == nil) || (err != nil && !errors.Is(err, outbox.ErrInvalid)) {
+				t.Fatalf("Validate = %v, want ok %v", err, c.ok)
+			}
+		})
+	}
+}
+
+// TestRelayPublishFailureHoldsKey: a refused message is retried and the
+// messages after it of its key wait for it; other keys go on.
+func TestRelayPublishFailureHoldsKey(t *testing.T) {
+	t.Parallel()
+	s := outbox.NewMemoryStore("")
+	var ids []string
+	for _, k := range []string{"a", "a", "b"} {
+		id, err := s.Add(t.Context(), outbox.Message{Topic: "t", Key: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	failures := 2
+	rec := &outboxtest.Recorder{Fail: func(m outbox.Message) error {
+		if m.ID == ids[0] && failures > 0 {
+			failures--
+			return errors.New("broker down")
+		}
+		return nil
+	}}
+	r, err := outbox.NewRelay(s, rec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.Once(t.Context())
+	var perr *outbox.PublishError
+	if !errors.As(err, &perr) || perr.ID != ids[0] || n != 1 {
+		t.Fatalf("Once = %d, %v; want 1 and a PublishError for %s", n, err, ids[0])
+	}
+	if got := ids3(rec.Messages()); !slices.Equal(got, []string{ids[2]}) {
+		t.Fatalf("published %q, want only %s (a's head failed)", got, ids[2])
+	}
+	if _, err := r.Once(t.Context()); err == nil {
+		t.Fatal("second Once succeeded; the publisher refused again")
+	}
+	for range 2 {
+		if _, err := r.Once(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := ids3(rec.Messages()), []string{ids[2], ids[0], ids[1]}; !slices.Equal(got, want) {
+		t.Fatalf("published %q, want %q", got, want)
+	}
+}
+
+func ids3(ms []outbox.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+// TestRelaySweeps: Run sweeps sent messages past the retention.
+func TestRelaySweeps(t *testing.T) {
+	t.Parallel()
+	s := outbox.NewMemoryStore("")
+	if _, err := s.Add(t.Context(), outbox.Message{Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := &outboxtest.Recorder{}
+	r, err := outbox.NewRelay(s, rec, &outbox.RelayConfig{PollInterval: time.Millisecond, Retention: time.Millisecond, SweepInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	if got := rec.WaitFor(t, 1, 10*time.Second); len(got) != 1 {
+		t.Fatalf("published %d messages, want 1", len(got))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Len() != 0 { // the sent message is swept
+		if time.Now().After(deadline) {
+			t.Fatal("the relay never swept the sent message")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewRelayRejects(t *testing.T) {
+	t.Parallel()
+	s := outbox.NewMemoryStore("")
+	if _, err := outbox.NewRelay(nil, &outboxtest.Recorder{}, nil); err == nil {
+		t.Error("nil store accepted")
+	}
+	if _, err := outbox.NewRelay(s, nil, nil); err == nil {
+		t.Error("nil publisher accepted")
+	}
+	if _, err := outbox.NewRelay(s, &outboxtest.Recorder{}, &outbox.RelayConfig{BatchSize: -1}); err == nil {
+		t.Error("negative batch size accepted")
+	}
+}

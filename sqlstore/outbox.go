@@ -1,0 +1,580 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/lock"
+	"github.com/idemkit/idem/outbox"
+)
+
+// outboxStatements are the statements of OutboxStore, in the block of
+// queries/NAME.sql whose names start with "outbox_".
+type outboxStatements struct {
+	insert *query
+	claim  *query
+	mark   *query
+	sweep  *query
+}
+
+func (st *outboxStatements) byName() map[string]**query {
+	return map[string]**query{
+		"outbox_insert": &st.insert,
+		"outbox_claim":  &st.claim,
+		"outbox_mark":   &st.mark,
+		"outbox_sweep":  &st.sweep,
+	}
+}
+
+// The OutboxStore's statements, as indexes into its statement cache.
+const (
+	outboxInsert = iota
+	outboxClaim
+	outboxMark
+	outboxSweep
+	numOutboxQueries
+)
+
+func (st *outboxStatements) query(i int) *query {
+	return [...]*query{outboxInsert: st.insert, outboxClaim: st.claim, outboxMark: st.mark, outboxSweep: st.sweep}[i]
+}
+
+// OutboxRelayLock is the name, in idem_locks, of the lease a relay holds
+// on SQLite while it claims, publishes and marks a batch.
+const OutboxRelayLock = "idem_outbox"
+
+// DefaultOutboxLease is the default of OutboxConfig.Lease.
+const DefaultOutboxLease = 30 * time.Second
+
+// OutboxConfig configures an OutboxStore.
+type OutboxConfig struct {
+	// Dialect is the database's dialect. Required.
+	Dialect Dialect
+	// IDPrefix starts every message ID; the rest is the row's id in
+	// decimal. Default "": the ID is the row id alone, so two databases
+	// whose messages meet in one stream, or in one consumer's inbox,
+	// must set different prefixes (e.g. "shop-eu/").
+	IDPrefix string
+	// Lease is, on SQLite, how long a relay's claim lasts: the batch must
+	// be published and marked within it, or MarkSent answers
+	// outbox.ErrLeaseLost; and a relay that died holding it keeps the
+	// others waiting that long. Default 30 s. Unused elsewhere, where a
+	// batch's rows are locked by its transaction, released when its
+	// connection ends.
+	Lease time.Duration
+}
+
+// OutboxStore is an [outbox.Store] and an [outbox.Notifier] over
+// database/sql: the messages of package outbox in the table idem_outbox,
+// which Migrate creates. Add writes a message in the caller's
+// transaction. It is safe for concurrent use, also by several processes
+// sharing the database.
+//
+// A batch (Claim) is a READ COMMITTED transaction on PostgreSQL and
+// MySQL/MariaDB that holds its rows with FOR UPDATE SKIP LOCKED until
+// MarkSent commits it or Release rolls it back; it holds a connection of
+// the pool meanwhile, and the relay publishes while it is open (mind
+// idle_in_transaction_session_timeout, wait_timeout). On SQLite, a batch
+// holds the lease of the lock OutboxRelayLock (idem_locks, as
+// LockBackend), so one relay claims at a time; a Claim while another
+// holds it returns an empty batch, and MarkSent marks nothing once the
+// lease ended.
+//
+// Listen (PostgreSQL through github.com/jackc/pgx/v5/stdlib) holds a
+// connection of the pool while it listens; elsewhere it returns
+// outbox.ErrNoNotify.
+type OutboxStore struct {
+	db      *sql.DB
+	d       Dialect
+	st      *outboxStatements
+	cfg     OutboxConfig
+	locks   *LockBackend // SQLite
+	cache   *outboxStmtCache
+	cleanup runtime.Cleanup
+}
+
+var (
+	_ outbox.Store    = (*OutboxStore)(nil)
+	_ outbox.Notifier = (*OutboxStore)(nil)
+)
+
+type outboxStmtCache struct {
+	stmts  [numOutboxQueries]atomic.Pointer[sql.Stmt]
+	closed atomic.Bool
+}
+
+func (c *outboxStmtCache) close() {
+	c.closed.Store(true)
+	for i := range c.stmts {
+		if st := c.stmts[i].Swap(nil); st != nil {
+			_ = st.Close()
+		}
+	}
+}
+
+// NewOutboxStore returns an OutboxStore over db. cfg is required (for its
+// Dialect) and copied. It does not touch the database: run Migrate
+// before first use.
+func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
+	if db == nil {
+		return nil, errors.New("sqlstore: NewOutboxStore: nil *sql.DB")
+	}
+	if cfg == nil || cfg.Dialect == nil {
+		return nil, errors.New("sqlstore: NewOutboxStore: OutboxConfig.Dialect is required (e.g. sqlstore.PostgreSQL)")
+	}
+	c := *cfg
+	if c.Lease < 0 {
+		return nil, fmt.Errorf("sqlstore: NewOutboxStore: negative Lease %v", c.Lease)
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultOutboxLease
+	}
+	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: &outboxStmtCache{}}
+	if _, ok := c.Dialect.(sqliteDialect); ok {
+		b, err := NewLockBackend(db, c.Dialect)
+		if err != nil {
+			return nil, err
+		}
+		s.locks = b
+	}
+	s.cleanup = runtime.AddCleanup(s, (*outboxStmtCache).close, s.cache)
+	return s, nil
+}
+
+// Migrate applies the package's migrations, idem_outbox among them: the
+// same as Store.Migrate.
+func (s *OutboxStore) Migrate(ctx context.Context) error {
+	st, err := New(s.db, &Config{Dialect: s.d})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return st.Migrate(ctx)
+}
+
+// Close closes the statements the OutboxStore prepared (not the *sql.DB).
+// Calls made after Close fail with ErrClosed. It is idempotent.
+func (s *OutboxStore) Close() error {
+	s.cleanup.Stop()
+	s.cache.close()
+	if s.locks != nil {
+		_ = s.locks.Close()
+	}
+	return nil
+}
+
+// stmt returns statement i prepared on the database, in tx if tx is not
+// nil; or nil, nil if tx is not nil and the statement was never prepared:
+// the caller then runs the statement's text in tx.
+func (s *OutboxStore) stmt(ctx context.Context, tx *sql.Tx, i int) (*sql.Stmt, error) {
+	st := s.cache.stmts[i].Load()
+	if st == nil && s.cache.closed.Load() {
+		return nil, ErrClosed
+	}
+	if st == nil && tx != nil {
+		// Not prepared yet: preparing on the pool would need a second
+		// connection while tx holds one (and wait forever for it when
+		// every connection is so held). Claim prepares its statements
+		// before it begins its transaction, and prepares outbox_insert
+		// for Add.
+		return nil, nil
+	}
+	if st == nil {
+		if s.cache.closed.Load() {
+			return nil, ErrClosed
+		}
+		var err error
+		if st, err = s.db.PrepareContext(ctx, s.st.query(i).text); err != nil {
+			return nil, err
+		}
+		if !s.cache.stmts[i].CompareAndSwap(nil, st) {
+			_ = st.Close()
+			if st = s.cache.stmts[i].Load(); st == nil {
+				return nil, ErrClosed
+			}
+		}
+	}
+	if tx != nil {
+		return tx.StmtContext(ctx, st), nil
+	}
+	return st, nil
+}
+
+func (s *OutboxStore) fail(ctx context.Context, op string, err error) error {
+	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w (outbox %s: %v)", ErrClosed, op, err)
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("sqlstore: outbox %s: %w (%v)", op, cerr, err)
+	}
+	if s.d.missingTable(err) {
+		return fmt.Errorf("sqlstore: outbox %s: %w (has Migrate run?)", op, err)
+	}
+	return fmt.Errorf("sqlstore: outbox %s: %w", op, err)
+}
+
+// Add writes msg, pending, in the caller's transaction tx, and returns
+// its ID (OutboxConfig.IDPrefix and the row's id). The message exists if
+// and only if tx commits; on PostgreSQL the commit wakes the listening
+// relays. msg.ID and msg.CreatedAt are ignored; an invalid message
+// (outbox.Message.Validate) is refused before any statement. tx may
+// belong to another *sql.DB on the same database.
+func (s *OutboxStore) Add(ctx context.Context, tx *sql.Tx, msg outbox.Message) (string, error) {
+	const op = "add"
+	if tx == nil {
+		return "", errors.New("sqlstore: outbox add: nil *sql.Tx")
+	}
+	if err := msg.Validate(); err != nil {
+		return "", err
+	}
+	v := values{topic: msg.Topic, msgKey: msg.Key, payload: msg.Payload}
+	if v.payload == nil {
+		v.payload = []byte{}
+	}
+	if len(msg.Headers) > 0 {
+		h, err := json.Marshal(msg.Headers)
+		if err != nil {
+			return "", fmt.Errorf("sqlstore: outbox add: headers: %w", err)
+		}
+		v.headers = string(h)
+	}
+	st, err := s.stmt(ctx, tx, outboxInsert)
+	if err != nil {
+		return "", s.fail(ctx, op, err)
+	}
+	args := s.st.insert.args(&v)
+	var id int64
+	if _, ok := s.d.(mysqlDialect); ok {
+		var res sql.Result
+		if st != nil {
+			res, err = st.ExecContext(ctx, args...)
+		} else {
+			res, err = tx.ExecContext(ctx, s.st.insert.text, args...)
+		}
+		if err == nil {
+			id, err = res.LastInsertId()
+		}
+	} else if st != nil {
+		err = st.QueryRowContext(ctx, args...).Scan(&id)
+	} else {
+		err = tx.QueryRowContext(ctx, s.st.insert.text, args...).Scan(&id)
+	}
+	if err != nil {
+		return "", s.fail(ctx, op, err)
+	}
+	return s.id(id), nil
+}
+
+func (s *OutboxStore) id(row int64) string { return s.cfg.IDPrefix + strconv.FormatInt(row, 10) }
+
+// Claim implements outbox.Store; see OutboxStore for how a batch holds
+// its messages. A deadlock (MySQL) is retried.
+func (s *OutboxStore) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
+	const op = "claim"
+	if s.cache.closed.Load() {
+		return nil, fmt.Errorf("%w (outbox claim)", ErrClosed)
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("sqlstore: outbox claim: limit %d", limit)
+	}
+	// Prepared before a transaction holds a connection (see stmt).
+	for _, i := range []int{outboxInsert, outboxClaim, outboxMark} {
+		if _, err := s.stmt(ctx, nil, i); err != nil {
+			return nil, s.fail(ctx, op, err)
+		}
+	}
+	if s.locks != nil {
+		return s.claimLeased(ctx, limit)
+	}
+	var err error
+	for attempt := range maxAcquireAttempts {
+		var b *outboxBatch
+		if b, err = s.claimTx(ctx, limit); err == nil {
+			return b, nil
+		}
+		if !s.d.retryable(err) {
+			break
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+			return nil, s.fail(ctx, op, err)
+		}
+	}
+	return nil, s.fail(ctx, op, err)
+}
+
+func (s *OutboxStore) claimTx(ctx context.Context, limit int) (*outboxBatch, error) {
+	// Not ctx: database/sql rolls a transaction back when the context it
+	// began with ends, and a batch's marks must commit even after the
+	// relay's context ended (what the broker confirmed is marked). The
+	// statements run under ctx; MarkSent or Release ends the transaction.
+	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), readCommitted)
+	if err != nil {
+		return nil, err
+	}
+	b := &outboxBatch{s: s, tx: tx}
+	if err := s.read(ctx, tx, b, limit); err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	return b, nil
+}
+
+// claimLeased takes the relay lease (SQLite) and reads the heads.
+func (s *OutboxStore) claimLeased(ctx context.Context, limit int) (outbox.Batch, error) {
+	owner := lock.NewOwner()
+	fence, err := s.locks.Acquire(ctx, OutboxRelayLock, owner, s.cfg.Lease)
+	if errors.Is(err, lock.ErrHeld) {
+		return &outboxBatch{s: s}, nil // another relay is at work
+	}
+	if err != nil {
+		return nil, err
+	}
+	b := &outboxBatch{s: s, owner: owner, fence: fence}
+	if err := s.read(ctx, nil, b, limit); err != nil {
+		_ = s.locks.Release(context.WithoutCancel(ctx), OutboxRelayLock, owner, fence)
+		return nil, s.fail(ctx, "claim", err)
+	}
+	return b, nil
+}
+
+// mustStmt is stmt, but prepares statement i in tx (for tx's life) if it
+// was never prepared.
+func (s *OutboxStore) mustStmt(ctx context.Context, tx *sql.Tx, i int) (*sql.Stmt, error) {
+	st, err := s.stmt(ctx, tx, i)
+	if st == nil && err == nil {
+		return tx.PrepareContext(ctx, s.st.query(i).text)
+	}
+	return st, err
+}
+
+// read runs the claim statement into b.
+func (s *OutboxStore) read(ctx context.Context, tx *sql.Tx, b *outboxBatch, limit int) error {
+	st, err := s.mustStmt(ctx, tx, outboxClaim)
+	if err != nil {
+		return err
+	}
+	rows, err := st.QueryContext(ctx, s.st.claim.args(&values{limit: int64(limit)})...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	b.rows = map[string]int64{}
+	for rows.Next() {
+		var (
+			id, created int64
+			m           outbox.Message
+			headers     sql.NullString
+		)
+		if err := rows.Scan(&id, &m.Topic, &m.Key, &m.Payload, &headers, &created); err != nil {
+			return err
+		}
+		if headers.Valid && headers.String != "" {
+			if err := json.Unmarshal([]byte(headers.String), &m.Headers); err != nil {
+				return fmt.Errorf("message %d: headers: %w", id, err)
+			}
+		}
+		if len(m.Payload) == 0 {
+			m.Payload = nil
+		}
+		m.ID = s.id(id)
+		m.CreatedAt = fromMS(created)
+		b.msgs = append(b.msgs, m)
+		b.rows[m.ID] = id
+	}
+	return rows.Err()
+}
+
+// Sweep implements outbox.Store. On PostgreSQL and MySQL it waits for a
+// batch that holds a row it deletes (none: a batch holds pending rows).
+func (s *OutboxStore) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	const op = "sweep"
+	if limit <= 0 || retention < 0 {
+		return 0, fmt.Errorf("sqlstore: outbox sweep: limit %d, retention %v", limit, retention)
+	}
+	st, err := s.stmt(ctx, nil, outboxSweep)
+	if err != nil {
+		return 0, s.fail(ctx, op, err)
+	}
+	v := values{retentionMS: retention.Milliseconds(), limit: int64(limit)}
+	var n int64
+	for attempt := range maxAcquireAttempts {
+		var res sql.Result
+		if res, err = st.ExecContext(ctx, s.st.sweep.args(&v)...); err == nil {
+			n, err = res.RowsAffected()
+		}
+		if err == nil || !s.d.retryable(err) {
+			break
+		}
+		if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Millisecond); err != nil {
+			return 0, s.fail(ctx, op, err)
+		}
+	}
+	if err != nil {
+		return 0, s.fail(ctx, op, err)
+	}
+	return int(n), nil
+}
+
+// outboxChannel is the channel the migration's trigger notifies.
+const outboxChannel = "idem_outbox"
+
+// Listen implements outbox.Notifier on PostgreSQL with a pgx
+// (github.com/jackc/pgx/v5/stdlib) pool: it takes a connection of the
+// pool, LISTENs on idem_outbox, and calls wake once listening and then
+// on every notification, until ctx ends; the connection is then closed,
+// not returned to the pool. Other dialects and drivers: outbox.ErrNoNotify.
+func (s *OutboxStore) Listen(ctx context.Context, wake func()) error {
+	if _, ok := s.d.(postgresDialect); !ok {
+		return outbox.ErrNoNotify
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return s.fail(ctx, "listen", err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return outbox.ErrNoNotify
+		}
+		c := pc.Conn()
+		if _, err := c.Exec(ctx, "LISTEN "+outboxChannel); err != nil {
+			return errors.Join(err, driver.ErrBadConn)
+		}
+		wake()
+		for {
+			if _, err := c.WaitForNotification(ctx); err != nil {
+				// The connection listens: it must not go back to the pool.
+				return errors.Join(err, driver.ErrBadConn)
+			}
+			wake()
+		}
+	})
+	if errors.Is(err, outbox.ErrNoNotify) {
+		return err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return s.fail(ctx, "listen", err)
+}
+
+// outboxBatch is a claim: a transaction holding the rows (tx), or the
+// relay lease (owner, fence; SQLite), or nothing (an empty SQLite batch).
+type outboxBatch struct {
+	s     *OutboxStore
+	tx    *sql.Tx
+	owner string
+	fence int64
+	msgs  []outbox.Message
+	rows  map[string]int64 // ID → row id
+	done  bool
+}
+
+func (b *outboxBatch) Messages() []outbox.Message { return b.msgs }
+
+func (b *outboxBatch) MarkSent(ctx context.Context, ids []string) error {
+	const op = "mark sent"
+	if b.done {
+		return outbox.ErrBatchDone
+	}
+	rowIDs := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		r, ok := b.rows[id]
+		if !ok {
+			return fmt.Errorf("sqlstore: outbox mark sent: %q is not in the batch", id)
+		}
+		rowIDs = append(rowIDs, r)
+	}
+	b.done = true
+	s := b.s
+	if b.tx == nil && b.owner == "" { // an empty SQLite batch
+		return nil
+	}
+	if b.tx != nil {
+		defer b.tx.Rollback() //nolint:errcheck // a no-op after Commit
+		if err := b.mark(ctx, b.tx, rowIDs); err != nil {
+			return s.fail(ctx, op, err)
+		}
+		if err := b.tx.Commit(); err != nil {
+			return s.fail(ctx, op, err)
+		}
+		return nil
+	}
+	// SQLite: the marks, in one transaction, each under the lease.
+	defer s.locks.Release(context.WithoutCancel(ctx), OutboxRelayLock, b.owner, b.fence) //nolint:errcheck // ErrNotHeld once the lease ended
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if err := b.mark(ctx, tx, rowIDs); err != nil {
+		if errors.Is(err, outbox.ErrLeaseLost) {
+			return err
+		}
+		return s.fail(ctx, op, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return s.fail(ctx, op, err)
+	}
+	return nil
+}
+
+// mark runs the mark statement for each row in tx. On SQLite a row not
+// marked means that the lease ended: outbox.ErrLeaseLost.
+func (b *outboxBatch) mark(ctx context.Context, tx *sql.Tx, rowIDs []int64) error {
+	s := b.s
+	st, err := s.mustStmt(ctx, tx, outboxMark)
+	if err != nil {
+		return err
+	}
+	v := values{name: OutboxRelayLock, owner: b.owner, fence: b.fence}
+	for _, id := range rowIDs {
+		v.outboxID = id
+		res, err := st.ExecContext(ctx, s.st.mark.args(&v)...)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			if b.owner != "" {
+				return outbox.ErrLeaseLost
+			}
+			// The row is locked by this batch: it cannot have changed.
+			return fmt.Errorf("message %s: %d rows marked", s.id(id), n)
+		}
+	}
+	return nil
+}
+
+func (b *outboxBatch) Release(ctx context.Context) error {
+	if b.done {
+		return outbox.ErrBatchDone
+	}
+	b.done = true
+	switch {
+	case b.tx != nil:
+		if err := b.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			return b.s.fail(ctx, "release", err)
+		}
+	case b.owner != "":
+		err := b.s.locks.Release(ctx, OutboxRelayLock, b.owner, b.fence)
+		if err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			return b.s.fail(ctx, "release", err)
+		}
+	}
+	return nil
+}
