@@ -104,7 +104,8 @@ type statements struct {
 	tokenConsume *query
 	tokenSelect  *query
 	tokenSweep   *query
-	lock         lockStatements // the statements of LockBackend (lock.go)
+	lock         lockStatements  // the statements of LockBackend (lock.go)
+	inbox        inboxStatements // the statements of InboxStore (inbox.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -157,6 +158,16 @@ const (
 	pDigest
 	pResult
 	pTTLMS
+
+	// Inbox.
+	pGroup
+	pMessageID
+	pStatus
+	pAttempts
+	pMaxAttempts
+	pReason
+	pAt
+	pLeaseUntil
 )
 
 var paramNames = map[string]param{
@@ -178,6 +189,15 @@ var paramNames = map[string]param{
 	"digest": pDigest,
 	"result": pResult,
 	"ttl_ms": pTTLMS,
+
+	"group":        pGroup,
+	"message_id":   pMessageID,
+	"status":       pStatus,
+	"attempts":     pAttempts,
+	"max_attempts": pMaxAttempts,
+	"reason":       pReason,
+	"at":           pAt,
+	"lease_until":  pLeaseUntil,
 }
 
 // values holds everything a statement may bind.
@@ -200,6 +220,10 @@ type values struct {
 	digest string
 	result []byte // nil or empty: NULL
 	ttlMS  int64
+
+	// Inbox.
+	group, messageID, status, reason      string
+	attempts, maxAttempts, at, leaseUntil int64
 }
 
 // query is one statement and the parameters it binds, in order. A dialect
@@ -255,6 +279,22 @@ func (q *query) args(v *values) []any {
 			}
 		case pTTLMS:
 			a[i] = v.ttlMS
+		case pGroup:
+			a[i] = v.group
+		case pMessageID:
+			a[i] = v.messageID
+		case pStatus:
+			a[i] = v.status
+		case pAttempts:
+			a[i] = v.attempts
+		case pMaxAttempts:
+			a[i] = v.maxAttempts
+		case pReason:
+			a[i] = v.reason
+		case pAt:
+			a[i] = v.at
+		case pLeaseUntil:
+			a[i] = v.leaseUntil
 		}
 	}
 	return a
@@ -277,6 +317,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		slot, ok := slots[cur.name]
 		if !ok {
 			slot, ok = st.lock.byName()[cur.name]
+		}
+		if !ok {
+			slot, ok = st.inbox.byName()[cur.name]
 		}
 		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
@@ -323,6 +366,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		panic("sqlstore: numQueries is out of date")
 	}
 	maps.Copy(slots, st.lock.byName())
+	maps.Copy(slots, st.inbox.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
