@@ -260,8 +260,9 @@ func storeFailed(id string, err error) (Outcome, error) {
 }
 
 // HandleTx handles m with h, whose effect runs in a transaction begun on
-// db that also claims the message and marks it succeeded: the effect and
-// the succeeded record commit together, or neither does. It needs a Store
+// db that also claims the message's record (TxStore.ClaimTx): the record
+// commits succeeded together with the effect, or neither commits — so it
+// is never seen succeeded before the effect is there. It needs a Store
 // that implements TxStore (ErrTxUnsupported otherwise).
 //
 //   - A message already succeeded answers Duplicate without calling h; a
@@ -304,7 +305,7 @@ func (in *Inbox) HandleTx(ctx context.Context, db Beginner, m Message, h TxHandl
 			_ = tx.Rollback()
 		}
 	}()
-	c, err := ts.ClaimTx(ctx, tx, g, id, in.cfg.Lease, in.cfg.MaxAttempts)
+	c, err := ts.ClaimTx(ctx, tx, g, id, in.cfg.MaxAttempts)
 	if err != nil {
 		return storeFailed(id, fmt.Errorf("inbox: claim: %w", err))
 	}
@@ -319,9 +320,6 @@ func (in *Inbox) HandleTx(ctx context.Context, db Beginner, m Message, h TxHandl
 		done = true
 		_ = tx.Rollback()
 		return in.recordFailure(ctx, id, herr)
-	}
-	if err := ts.FinishTx(ctx, tx, g, id, c.Fence); err != nil {
-		return storeFailed(id, fmt.Errorf("inbox: finish: %w", err))
 	}
 	done = true
 	if err := tx.Commit(); err != nil {

@@ -101,17 +101,22 @@ type Store interface {
 	Sweep(ctx context.Context, retention time.Duration, limit int) (int, error)
 }
 
-// TxStore is implemented by stores that can claim and finish a record in
-// the caller's SQL transaction (the sqlstore package's InboxStore), which
+// TxStore is implemented by stores that can claim a record in the
+// caller's SQL transaction (the sqlstore package's InboxStore), which
 // HandleTx needs: the effect and the succeeded record commit together.
 type TxStore interface {
 	Store
-	// ClaimTx is Claim run in tx. The record's row stays locked until tx
-	// ends (on SQLite, tx holds the database's write lock): a concurrent
-	// claim of the same message waits, then sees what tx left — a
-	// succeeded record if tx committed, the record as it was if tx rolled
-	// back.
-	ClaimTx(ctx context.Context, tx *sql.Tx, group, id string, lease time.Duration, maxAttempts int) (Claim, error)
-	// FinishTx is Finish run in tx.
-	FinishTx(ctx context.Context, tx *sql.Tx, group, id string, fence int64) error
+	// ClaimTx is Claim for an effect that commits with the record, run in
+	// tx: a record that Claim would take (new, failed, or processing past
+	// its lease) gets Attempts+1 and Fence+1 and is written succeeded —
+	// the state it commits in, together with the effect the caller then
+	// writes in tx. Nobody sees it before tx commits: if tx rolls back
+	// (the handler failed, the process died), the record is as it was.
+	// Claimed is then true and Status succeeded. Otherwise the record is
+	// reported as Claim reports it.
+	//
+	// The record's row stays locked until tx ends (on SQLite, tx holds
+	// the database's write lock): a concurrent claim of the same message
+	// waits, then sees what tx left.
+	ClaimTx(ctx context.Context, tx *sql.Tx, group, id string, maxAttempts int) (Claim, error)
 }

@@ -108,15 +108,34 @@ func NewInboxStore(db *sql.DB, d Dialect) (*InboxStore, error) {
 	return s, nil
 }
 
-// Migrate applies the package's migrations, idem_inbox among them: the
-// same as Store.Migrate.
+// Migrate applies the package's migrations, idem_inbox among them (the
+// same as Store.Migrate), and prepares the InboxStore's statements.
 func (s *InboxStore) Migrate(ctx context.Context) error {
 	st, err := New(s.db, &Config{Dialect: s.d})
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	return st.Migrate(ctx)
+	if err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	return s.Prepare(ctx)
+}
+
+// Prepare prepares the InboxStore's statements on its *sql.DB, which
+// every call outside a transaction also does on first use. ClaimTx, in
+// the caller's transaction, never prepares on the pool (the transaction
+// may hold its only connection): before the statement is prepared, it
+// sends the statement's text, which costs an extra round trip on MySQL.
+// Migrate calls Prepare; call it at start-up when another program
+// migrates the database.
+func (s *InboxStore) Prepare(ctx context.Context) error {
+	for i := range numInboxQueries {
+		if _, err := s.stmt(ctx, nil, i); err != nil {
+			return s.fail(ctx, "prepare", err)
+		}
+	}
+	return nil
 }
 
 // Close closes the statements the InboxStore prepared on its *sql.DB
@@ -137,9 +156,7 @@ func (s *InboxStore) stmt(ctx context.Context, tx *sql.Tx, i int) (*sql.Stmt, er
 			return nil, ErrClosed
 		}
 		if tx != nil {
-			// Never prepare on the pool while holding a transaction
-			// (SQLite's only connection may be tx's).
-			return tx.PrepareContext(ctx, s.st.query(i).text)
+			return nil, nil // see run
 		}
 		var err error
 		if st, err = s.db.PrepareContext(ctx, s.st.query(i).text); err != nil {
@@ -166,6 +183,14 @@ func (s *InboxStore) run(ctx context.Context, tx *sql.Tx, i int, v *values, f fu
 	if err != nil {
 		return err
 	}
+	if st == nil {
+		// A statement not yet prepared, in a transaction: never prepare
+		// on the pool while holding one (SQLite's only connection may be
+		// tx's). The text runs on tx (pgx prepares it once per
+		// connection by itself); Migrate and every call outside a
+		// transaction fill the cache.
+		return f(nil, args)
+	}
 	err = f(st, args)
 	if tx == nil || !foreignStmt(err) {
 		return err
@@ -179,7 +204,11 @@ func (s *InboxStore) run(ctx context.Context, tx *sql.Tx, i int, v *values, f fu
 func (s *InboxStore) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sql.Result, error) {
 	var res sql.Result
 	err := s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) (err error) {
-		res, err = st.ExecContext(ctx, args...)
+		if st == nil {
+			res, err = tx.ExecContext(ctx, s.st.query(i).text, args...)
+		} else {
+			res, err = st.ExecContext(ctx, args...)
+		}
 		return err
 	})
 	return res, err
@@ -187,6 +216,9 @@ func (s *InboxStore) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sq
 
 func (s *InboxStore) queryRow(ctx context.Context, tx *sql.Tx, i int, v *values, dest ...any) error {
 	return s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) error {
+		if st == nil {
+			return tx.QueryRowContext(ctx, s.st.query(i).text, args...).Scan(dest...)
+		}
 		return st.QueryRowContext(ctx, args...).Scan(dest...)
 	})
 }
@@ -232,18 +264,19 @@ func (s *InboxStore) Claim(ctx context.Context, group, id string, lease time.Dur
 	return c, nil
 }
 
-// ClaimTx is Claim in the caller's transaction tx; see [inbox.TxStore].
-// The record's row stays locked until tx ends. A deadlock or a
-// serialisation failure is returned (tx is then to be rolled back).
-func (s *InboxStore) ClaimTx(ctx context.Context, tx *sql.Tx, group, id string, lease time.Duration, maxAttempts int) (inbox.Claim, error) {
+// ClaimTx claims the record in the caller's transaction tx for an effect
+// that commits with it; see [inbox.TxStore]. The record's row stays
+// locked until tx ends. A deadlock or a serialisation failure is
+// returned (tx is then to be rolled back).
+func (s *InboxStore) ClaimTx(ctx context.Context, tx *sql.Tx, group, id string, maxAttempts int) (inbox.Claim, error) {
 	const op = "claim in tx"
 	if tx == nil {
 		return inbox.Claim{}, errors.New("sqlstore: inbox claim in tx: nil *sql.Tx")
 	}
-	if err := s.check(op, lease); err != nil {
+	if err := s.closedErr(op); err != nil {
 		return inbox.Claim{}, err
 	}
-	c, err := s.claim(ctx, tx, group, id, lease, maxAttempts)
+	c, err := s.claim(ctx, tx, group, id, 0, maxAttempts)
 	if err != nil {
 		return inbox.Claim{}, s.fail(ctx, op, err)
 	}
@@ -261,14 +294,20 @@ func (s *InboxStore) check(op string, lease time.Duration) error {
 }
 
 // claim inserts a new record, or, in tx (a transaction of its own when tx
-// is nil), locks the record and decides.
+// is nil), locks the record and decides. A claim in the caller's tx
+// (lease 0) writes the record succeeded: it commits with the effect.
 func (s *InboxStore) claim(ctx context.Context, tx *sql.Tx, group, id string, lease time.Duration, maxAttempts int) (inbox.Claim, error) {
-	v := values{messageID: id, group: group, leaseMS: leaseMS(lease)}
+	v := values{messageID: id, group: group, status: string(inbox.StatusProcessing)}
+	if lease > 0 {
+		v.leaseMS = leaseMS(lease)
+	} else {
+		v.status = string(inbox.StatusSucceeded)
+	}
 	var now int64
 	if s.d.completeReturns() {
 		err := s.queryRow(ctx, tx, inboxInsert, &v, &now)
 		if err == nil {
-			return newClaim(now, v.leaseMS), nil
+			return newClaim(now, &v), nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return inbox.Claim{}, err
@@ -284,7 +323,7 @@ func (s *InboxStore) claim(ctx context.Context, tx *sql.Tx, group, id string, le
 			if now, err = res.LastInsertId(); err != nil {
 				return inbox.Claim{}, err
 			}
-			return newClaim(now, v.leaseMS), nil
+			return newClaim(now, &v), nil
 		}
 	}
 	if tx != nil {
@@ -302,8 +341,8 @@ func (s *InboxStore) claim(ctx context.Context, tx *sql.Tx, group, id string, le
 	return c, tx.Commit()
 }
 
-func newClaim(now, leaseMS int64) inbox.Claim {
-	return inbox.Claim{Claimed: true, Status: inbox.StatusProcessing, Attempts: 1, Fence: 1, LeaseUntil: fromMS(now + leaseMS), Now: fromMS(now)}
+func newClaim(now int64, v *values) inbox.Claim {
+	return inbox.Claim{Claimed: true, Status: inbox.Status(v.status), Attempts: 1, Fence: 1, LeaseUntil: fromMS(now + v.leaseMS), Now: fromMS(now)}
 }
 
 // errVanished: the record was deleted (swept) between the insert that
@@ -338,8 +377,8 @@ func (s *InboxStore) decide(ctx context.Context, tx *sql.Tx, v *values, maxAttem
 		u.status, u.attempts, u.fence, u.leaseUntil = string(inbox.StatusDead), int64(attempts), fence, until
 		c.Status = inbox.StatusDead
 	} else {
-		u.status, u.attempts, u.fence, u.leaseUntil = string(inbox.StatusProcessing), int64(attempts+1), fence+1, now+v.leaseMS
-		c = inbox.Claim{Claimed: true, Status: inbox.StatusProcessing, Attempts: attempts + 1, Fence: fence + 1, LeaseUntil: fromMS(u.leaseUntil), Now: c.Now}
+		u.status, u.attempts, u.fence, u.leaseUntil = v.status, int64(attempts+1), fence+1, now+v.leaseMS
+		c = inbox.Claim{Claimed: true, Status: inbox.Status(v.status), Attempts: attempts + 1, Fence: fence + 1, LeaseUntil: fromMS(u.leaseUntil), Now: c.Now}
 	}
 	if _, err := s.exec(ctx, tx, inboxUpdate, &u); err != nil {
 		return inbox.Claim{}, err

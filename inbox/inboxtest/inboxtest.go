@@ -354,12 +354,9 @@ var cases = []testCase{
 			h.Fatal(err)
 		}
 		defer tx.Rollback() //nolint:errcheck
-		c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, long, maxA)
-		if err != nil || !c.Claimed || c.Fence != 1 || c.Attempts != 1 {
-			h.Fatalf("ClaimTx = %+v, %v", c, err)
-		}
-		if err := h.tx.FinishTx(h.ctx, tx, h.group, id, c.Fence); err != nil {
-			h.Fatalf("FinishTx: %v", err)
+		c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, maxA)
+		if err != nil || !c.Claimed || c.Status != inbox.StatusSucceeded || c.Fence != 1 || c.Attempts != 1 {
+			h.Fatalf("ClaimTx = %+v, %v; want claimed, succeeded (on commit), attempt 1, fence 1", c, err)
 		}
 		if err := tx.Commit(); err != nil {
 			h.Fatal(err)
@@ -374,12 +371,9 @@ var cases = []testCase{
 			if err != nil {
 				h.Fatal(err)
 			}
-			c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, long, maxA)
+			c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, maxA)
 			if err != nil || !c.Claimed || c.Fence != 1 {
 				h.Fatalf("ClaimTx = %+v, %v", c, err)
-			}
-			if err := h.tx.FinishTx(h.ctx, tx, h.group, id, c.Fence); err != nil {
-				h.Fatalf("FinishTx: %v", err)
 			}
 			if err := tx.Rollback(); err != nil {
 				h.Fatal(err)
@@ -398,7 +392,7 @@ var cases = []testCase{
 		if err != nil {
 			h.Fatal(err)
 		}
-		if c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, long, maxA); err != nil || !c.Claimed || c.Fence != 2 || c.Attempts != 2 {
+		if c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, maxA); err != nil || !c.Claimed || c.Fence != 2 || c.Attempts != 2 {
 			h.Fatalf("ClaimTx of a failed record = %+v, %v", c, err)
 		}
 		_ = tx.Rollback()
@@ -411,7 +405,7 @@ var cases = []testCase{
 			h.Fatal(err)
 		}
 		defer tx.Rollback() //nolint:errcheck
-		c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, long, maxA)
+		c, err := h.tx.ClaimTx(h.ctx, tx, h.group, id, maxA)
 		if err != nil || !c.Claimed {
 			h.Fatalf("ClaimTx = %+v, %v", c, err)
 		}
@@ -427,9 +421,6 @@ var cases = []testCase{
 		case c := <-got:
 			h.Fatalf("a Claim during the claiming transaction answered %+v before it ended", c)
 		case <-time.After(200 * time.Millisecond):
-		}
-		if err := h.tx.FinishTx(h.ctx, tx, h.group, id, c.Fence); err != nil {
-			h.Fatal(err)
 		}
 		if err := tx.Commit(); err != nil {
 			h.Fatal(err)

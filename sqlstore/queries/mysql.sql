@@ -394,13 +394,13 @@ WHERE name = ? AND owner = ? AND fence = ?
 -- caller's, for ClaimTx).
 
 -- name: inbox_insert
--- params: message_id group lease_ms
+-- params: message_id group status lease_ms
 -- One affected row: a new record, whose insert id is the database's now
 -- (LAST_INSERT_ID(expr)). None: the record exists; the no-op update
 -- takes its row lock at once (a plain INSERT's duplicate-key error would
 -- take a shared lock, and two of them a deadlock at inbox_lock).
 INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
-VALUES (?, ?, 'processing', 1, 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
+VALUES (?, ?, ?, 1, 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
 ON DUPLICATE KEY UPDATE message_id = message_id;
 
 -- name: inbox_lock

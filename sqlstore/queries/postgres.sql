@@ -255,11 +255,13 @@ WHERE name = $1 AND owner = $2 AND fence = $3
 -- caller's, for ClaimTx).
 
 -- name: inbox_insert
--- params: message_id group lease_ms
--- A new record, processing, attempt 1, fence 1; RETURNING the database's
--- now. No row: the record exists (a concurrent insert is waited for).
+-- params: message_id group lease_ms status
+-- A new record with status (processing for Claim; succeeded for ClaimTx,
+-- which commits it with the effect), attempt 1, fence 1; RETURNING the
+-- database's now. No row: the record exists (a concurrent insert is
+-- waited for).
 INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
-VALUES ($1, $2, 'processing', 1, 1, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $3, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+VALUES ($1, $2, $4, 1, 1, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $3, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
 ON CONFLICT (message_id, consumer_group) DO NOTHING
 RETURNING created_at;
 

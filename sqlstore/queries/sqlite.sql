@@ -220,9 +220,9 @@ WHERE name = ?1 AND owner = ?2 AND fence = ?3
 -- ClaimTx), which holds the database's write lock.
 
 -- name: inbox_insert
--- params: message_id group lease_ms
+-- params: message_id group lease_ms status
 INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
-VALUES (?1, ?2, 'processing', 1, 1, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER))
+VALUES (?1, ?2, ?4, 1, 1, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER))
 ON CONFLICT (message_id, consumer_group) DO NOTHING
 RETURNING created_at;
 
