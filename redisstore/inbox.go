@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -140,7 +141,7 @@ func (s *InboxStore) Finish(ctx context.Context, group, id string, fence int64) 
 // Fail ends a failed attempt; see [inbox.Store].
 func (s *InboxStore) Fail(ctx context.Context, group, id string, fence int64, maxAttempts int, reason string) (inbox.Status, error) {
 	if len(reason) > inbox.MaxReasonLen {
-		reason = reason[:inbox.MaxReasonLen]
+		reason = strings.ToValidUTF8(reason[:inbox.MaxReasonLen], "")
 	}
 	return s.end(ctx, "fail", group, id, fence, maxAttempts, reason, s.retention)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -317,12 +318,12 @@ func (s *InboxStore) claim(ctx context.Context, tx *sql.Tx, group, id string, le
 		if err != nil {
 			return inbox.Claim{}, err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		// The insert id is the database's now for a new record, 0 for an
+		// existing one (see queries/mysql.sql).
+		if now, err = res.LastInsertId(); err != nil {
 			return inbox.Claim{}, err
-		} else if n == 1 {
-			if now, err = res.LastInsertId(); err != nil {
-				return inbox.Claim{}, err
-			}
+		}
+		if now > 0 {
 			return newClaim(now, &v), nil
 		}
 	}
@@ -441,7 +442,7 @@ func (s *InboxStore) Fail(ctx context.Context, group, id string, fence int64, ma
 		return "", err
 	}
 	if len(reason) > inbox.MaxReasonLen {
-		reason = reason[:inbox.MaxReasonLen]
+		reason = strings.ToValidUTF8(reason[:inbox.MaxReasonLen], "")
 	}
 	v := values{messageID: id, group: group, fence: fence, maxAttempts: int64(maxAttempts), reason: reason}
 	for attempt := 1; ; attempt++ {

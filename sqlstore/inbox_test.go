@@ -504,3 +504,26 @@ func inboxStreamChild(t *testing.T) {
 	wg.Wait()
 	fmt.Printf("processed %d\n", processed.Load())
 }
+
+// TestInboxMySQLModes runs inboxtest, and Migrate, in a database of its
+// own under each session sql_mode of mysqlModes (EMPTY_STRING_IS_NULL,
+// ORACLE, ...).
+func TestInboxMySQLModes(t *testing.T) {
+	t.Parallel()
+	for _, m := range mysqlModes {
+		t.Run(m.String(), func(t *testing.T) {
+			t.Parallel()
+			admin := mysqlServer.open(t, "")
+			name := randomName("idem_inbox_mode_")
+			if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
+			db := openMySQLMode(t, m, name)
+			s := newInboxStore(t, db, sqlstore.MySQL)
+			inboxtest.Run(t, func(*testing.T) inbox.Store { return s }, inboxtest.Caps{
+				BeginTx: func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+			})
+		})
+	}
+}

@@ -395,13 +395,15 @@ WHERE name = ? AND owner = ? AND fence = ?
 
 -- name: inbox_insert
 -- params: message_id group status lease_ms
--- One affected row: a new record, whose insert id is the database's now
--- (LAST_INSERT_ID(expr)). None: the record exists; the no-op update
--- takes its row lock at once (a plain INSERT's duplicate-key error would
--- take a shared lock, and two of them a deadlock at inbox_lock).
-INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
-VALUES (?, ?, ?, 1, 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
-ON DUPLICATE KEY UPDATE message_id = message_id;
+-- The insert id tells: the database's now (LAST_INSERT_ID(expr) in the
+-- values) for a new record; 0 when the record exists, set by the update
+-- clause, which changes nothing (fence + 0) but takes the row lock at
+-- once (a plain INSERT's duplicate-key error would take a shared lock,
+-- and two of them a deadlock at inbox_lock). Affected rows cannot tell:
+-- under CLIENT_FOUND_ROWS the unchanged row counts as 1.
+INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at, last_error)
+VALUES (?, ?, ?, 1, 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), X'')
+ON DUPLICATE KEY UPDATE fence = fence + LAST_INSERT_ID(0);
 
 -- name: inbox_lock
 -- params: message_id group

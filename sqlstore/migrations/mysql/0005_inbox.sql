@@ -2,7 +2,9 @@
 -- one row per (message_id, consumer_group), with its status, the number
 -- of attempts, the fence (+1 on every claim) and the lease's end. Times
 -- are unix milliseconds on the database's clock. IDs are VARBINARY,
--- compared byte for byte. The index serves Sweep. One statement, rerun
+-- compared byte for byte. last_error has no DEFAULT '' (under
+-- EMPTY_STRING_IS_NULL that default is NULL): inserts write X''. The index
+-- serves Sweep. One statement, rerun
 -- harmlessly after an interruption (IF NOT EXISTS).
 CREATE TABLE IF NOT EXISTS idem_inbox (
     message_id     VARBINARY(255) NOT NULL,
@@ -11,7 +13,7 @@ CREATE TABLE IF NOT EXISTS idem_inbox (
     attempts       INT            NOT NULL,
     fence          BIGINT         NOT NULL,
     lease_until    BIGINT         NOT NULL,
-    last_error     VARBINARY(1024) NOT NULL DEFAULT '',
+    last_error     VARBINARY(1024) NOT NULL,
     created_at     BIGINT         NOT NULL,
     updated_at     BIGINT         NOT NULL,
     PRIMARY KEY (message_id, consumer_group),
