@@ -173,4 +173,14 @@
 //
 // [LockBackend] is a [lock.Backend] on Redis, an efficiency lock (its
 // fence is a counter on one node; see its documentation).
+//
+// # Inbox
+//
+// [InboxStore] is an [inbox.Store] for Inbox.Handle (effects outside a
+// database): one hash per consume record at PREFIX:inbox:LEN:GROUP:ID,
+// one Lua script per operation on the server's clock. Succeeded and dead
+// records expire after InboxConfig.Retention; processing and failed ones
+// carry no TTL. A record the server loses (restart without persistence,
+// failover, allkeys-* eviction) lets a later duplicate run its handler
+// again. It does not implement inbox.TxStore.
 package redisstore

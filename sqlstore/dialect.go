@@ -106,6 +106,7 @@ type statements struct {
 	tokenSweep   *query
 	lock         lockStatements   // the statements of LockBackend (lock.go)
 	outbox       outboxStatements // the statements of OutboxStore (outbox.go)
+	inbox        inboxStatements  // the statements of InboxStore (inbox.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -165,6 +166,15 @@ const (
 	pMsgKey
 	pPayload
 	pHeaders
+	// Inbox.
+	pGroup
+	pMessageID
+	pStatus
+	pAttempts
+	pMaxAttempts
+	pReason
+	pAt
+	pLeaseUntil
 )
 
 var paramNames = map[string]param{
@@ -187,11 +197,19 @@ var paramNames = map[string]param{
 	"result": pResult,
 	"ttl_ms": pTTLMS,
 
-	"id":      pOutboxID,
-	"topic":   pTopic,
-	"msg_key": pMsgKey,
-	"payload": pPayload,
-	"headers": pHeaders,
+	"id":           pOutboxID,
+	"topic":        pTopic,
+	"msg_key":      pMsgKey,
+	"payload":      pPayload,
+	"headers":      pHeaders,
+	"group":        pGroup,
+	"message_id":   pMessageID,
+	"status":       pStatus,
+	"attempts":     pAttempts,
+	"max_attempts": pMaxAttempts,
+	"reason":       pReason,
+	"at":           pAt,
+	"lease_until":  pLeaseUntil,
 }
 
 // values holds everything a statement may bind.
@@ -221,6 +239,9 @@ type values struct {
 	msgKey   string
 	payload  []byte // never nil: the column is NOT NULL
 	headers  any    // JSON text, or nil (NULL)
+	// Inbox.
+	group, messageID, status, reason      string
+	attempts, maxAttempts, at, leaseUntil int64
 }
 
 // query is one statement and the parameters it binds, in order. A dialect
@@ -286,6 +307,22 @@ func (q *query) args(v *values) []any {
 			a[i] = v.payload
 		case pHeaders:
 			a[i] = v.headers
+		case pGroup:
+			a[i] = v.group
+		case pMessageID:
+			a[i] = v.messageID
+		case pStatus:
+			a[i] = v.status
+		case pAttempts:
+			a[i] = v.attempts
+		case pMaxAttempts:
+			a[i] = v.maxAttempts
+		case pReason:
+			a[i] = v.reason
+		case pAt:
+			a[i] = v.at
+		case pLeaseUntil:
+			a[i] = v.leaseUntil
 		}
 	}
 	return a
@@ -311,6 +348,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		}
 		if !ok {
 			slot, ok = st.outbox.byName()[cur.name]
+		}
+		if !ok {
+			slot, ok = st.inbox.byName()[cur.name]
 		}
 		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
@@ -358,6 +398,7 @@ func parseStatements(file string, src string) (*statements, error) {
 	}
 	maps.Copy(slots, st.lock.byName())
 	maps.Copy(slots, st.outbox.byName())
+	maps.Copy(slots, st.inbox.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)

@@ -523,4 +523,25 @@
 // expiry. Leases are counted on the database's clock, in whole
 // milliseconds rounded up plus one (the database's "now" is truncated to
 // the millisecond), so no lease is shorter than asked.
+//
+// # Inbox
+//
+// [InboxStore] is an [inbox.TxStore]: the consume records of package
+// [github.com/idemkit/idem/inbox] in idem_inbox (PostgreSQL migration 7,
+// MySQL migration 5, SQLite migration 6), one row per (message_id,
+// consumer_group) with status, attempts, fence, lease_until, last_error,
+// created_at and updated_at (unix milliseconds on the database's clock).
+// A claim of a new message is one INSERT that does nothing when the
+// record exists (ON CONFLICT DO NOTHING; on MySQL a no-op ON DUPLICATE KEY
+// UPDATE that takes the row lock); a claim of a known message reads the
+// row under a row lock (FOR UPDATE; SQLite's write lock) and updates it if
+// it takes it over, in the caller's transaction for ClaimTx or in one of
+// its own. ClaimTx writes the record succeeded, so that it commits with
+// the effect the caller writes in the same transaction (Inbox.HandleTx);
+// a concurrent claim of the message waits for that transaction. Finish,
+// Fail and Extend are one UPDATE each, conditional on the fence (and, for
+// Extend, a live lease). Sweep deletes succeeded and dead records past a
+// retention (SKIP LOCKED on PostgreSQL). Keep transactions that hold a
+// record short: a duplicate delivery waits for them up to the server's
+// lock timeout.
 package sqlstore

@@ -423,3 +423,68 @@ DELETE FROM idem_outbox
 WHERE sent_at IS NOT NULL AND sent_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
 ORDER BY sent_at
 LIMIT ?;
+
+-- Statements of InboxStore (package inbox), on idem_inbox (migration
+-- "inbox"). A claim is inbox_insert for a new message (one statement);
+-- for a known one, inbox_lock reads the row under a row lock and
+-- inbox_update writes what InboxStore decided, in one transaction (the
+-- caller's, for ClaimTx).
+
+-- name: inbox_insert
+-- params: message_id group status lease_ms
+-- The insert id tells: the database's now (LAST_INSERT_ID(expr) in the
+-- values) for a new record; 0 when the record exists, set by the update
+-- clause, which changes nothing (fence + 0) but takes the row lock at
+-- once (a plain INSERT's duplicate-key error would take a shared lock,
+-- and two of them a deadlock at inbox_lock). Affected rows cannot tell:
+-- under CLIENT_FOUND_ROWS the unchanged row counts as 1.
+INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at, last_error)
+VALUES (?, ?, ?, 1, 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), X'')
+ON DUPLICATE KEY UPDATE fence = fence + LAST_INSERT_ID(0);
+
+-- name: inbox_lock
+-- params: message_id group
+SELECT status, attempts, fence, lease_until, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+FROM idem_inbox WHERE message_id = ? AND consumer_group = ?
+FOR UPDATE;
+
+-- name: inbox_update
+-- params: status attempts fence lease_until at message_id group
+UPDATE idem_inbox SET status = ?, attempts = ?, fence = ?, lease_until = ?, updated_at = ?
+WHERE message_id = ? AND consumer_group = ?;
+
+-- name: inbox_finish
+-- params: message_id group fence
+UPDATE idem_inbox SET status = 'succeeded', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE message_id = ? AND consumer_group = ? AND status = 'processing' AND fence = ?;
+
+-- name: inbox_fail
+-- params: max_attempts reason message_id group fence
+-- Ends the attempt of fence: failed, or dead after max_attempts. The
+-- insert id says which (1 failed, 2 dead; LAST_INSERT_ID(expr) reads
+-- attempts, which no assignment changes); no affected row: fenced out.
+UPDATE idem_inbox SET
+    status      = IF(LAST_INSERT_ID(IF(attempts >= ?, 2, 1)) = 2, 'dead', 'failed'),
+    last_error  = ?,
+    lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000),
+    updated_at  = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE message_id = ? AND consumer_group = ? AND status = 'processing' AND fence = ?;
+
+-- name: inbox_extend
+-- params: lease_ms message_id group fence
+-- The match is reported as the insert id (the new lease_until), since an
+-- extension to the same millisecond changes no row.
+UPDATE idem_inbox SET lease_until = LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?)
+WHERE message_id = ? AND consumer_group = ? AND status = 'processing' AND fence = ?
+  AND lease_until > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
+
+-- name: inbox_get
+-- params: message_id group
+SELECT status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE message_id = ? AND consumer_group = ?;
+
+-- name: inbox_sweep
+-- params: retention_ms limit
+DELETE FROM idem_inbox
+WHERE status IN ('succeeded', 'dead') AND updated_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
+LIMIT ?;

@@ -286,3 +286,70 @@ DELETE FROM idem_outbox WHERE id IN (
     WHERE sent_at IS NOT NULL AND sent_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1
     ORDER BY sent_at
     LIMIT $2);
+
+-- Statements of InboxStore (package inbox), on idem_inbox (migration
+-- "inbox"). A claim is inbox_insert for a new message (one statement);
+-- for a known one, inbox_lock reads the row under a row lock and
+-- inbox_update writes what InboxStore decided, in one transaction (the
+-- caller's, for ClaimTx).
+
+-- name: inbox_insert
+-- params: message_id group lease_ms status
+-- A new record with status (processing for Claim; succeeded for ClaimTx,
+-- which commits it with the effect), attempt 1, fence 1; RETURNING the
+-- database's now. No row: the record exists (a concurrent insert is
+-- waited for).
+INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
+VALUES ($1, $2, $4, 1, 1, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $3, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+ON CONFLICT (message_id, consumer_group) DO NOTHING
+RETURNING created_at;
+
+-- name: inbox_lock
+-- params: message_id group
+-- The record under a row lock, with the database's now.
+SELECT status, attempts, fence, lease_until, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+FROM idem_inbox WHERE message_id = $1 AND consumer_group = $2
+FOR UPDATE;
+
+-- name: inbox_update
+-- params: message_id group status attempts fence lease_until at
+UPDATE idem_inbox SET status = $3, attempts = $4, fence = $5, lease_until = $6, updated_at = $7
+WHERE message_id = $1 AND consumer_group = $2;
+
+-- name: inbox_finish
+-- params: message_id group fence
+UPDATE idem_inbox SET status = 'succeeded', updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE message_id = $1 AND consumer_group = $2 AND status = 'processing' AND fence = $3;
+
+-- name: inbox_fail
+-- params: message_id group fence max_attempts reason
+-- Ends the attempt of fence: failed, or dead after max_attempts. No row:
+-- fenced out.
+UPDATE idem_inbox SET
+    status      = CASE WHEN attempts >= $4 THEN 'dead' ELSE 'failed' END,
+    last_error  = $5,
+    lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+    updated_at  = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE message_id = $1 AND consumer_group = $2 AND status = 'processing' AND fence = $3
+RETURNING status;
+
+-- name: inbox_extend
+-- params: message_id group fence lease_ms
+UPDATE idem_inbox SET lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
+WHERE message_id = $1 AND consumer_group = $2 AND status = 'processing' AND fence = $3
+  AND lease_until > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+-- name: inbox_get
+-- params: message_id group
+SELECT status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE message_id = $1 AND consumer_group = $2;
+
+-- name: inbox_sweep
+-- params: retention_ms limit
+-- Deletes up to limit succeeded and dead records last updated more than
+-- retention_ms ago; SKIP LOCKED leaves rows a transaction holds.
+DELETE FROM idem_inbox WHERE (message_id, consumer_group) IN (
+    SELECT message_id, consumer_group FROM idem_inbox
+    WHERE status IN ('succeeded', 'dead') AND updated_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED);

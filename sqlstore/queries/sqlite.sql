@@ -253,3 +253,59 @@ DELETE FROM idem_outbox WHERE id IN (
     WHERE sent_at IS NOT NULL AND sent_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
     ORDER BY sent_at
     LIMIT ?2);
+
+-- Statements of InboxStore (package inbox), on idem_inbox (migration
+-- "inbox"). A claim is inbox_insert for a new message (one statement);
+-- for a known one, inbox_lock reads the row and inbox_update writes what
+-- InboxStore decided, in one write transaction (the caller's, for
+-- ClaimTx), which holds the database's write lock.
+
+-- name: inbox_insert
+-- params: message_id group lease_ms status
+INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at)
+VALUES (?1, ?2, ?4, 1, 1, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?3, CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER))
+ON CONFLICT (message_id, consumer_group) DO NOTHING
+RETURNING created_at;
+
+-- name: inbox_lock
+-- params: message_id group
+SELECT status, attempts, fence, lease_until, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+FROM idem_inbox WHERE message_id = ?1 AND consumer_group = ?2;
+
+-- name: inbox_update
+-- params: message_id group status attempts fence lease_until at
+UPDATE idem_inbox SET status = ?3, attempts = ?4, fence = ?5, lease_until = ?6, updated_at = ?7
+WHERE message_id = ?1 AND consumer_group = ?2;
+
+-- name: inbox_finish
+-- params: message_id group fence
+UPDATE idem_inbox SET status = 'succeeded', updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE message_id = ?1 AND consumer_group = ?2 AND status = 'processing' AND fence = ?3;
+
+-- name: inbox_fail
+-- params: message_id group fence max_attempts reason
+UPDATE idem_inbox SET
+    status      = CASE WHEN attempts >= ?4 THEN 'dead' ELSE 'failed' END,
+    last_error  = ?5,
+    lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    updated_at  = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE message_id = ?1 AND consumer_group = ?2 AND status = 'processing' AND fence = ?3
+RETURNING status;
+
+-- name: inbox_extend
+-- params: message_id group fence lease_ms
+UPDATE idem_inbox SET lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?4
+WHERE message_id = ?1 AND consumer_group = ?2 AND status = 'processing' AND fence = ?3
+  AND lease_until > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: inbox_get
+-- params: message_id group
+SELECT status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE message_id = ?1 AND consumer_group = ?2;
+
+-- name: inbox_sweep
+-- params: retention_ms limit
+DELETE FROM idem_inbox WHERE rowid IN (
+    SELECT rowid FROM idem_inbox
+    WHERE status IN ('succeeded', 'dead') AND updated_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
+    LIMIT ?2);

@@ -1,0 +1,67 @@
+// Package inbox makes a message consumer's effects happen once, however
+// often a broker delivers the message: a consume record per (message ID,
+// consumer group), written succeeded only after the effect.
+//
+// Queues deliver at least once: a consumer that crashes after its effect
+// and before its ack gets the message again; a producer that timed out
+// publishes twice; a failover redelivers. Inbox.HandleTx claims the
+// message's record, runs the handler's effect and marks the record
+// succeeded in one SQL transaction, so the effect and the record commit
+// together or not at all; a redelivery then finds the record succeeded
+// and answers Duplicate. Inbox.Handle is the mode for effects outside the
+// database (a call to another service): the claim commits first, with a
+// lease and a fence, the handler gets the fence and the message ID (the
+// idempotency key of its downstream call), and Finish presents the fence.
+//
+// Every call answers an Outcome whose Result a broker adapter maps to an
+// action: Processed and Duplicate → ack; Retry → nak / requeue after
+// Outcome.Delay; Dead → terminate / dead-letter; InProgress (another
+// consumer holds the message's lease) → nak after Outcome.Delay.
+//
+// Stores: MemoryStore (this package, one process; no HandleTx), the
+// sqlstore package's InboxStore (PostgreSQL, MySQL/MariaDB, SQLite; with
+// TxStore, for HandleTx), and the redisstore package's InboxStore (for
+// Handle). The inboxtest package is the conformance suite every store
+// passes.
+//
+// # What it guarantees
+//
+//   - One record per (message ID, group); a record is processing,
+//     succeeded, failed or dead, with an attempt count, a fence (+1 on
+//     every claim) and a lease, all decided on the store's clock.
+//   - With HandleTx, the effect commits if and only if the record commits
+//     succeeded: of any number of deliveries of one message, concurrent or
+//     not, in one process or many, one effect commits. A concurrent
+//     delivery waits for the transaction holding the record.
+//   - A failed message is retried, never dropped as a duplicate: a
+//     handler's error (or panic) releases the record as failed, and the
+//     next delivery runs the handler again — until Config.MaxAttempts
+//     attempts, after which the record is dead and every delivery answers
+//     Dead.
+//   - With Handle, a holder whose lease ended and was taken over by
+//     another delivery (a higher fence) cannot finish or fail the record
+//     (ErrFenced), and its handler's context is cancelled with cause
+//     ErrLeaseLost when a renewal is refused.
+//   - A message without an ID gets one derived from the fields
+//     Config.DeriveFrom names (DeriveID); without it, the message is Dead
+//     with ErrNoID and no record is written.
+//
+// # What it does not guarantee
+//
+//   - Handle guarantees the record, not the external effect: a process
+//     that dies after its downstream call and before Finish leaves the
+//     call made, and the takeover makes it again. Give the downstream the
+//     message ID as its idempotency key, or the fence to refuse stale
+//     holders.
+//   - HandleTx's attempts count handler errors: a process that dies inside
+//     the transaction rolls the claim back with the effect, and that
+//     attempt is not counted (a message that kills its consumer is never
+//     dead by count; the broker's own delivery limit must catch it).
+//   - A duplicate of a message whose record was swept (Sweep, or the
+//     Redis store's retention) is handled again: keep records longer than
+//     the broker may redeliver.
+//   - An error from the store leaves the record's state unknown; the
+//     Outcome is Retry, and the redelivery settles it.
+//   - It does not order messages: that is the broker's and the adapter's
+//     concern.
+package inbox

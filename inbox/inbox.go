@@ -1,0 +1,524 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits and defaults.
+const (
+	// MaxIDLen is the longest message ID and consumer group, in bytes.
+	MaxIDLen = 255
+	// MaxReasonLen is the longest failure reason a record keeps, in
+	// bytes; a longer one is cut at a character boundary.
+	MaxReasonLen = 1024
+	// DefaultMaxAttempts is Config.MaxAttempts' default.
+	DefaultMaxAttempts = 5
+	// DefaultLease is Config.Lease's default.
+	DefaultLease = 30 * time.Second
+	// DefaultSweepLimit is the number of records Sweep removes when given
+	// a limit <= 0.
+	DefaultSweepLimit = 1000
+)
+
+var (
+	// ErrFenced is returned by a Store's Finish, Fail and Extend when the
+	// record is no longer processing under the fence presented: its lease
+	// ended and another delivery took it over (Fence+1), or it was
+	// finished. The holder's work must not count.
+	ErrFenced = errors.New("inbox: fenced out: the record was taken over")
+	// ErrNotFound is returned by Store.Get for a message never claimed.
+	ErrNotFound = errors.New("inbox: no record")
+	// ErrNoID is the Err of the Dead outcome of a message without an ID
+	// when Config.DeriveFrom is nil (or derives nothing): it can never be
+	// de-duplicated, so it is never handled; dead-letter it with the
+	// reason.
+	ErrNoID = errors.New("inbox: message without an ID")
+	// ErrInvalid is wrapped by the error of an invalid message ID or
+	// group: empty, longer than MaxIDLen bytes, not UTF-8, or with a
+	// control character.
+	ErrInvalid = errors.New("inbox: invalid ID or group")
+	// ErrTxUnsupported is returned by HandleTx when the Store does not
+	// implement TxStore.
+	ErrTxUnsupported = errors.New("inbox: the store cannot claim inside an SQL transaction")
+	// ErrLeaseLost is the cause of a Handle handler's context when the
+	// store refused to extend the lease: another delivery took the
+	// message over, and the handler's work will be refused by the fence.
+	ErrLeaseLost = errors.New("inbox: lease lost")
+)
+
+// Message is a message as a consumer received it. Only ID is the inbox's
+// concern; the rest is for the handler.
+type Message struct {
+	// ID is the message's identity (NATS Nats-Msg-Id, AMQP message_id,
+	// the outbox row's ID). Empty: derived by Config.DeriveFrom.
+	ID      string
+	Topic   string
+	Key     string
+	Headers map[string]string
+	Payload []byte
+}
+
+// Delivery is what a handler receives: the message, with the group, the
+// attempt and the fence its claim holds.
+type Delivery struct {
+	Message
+	// Group is the consumer group.
+	Group string
+	// Attempt is this delivery's attempt, from 1.
+	Attempt int
+	// Fence is the claim's fence. In Handle's mode, pass it (and ID, the
+	// idempotency key of a downstream call) to a downstream that can
+	// refuse a stale fence.
+	Fence int64
+}
+
+// Result says what an adapter does with a delivery.
+type Result uint8
+
+// The results of Handle and HandleTx.
+const (
+	// Processed: the handler ran and its effect is recorded. Ack.
+	Processed Result = iota + 1
+	// Duplicate: the message was processed before. Ack, do not handle.
+	Duplicate
+	// Retry: the handler (or the store) failed; the message is released
+	// for redelivery. Nak (requeue) with Outcome.Delay.
+	Retry
+	// Dead: the message failed the maximum attempts, or cannot be
+	// handled at all (ErrNoID). Terminate / dead-letter it.
+	Dead
+	// InProgress: another consumer holds the message's live lease. Nak
+	// with Outcome.Delay (the lease's remainder); do not ack.
+	InProgress
+)
+
+var resultNames = [...]string{Processed: "processed", Duplicate: "duplicate", Retry: "retry", Dead: "dead", InProgress: "in progress"}
+
+// String returns the result's name ("processed", "duplicate", ...).
+func (r Result) String() string {
+	if int(r) < len(resultNames) && resultNames[r] != "" {
+		return resultNames[r]
+	}
+	return fmt.Sprintf("inbox.Result(%d)", uint8(r))
+}
+
+// Ack reports whether the delivery is done with: Processed or Duplicate.
+func (r Result) Ack() bool { return r == Processed || r == Duplicate }
+
+// Outcome is the answer of Handle and HandleTx.
+type Outcome struct {
+	Result Result
+	// ID is the message ID the record is kept under (derived if the
+	// message had none).
+	ID string
+	// Attempt and Fence are the record's after the call (zero when no
+	// record was touched).
+	Attempt int
+	Fence   int64
+	// Delay is how long to wait before the redelivery, for Retry and
+	// InProgress.
+	Delay time.Duration
+	// Err is the handler's error (Retry, Dead), ErrNoID, or the store's
+	// error when Handle or HandleTx also return it.
+	Err error
+}
+
+// Config configures an Inbox. The zero value of each field means its
+// default; Group is required.
+type Config struct {
+	// Group is the consumer group: records are unique per (message ID,
+	// group), so two groups each handle every message once. Required.
+	Group string
+	// MaxAttempts is the number of attempts after which a failing message
+	// is dead. Default DefaultMaxAttempts (5).
+	MaxAttempts int
+	// Lease bounds how long a claim holds a message before another
+	// delivery may take it over. Handle extends it every third of it
+	// while the handler runs. Default DefaultLease (30 s).
+	Lease time.Duration
+	// Backoff is the delay before the redelivery of a message whose
+	// attempt-th attempt failed. Default: 1 s doubled per attempt, at
+	// most 1 min.
+	Backoff func(attempt int) time.Duration
+	// DeriveFrom, when a message has no ID, names the fields its ID is
+	// derived from (DeriveID): the business key, the event type, the
+	// version. Nil: a message without an ID is Dead with ErrNoID.
+	DeriveFrom func(m Message) []string
+}
+
+// Inbox de-duplicates the messages of one consumer group over a Store. It
+// is safe for concurrent use.
+type Inbox struct {
+	store Store
+	cfg   Config
+}
+
+// New returns an Inbox over s. cfg is required (for its Group) and is
+// copied.
+func New(s Store, cfg *Config) (*Inbox, error) {
+	if s == nil {
+		return nil, errors.New("inbox: New needs a Store")
+	}
+	if cfg == nil {
+		return nil, errors.New("inbox: New needs a Config with a Group")
+	}
+	c := *cfg
+	if err := validate("group", c.Group); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.MaxAttempts == 0:
+		c.MaxAttempts = DefaultMaxAttempts
+	case c.MaxAttempts < 0:
+		return nil, fmt.Errorf("inbox: MaxAttempts %d is negative", c.MaxAttempts)
+	}
+	switch {
+	case c.Lease == 0:
+		c.Lease = DefaultLease
+	case c.Lease < 10*time.Millisecond:
+		return nil, fmt.Errorf("inbox: Lease %v is shorter than 10ms", c.Lease)
+	}
+	if c.Backoff == nil {
+		c.Backoff = defaultBackoff
+	}
+	return &Inbox{store: s, cfg: c}, nil
+}
+
+func defaultBackoff(attempt int) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt > 7 {
+		return time.Minute
+	}
+	return min(time.Second<<(attempt-1), time.Minute)
+}
+
+// Group returns the inbox's consumer group.
+func (in *Inbox) Group() string { return in.cfg.Group }
+
+// Store returns the inbox's store.
+func (in *Inbox) Store() Store { return in.store }
+
+// TxHandler runs a message's effect in tx.
+type TxHandler func(ctx context.Context, tx *sql.Tx, d Delivery) error
+
+// Handler runs a message's effect outside the store (a call to another
+// service, an e-mail): the external-effect mode of Handle.
+type Handler func(ctx context.Context, d Delivery) error
+
+// Beginner begins transactions: a *sql.DB, or a wrapper of one.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// id returns the ID the message is kept under, or an Outcome to return.
+func (in *Inbox) id(m Message) (string, *Outcome) {
+	id := m.ID
+	if id == "" && in.cfg.DeriveFrom != nil {
+		if f := in.cfg.DeriveFrom(m); len(f) > 0 {
+			id = DeriveID(f...)
+		}
+	}
+	if id == "" {
+		return "", &Outcome{Result: Dead, Err: ErrNoID}
+	}
+	if err := validate("message ID", id); err != nil {
+		return "", &Outcome{Result: Dead, ID: id, Err: err}
+	}
+	return id, nil
+}
+
+// settle turns a claim that the caller did not win into an outcome.
+func settle(id string, c Claim) Outcome {
+	o := Outcome{ID: id, Attempt: c.Attempts, Fence: c.Fence}
+	switch c.Status {
+	case StatusSucceeded:
+		o.Result = Duplicate
+	case StatusDead:
+		o.Result = Dead
+	default:
+		o.Result = InProgress
+		o.Delay = max(c.LeaseUntil.Sub(c.Now), time.Millisecond)
+	}
+	return o
+}
+
+// storeFailed is the outcome of a store error: Retry after a short delay.
+func storeFailed(id string, err error) (Outcome, error) {
+	return Outcome{Result: Retry, ID: id, Delay: time.Second, Err: err}, err
+}
+
+// HandleTx handles m with h, whose effect runs in a transaction begun on
+// db that also claims the message's record (TxStore.ClaimTx): the record
+// commits succeeded together with the effect, or neither commits — so it
+// is never seen succeeded before the effect is there. It needs a Store
+// that implements TxStore (ErrTxUnsupported otherwise).
+//
+//   - A message already succeeded answers Duplicate without calling h; a
+//     dead one answers Dead; one whose lease another consumer holds (in
+//     Handle's mode) answers InProgress.
+//   - Otherwise h runs in the transaction, which holds the record's row:
+//     a concurrent delivery of the same message waits for it, and then
+//     answers Duplicate (committed) or runs h itself (rolled back).
+//   - h's error (or its panic, as a *PanicError) rolls the transaction back
+//     and then records the failed attempt in the store: Retry with
+//     Config.Backoff's delay, or Dead after Config.MaxAttempts attempts.
+//     A failed message is redelivered and handled again, never taken for
+//     a duplicate.
+//   - A process that dies during h rolls the transaction back: the
+//     message is as it was, and that attempt is not counted.
+//
+// The returned error is the store's or the transaction's (the outcome is
+// then Retry, and m's state is unknown: a retry settles it); a handler's
+// error is in Outcome.Err, with a nil error.
+func (in *Inbox) HandleTx(ctx context.Context, db Beginner, m Message, h TxHandler) (Outcome, error) {
+	ts, ok := in.store.(TxStore)
+	if !ok {
+		return Outcome{}, ErrTxUnsupported
+	}
+	if db == nil || h == nil {
+		return Outcome{}, errors.New("inbox: HandleTx needs a database and a handler")
+	}
+	id, bad := in.id(m)
+	if bad != nil {
+		return *bad, nil
+	}
+	g := in.cfg.Group
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: begin: %w", err))
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = tx.Rollback()
+		}
+	}()
+	c, err := ts.ClaimTx(ctx, tx, g, id, in.cfg.MaxAttempts)
+	if err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: claim: %w", err))
+	}
+	if !c.Claimed {
+		done = true
+		_ = tx.Rollback()
+		return settle(id, c), nil
+	}
+	d := Delivery{Message: m, Group: g, Attempt: c.Attempts, Fence: c.Fence}
+	d.ID = id
+	if herr := call(ctx, func(ctx context.Context) error { return h(ctx, tx, d) }); herr != nil {
+		done = true
+		_ = tx.Rollback()
+		return in.recordFailure(ctx, id, herr)
+	}
+	done = true
+	if err := tx.Commit(); err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: commit: %w", err))
+	}
+	return Outcome{Result: Processed, ID: id, Attempt: c.Attempts, Fence: c.Fence}, nil
+}
+
+// recordFailure records the failed attempt of a claim that rolled back
+// with its transaction: a claim outside any transaction counts the
+// attempt, and Fail ends it.
+func (in *Inbox) recordFailure(ctx context.Context, id string, herr error) (Outcome, error) {
+	g := in.cfg.Group
+	// The handler's context may have ended (the cause of its error): the
+	// failure is recorded all the same.
+	ctx = context.WithoutCancel(ctx)
+	c, err := in.store.Claim(ctx, g, id, in.cfg.Lease, in.cfg.MaxAttempts)
+	if err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: record failure (%v): %w", herr, err))
+	}
+	if !c.Claimed {
+		o := settle(id, c)
+		if o.Result == Dead {
+			o.Err = herr
+		}
+		return o, nil
+	}
+	return in.fail(ctx, id, c, herr)
+}
+
+// fail ends the claimed attempt c, which failed with herr.
+func (in *Inbox) fail(ctx context.Context, id string, c Claim, herr error) (Outcome, error) {
+	st, err := in.store.Fail(ctx, in.cfg.Group, id, c.Fence, in.cfg.MaxAttempts, reason(herr))
+	if err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: fail (%v): %w", herr, err))
+	}
+	o := Outcome{ID: id, Attempt: c.Attempts, Fence: c.Fence, Err: herr}
+	if st == StatusDead {
+		o.Result = Dead
+	} else {
+		o.Result = Retry
+		o.Delay = in.cfg.Backoff(c.Attempts)
+	}
+	return o, nil
+}
+
+// Handle handles m with h in the external-effect mode: the claim commits
+// first (the record is processing, with a lease and a fence), h runs
+// outside any transaction of the store, with the fence and the message
+// ID (the idempotency key of its downstream call), and then Finish marks
+// the record succeeded — only if the fence still holds it.
+//
+// While h runs, Handle extends the lease every third of Config.Lease; if
+// the store refuses (another delivery took the message over after the
+// lease ended), h's context is cancelled with cause ErrLeaseLost. A
+// process that dies during h leaves the record processing until its
+// lease ends; the redelivery then takes it over with a higher fence (and
+// an attempt more), and the old holder's Finish is refused (ErrFenced).
+// The effect itself may then have happened twice downstream unless the
+// downstream de-duplicates by the message ID or refuses stale fences:
+// this mode guarantees the record, not the effect.
+//
+// Results are as HandleTx's. A Finish refused by the fence returns
+// ErrFenced with a Retry outcome: the message belongs to another
+// delivery now.
+func (in *Inbox) Handle(ctx context.Context, m Message, h Handler) (Outcome, error) {
+	if h == nil {
+		return Outcome{}, errors.New("inbox: Handle needs a handler")
+	}
+	id, bad := in.id(m)
+	if bad != nil {
+		return *bad, nil
+	}
+	g := in.cfg.Group
+	c, err := in.store.Claim(ctx, g, id, in.cfg.Lease, in.cfg.MaxAttempts)
+	if err != nil {
+		return storeFailed(id, fmt.Errorf("inbox: claim: %w", err))
+	}
+	if !c.Claimed {
+		return settle(id, c), nil
+	}
+	d := Delivery{Message: m, Group: g, Attempt: c.Attempts, Fence: c.Fence}
+	d.ID = id
+
+	hctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(in.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				err := in.store.Extend(hctx, g, id, c.Fence, in.cfg.Lease)
+				if errors.Is(err, ErrFenced) {
+					cancel(ErrLeaseLost)
+					return
+				}
+			}
+		}
+	}()
+	herr := call(hctx, func(ctx context.Context) error { return h(ctx, d) })
+	close(stop)
+	<-watched
+	cancel(nil)
+
+	if herr != nil {
+		o, err := in.fail(context.WithoutCancel(ctx), id, c, herr)
+		if errors.Is(err, ErrFenced) {
+			o.Result, o.Delay = Retry, in.cfg.Lease
+		}
+		return o, err
+	}
+	if err := in.store.Finish(context.WithoutCancel(ctx), g, id, c.Fence); err != nil {
+		o, err := storeFailed(id, fmt.Errorf("inbox: finish: %w", err))
+		o.Attempt, o.Fence = c.Attempts, c.Fence
+		return o, err
+	}
+	return Outcome{Result: Processed, ID: id, Attempt: c.Attempts, Fence: c.Fence}, nil
+}
+
+// call runs f, turning its panic into a *PanicError.
+func call(ctx context.Context, f func(context.Context) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r}
+		}
+	}()
+	return f(ctx)
+}
+
+// PanicError is the Outcome.Err of a handler that panicked: the attempt
+// counts as failed and the message is released.
+type PanicError struct{ Value any }
+
+// Error reports the panic's value.
+func (e *PanicError) Error() string { return fmt.Sprintf("inbox: handler panicked: %v", e.Value) }
+
+// DeriveID returns the ID of a message that has none, derived from the
+// fields that identify it (its business key, event type, version): the
+// SHA-256 of the fields, each prefixed by its length (so ("ab","c") and
+// ("a","bc") differ), as "sha256:" and 64 hex characters.
+func DeriveID(fields ...string) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, f := range fields {
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write([]byte(f))
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// Sweep removes up to limit (<= 0: DefaultSweepLimit) succeeded and dead
+// records of every group last updated more than retention ago. A
+// message redelivered after its record was swept is handled again: keep
+// retention longer than the broker redelivers (its de-duplication window,
+// its maximum age).
+func (in *Inbox) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	if limit <= 0 {
+		limit = DefaultSweepLimit
+	}
+	if retention < 0 {
+		return 0, fmt.Errorf("inbox: sweep: negative retention %v", retention)
+	}
+	return in.store.Sweep(ctx, retention, limit)
+}
+
+func reason(err error) string {
+	s := err.Error()
+	if len(s) <= MaxReasonLen {
+		return s
+	}
+	s = s[:MaxReasonLen]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// Validate reports whether s can be a message ID or a group: 1 to
+// MaxIDLen bytes of UTF-8 without control characters. The error wraps
+// ErrInvalid.
+func Validate(s string) error { return validate("value", s) }
+
+func validate(what, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty %s", ErrInvalid, what)
+	case len(s) > MaxIDLen:
+		return fmt.Errorf("%w: %s of %d bytes, more than %d", ErrInvalid, what, len(s), MaxIDLen)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: %s not valid UTF-8", ErrInvalid, what)
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		return fmt.Errorf("%w: %s has a control character at byte %d", ErrInvalid, what, i)
+	}
+	return nil
+}
