@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +10,6 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/outbox"
@@ -74,8 +71,7 @@ type OutboxConfig struct {
 	Lease time.Duration
 }
 
-// OutboxStore is an [outbox.Store] and an [outbox.Notifier] over
-// database/sql: the messages of package outbox in the table idem_outbox,
+// OutboxStore is an [outbox.Store] over database/sql: the messages of package outbox in the table idem_outbox,
 // which Migrate creates. Add writes a message in the caller's
 // transaction. It is safe for concurrent use, also by several processes
 // sharing the database.
@@ -90,9 +86,10 @@ type OutboxConfig struct {
 // holds it returns an empty batch, and MarkSent marks nothing once the
 // lease ended.
 //
-// Listen (PostgreSQL through github.com/jackc/pgx/v5/stdlib) holds a
-// connection of the pool while it listens; elsewhere it returns
-// outbox.ErrNoNotify.
+// A relay polls it. On PostgreSQL with pgx, wrap it with package
+// sqlstore/pgnotify, which adds LISTEN/NOTIFY: relays then wake as soon as
+// a message commits. (That package alone imports pgx, so a MySQL or
+// SQLite program never compiles it.)
 type OutboxStore struct {
 	db      *sql.DB
 	d       Dialect
@@ -103,10 +100,7 @@ type OutboxStore struct {
 	cleanup runtime.Cleanup
 }
 
-var (
-	_ outbox.Store    = (*OutboxStore)(nil)
-	_ outbox.Notifier = (*OutboxStore)(nil)
-)
+var _ outbox.Store = (*OutboxStore)(nil)
 
 type outboxStmtCache struct {
 	stmts  [numOutboxQueries]atomic.Pointer[sql.Stmt]
@@ -425,49 +419,10 @@ func (s *OutboxStore) Sweep(ctx context.Context, retention time.Duration, limit 
 	return int(n), nil
 }
 
-// outboxChannel is the channel the migration's trigger notifies.
-const outboxChannel = "idem_outbox"
-
-// Listen implements outbox.Notifier on PostgreSQL with a pgx
-// (github.com/jackc/pgx/v5/stdlib) pool: it takes a connection of the
-// pool, LISTENs on idem_outbox, and calls wake once listening and then
-// on every notification, until ctx ends; the connection is then closed,
-// not returned to the pool. Other dialects and drivers: outbox.ErrNoNotify.
-func (s *OutboxStore) Listen(ctx context.Context, wake func()) error {
-	if _, ok := s.d.(postgresDialect); !ok {
-		return outbox.ErrNoNotify
-	}
-	conn, err := s.db.Conn(ctx)
-	if err != nil {
-		return s.fail(ctx, "listen", err)
-	}
-	defer conn.Close()
-	err = conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			return outbox.ErrNoNotify
-		}
-		c := pc.Conn()
-		if _, err := c.Exec(ctx, "LISTEN "+outboxChannel); err != nil {
-			return errors.Join(err, driver.ErrBadConn)
-		}
-		wake()
-		for {
-			if _, err := c.WaitForNotification(ctx); err != nil {
-				// The connection listens: it must not go back to the pool.
-				return errors.Join(err, driver.ErrBadConn)
-			}
-			wake()
-		}
-	})
-	if errors.Is(err, outbox.ErrNoNotify) {
-		return err
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		return cerr
-	}
-	return s.fail(ctx, "listen", err)
-}
+// OutboxChannel is the PostgreSQL channel that the outbox migration's
+// trigger notifies on every insert into idem_outbox (see package
+// sqlstore/pgnotify, which wakes relays with it).
+const OutboxChannel = "idem_outbox"
 
 // outboxBatch is a claim: a transaction holding the rows (tx), or the
 // relay lease (owner, fence; SQLite), or nothing (an empty SQLite batch).
