@@ -3,7 +3,6 @@ package shop
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 
 	"github.com/idemkit/idem/uniq"
@@ -14,26 +13,15 @@ import (
 // insert created (created = true) or the one already there. In a
 // transaction the insert runs inside a savepoint, so that the transaction
 // stays usable on PostgreSQL. get should read with lockingRead on MySQL,
-// whose REPEATABLE READ snapshot may predate the row.
-//
-// A deadlock that MySQL answered by rolling the whole transaction back
-// (its savepoints with it) stays visible to retryable: uniq reports the
-// failed rollback to the savepoint.
+// whose REPEATABLE READ snapshot may predate the row. A deadlock that
+// MySQL answered by rolling the whole transaction back (its savepoints
+// with it) stays visible to retryable: uniq keeps the insert's error.
 func insertOrGet[T any](ctx context.Context, tx *sql.Tx,
 	insert func(ctx context.Context, q querier) (T, error),
 	get func(ctx context.Context, q querier) (T, error)) (T, bool, error) {
-	var insertErr error
-	v, created, err := uniq.InsertOrGet(ctx, tx,
-		func(ctx context.Context, q uniq.Querier) (T, error) {
-			var v T
-			v, insertErr = insert(ctx, q)
-			return v, insertErr
-		},
+	return uniq.InsertOrGet(ctx, tx,
+		func(ctx context.Context, q uniq.Querier) (T, error) { return insert(ctx, q) },
 		func(ctx context.Context, q uniq.Querier) (T, error) { return get(ctx, q) })
-	if err != nil && insertErr != nil && retryable(insertErr) {
-		err = errors.Join(insertErr, err) // first: errors.As finds it before the rollback's error
-	}
-	return v, created, err
 }
 
 // pathHasSegments reports whether path is /a/{any}/c for segments a, "", c
