@@ -236,6 +236,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rabbitmq: consume %s: %w", c.cfg.Queue, err)
 	}
+	c.log.InfoContext(ctx, "rabbitmq: consuming", slog.String("queue", c.cfg.Queue),
+		slog.Int("prefetch", c.cfg.Prefetch), slog.Int("workers", c.cfg.Workers))
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
 
