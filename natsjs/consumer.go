@@ -271,7 +271,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		select {
 		case work <- msg:
 		case <-stopping:
-			// Not handled: redelivered after AckWait.
+			// Not handled: redelivered at once, to another consumer.
+			_ = msg.Nak()
 		}
 	}, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
