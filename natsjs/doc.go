@@ -1,0 +1,88 @@
+// Package natsjs connects the inbox and the outbox to NATS JetStream
+// (github.com/nats-io/nats.go/jetstream): a Consumer that hands a durable
+// pull consumer's messages to an inbox.Inbox and acks them by its
+// outcome, and a Publisher for outbox.Relay.
+//
+// # Consumer
+//
+// NewConsumer creates (or updates) a durable pull consumer with explicit
+// acks on a stream; Run pulls its messages and hands each to a Process —
+// HandleTx(in, db, h) (the effect and the consume record in one SQL
+// transaction) or Handle(in, h) (the external-effect mode) — with
+// Config.Workers messages at once. Each message becomes an inbox.Message:
+// its ID is the Nats-Msg-Id header, else "<stream>:<stream sequence>"; its
+// Topic the subject, its Key the Idem-Key header, its Headers the first
+// value of each header, its Payload the data. The outcome decides the
+// acknowledgement, sent only after the Process returned, so after the
+// commit:
+//
+//   - Processed, Duplicate: a double ack (AckSync), which waits for the
+//     server's confirmation; unconfirmed, the redelivery is a Duplicate.
+//   - Retry, InProgress: a nak with the outcome's delay (the inbox's
+//     backoff, or the remainder of another consumer's lease).
+//   - Dead (the inbox's MaxAttempts failed, or no ID): the message is
+//     published to Config.DeadLetterSubject — by default
+//     "idem.dead.<stream>.<durable>" — with its data, its headers (less
+//     the Nats-* ones) and Idem-Dead-Reason, Idem-Dead-Id,
+//     Idem-Dead-Subject, Idem-Dead-Stream, Idem-Dead-Sequence,
+//     Idem-Dead-Consumer and Idem-Dead-Deliveries; once the dead letter's
+//     stream confirmed it, the message is terminated (TermWithReason on
+//     servers from 2.10.4, Term before: older servers ignore the reason
+//     and the whole acknowledgement with it). Term alone would discard
+//     the message unseen; the dead letter keeps it to be inspected and
+//     published again. A stream must capture the dead-letter subject: if
+//     the publish fails, the message is naked instead, and dead-lettered
+//     on its redelivery (its record is dead: the inbox answers Dead at
+//     once).
+//   - A Retry or InProgress outcome on the Config.MaxDeliver-th delivery
+//     is dead-lettered too, with a reason that says so: the server would
+//     drop the message silently. Its inbox record stays failed.
+//
+// While a Process runs, the consumer sends InProgress every third of
+// Config.AckWait, so that a long handler does not get its message
+// redelivered to another consumer meanwhile.
+//
+// # Publisher
+//
+// Publisher.Publish sends an outbox.Message on its Topic (or
+// PublisherConfig.Subject's mapping) with its ID as Nats-Msg-Id
+// (jetstream.WithMsgID), its Key as Idem-Key and its headers, and returns
+// nil only after the stream's PubAck. A message the stream already holds
+// under that ID within its Duplicates window (StreamConfig.Duplicates,
+// 2 minutes by default) is acknowledged as a duplicate and not stored
+// again.
+//
+// # What it guarantees
+//
+//   - With HandleTx, one committed effect per message ID and durable
+//     (the inbox's group), however often JetStream delivers it: a
+//     consumer killed after its commit and before its ack gets the message
+//     redelivered after AckWait, and the redelivery is acked as a
+//     Duplicate.
+//   - A message is acked only after its Process returned Processed or
+//     Duplicate, and terminated only after its dead letter was confirmed:
+//     no message is dropped unseen.
+//   - A message republished with the same Nats-Msg-Id (an outbox relay
+//     that died after the PubAck and before marking the message sent, a
+//     producer's retry) is dropped by the stream within its Duplicates
+//     window, and by the consumer's inbox after it.
+//   - Run returns after the messages being handled are settled; handlers
+//     run with a context that Run's does not cancel, so a shutdown is not
+//     counted as a failed attempt.
+//
+// # What it does not guarantee
+//
+//   - De-duplication of messages without Nats-Msg-Id beyond redeliveries:
+//     their ID is the stream sequence, which a re-publish changes.
+//     Publish with an ID (the Publisher always does).
+//   - Order: with one worker, messages are handled in the stream's order,
+//     but a naked message comes back after its delay, behind later ones;
+//     with several workers, in no order.
+//   - A double ack or a nak that the connection loses: the server
+//     redelivers after AckWait, and the inbox settles the redelivery.
+//   - Messages buffered by the client (Config.Prefetch) when Run stops are
+//     left unacked and redelivered after AckWait.
+//   - The Duplicates window is a window: a republish after it reaches the
+//     consumer, and only its inbox (whose records must outlive the
+//     broker's redeliveries) drops it.
+package natsjs
