@@ -268,7 +268,10 @@ func TestWatchdogTransientError(t *testing.T) {
 // the lease runs out with ErrMaxHold and the lock is free.
 func TestMaxHold(t *testing.T) {
 	t.Parallel()
-	const ttl, maxHold = 300 * time.Millisecond, time.Second
+	// A TTL long enough that a renewal every TTL/3 is not missed by a
+	// scheduler starved under -race on a loaded CI machine (300 ms lost
+	// the lease there: ErrLost before the maximum hold).
+	const ttl, maxHold = 900 * time.Millisecond, 3 * time.Second
 	h := newHook()
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
 	t0 := time.Now()
