@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/outbox"
 )
@@ -58,7 +60,10 @@ type OutboxConfig struct {
 	// Dialect is the database's dialect. Required.
 	Dialect Dialect
 	// IDPrefix starts every message ID; the rest is the row's id in
-	// decimal. Default "": the ID is the row id alone, so two databases
+	// decimal. It must be valid UTF-8 without control characters, and at
+	// most inbox.MaxIDLen - 19 bytes, so that every ID is one that
+	// package inbox accepts (inbox.Validate); NewOutboxStore refuses
+	// another. Default "": the ID is the row id alone, so two databases
 	// whose messages meet in one stream, or in one consumer's inbox,
 	// must set different prefixes (e.g. "shop-eu/").
 	IDPrefix string
@@ -132,6 +137,11 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultOutboxLease
+	}
+	// The longest ID (the largest row id) must be an ID every inbox
+	// takes: otherwise each message is dead-lettered by its consumers.
+	if err := inbox.Validate(c.IDPrefix + strconv.FormatInt(math.MaxInt64, 10)); c.IDPrefix != "" && err != nil {
+		return nil, fmt.Errorf("sqlstore: NewOutboxStore: IDPrefix %q: %w", c.IDPrefix, err)
 	}
 	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: &outboxStmtCache{}}
 	if _, ok := c.Dialect.(sqliteDialect); ok {
