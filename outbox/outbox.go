@@ -23,9 +23,9 @@ var (
 	// byte, an empty header name, a header name or value not UTF-8).
 	ErrInvalid = errors.New("outbox: invalid message")
 	// ErrLeaseLost is returned by Batch.MarkSent when the batch's claim
-	// ended before the mark (a SQLite relay's lease ran out): nothing was
-	// marked, and the batch's messages will be published again, with the
-	// same IDs.
+	// ended before the mark (its lease ran out: sqlstore's
+	// OutboxConfig.Lease): nothing was marked, and the batch's messages
+	// will be published again, with the same IDs.
 	ErrLeaseLost = errors.New("outbox: claim lost before the mark")
 	// ErrNoNotify is returned at once by a Notifier that cannot notify on
 	// this database (a dialect without LISTEN/NOTIFY): the relay then
