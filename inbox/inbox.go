@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -39,7 +40,8 @@ var (
 	// ErrNotFound is returned by Store.Get for a message never claimed.
 	ErrNotFound = errors.New("inbox: no record")
 	// ErrNoID is the Err of the Dead outcome of a message without an ID
-	// when Config.DeriveFrom is nil (or derives nothing): it can never be
+	// when Config.DeriveFrom is nil (or derives nothing, or a field it
+	// derives from is empty): it can never be
 	// de-duplicated, so it is never handled; dead-letter it with the
 	// reason.
 	ErrNoID = errors.New("inbox: message without an ID")
@@ -152,7 +154,9 @@ type Config struct {
 	Backoff func(attempt int) time.Duration
 	// DeriveFrom, when a message has no ID, names the fields its ID is
 	// derived from (DeriveID): the business key, the event type, the
-	// version. Nil: a message without an ID is Dead with ErrNoID.
+	// version. Nil, or a result that is empty or has an empty field (a
+	// field the message lacks): the message is Dead with ErrNoID, never
+	// taken for another's duplicate.
 	DeriveFrom func(m Message) []string
 }
 
@@ -226,7 +230,10 @@ type Beginner interface {
 func (in *Inbox) id(m Message) (string, *Outcome) {
 	id := m.ID
 	if id == "" && in.cfg.DeriveFrom != nil {
-		if f := in.cfg.DeriveFrom(m); len(f) > 0 {
+		// A missing (empty) field derives nothing: the ID of the fields
+		// left would be shared by different messages, each after the
+		// first taken for its duplicate.
+		if f := in.cfg.DeriveFrom(m); len(f) > 0 && !slices.Contains(f, "") {
 			id = DeriveID(f...)
 		}
 	}
