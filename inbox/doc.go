@@ -43,8 +43,9 @@
 //     (ErrFenced), and its handler's context is cancelled with cause
 //     ErrLeaseLost when a renewal is refused.
 //   - A message without an ID gets one derived from the fields
-//     Config.DeriveFrom names (DeriveID); without it, the message is Dead
-//     with ErrNoID and no record is written.
+//     Config.DeriveFrom names (DeriveID); without it, or when one of
+//     those fields is empty, the message is Dead with ErrNoID and no
+//     record is written.
 //
 // # What it does not guarantee
 //

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -39,7 +40,8 @@ var (
 	// ErrNotFound is returned by Store.Get for a message never claimed.
 	ErrNotFound = errors.New("inbox: no record")
 	// ErrNoID is the Err of the Dead outcome of a message without an ID
-	// when Config.DeriveFrom is nil (or derives nothing): it can never be
+	// when Config.DeriveFrom is nil (or derives nothing, or a field it
+	// derives from is empty): it can never be
 	// de-duplicated, so it is never handled; dead-letter it with the
 	// reason.
 	ErrNoID = errors.New("inbox: message without an ID")
@@ -152,7 +154,9 @@ type Config struct {
 	Backoff func(attempt int) time.Duration
 	// DeriveFrom, when a message has no ID, names the fields its ID is
 	// derived from (DeriveID): the business key, the event type, the
-	// version. Nil: a message without an ID is Dead with ErrNoID.
+	// version. Nil, or a result that is empty or has an empty field (a
+	// field the message lacks): the message is Dead with ErrNoID, never
+	// taken for another's duplicate.
 	DeriveFrom func(m Message) []string
 }
 
@@ -226,7 +230,10 @@ type Beginner interface {
 func (in *Inbox) id(m Message) (string, *Outcome) {
 	id := m.ID
 	if id == "" && in.cfg.DeriveFrom != nil {
-		if f := in.cfg.DeriveFrom(m); len(f) > 0 {
+		// A missing (empty) field derives nothing: the ID of the fields
+		// left would be shared by different messages, each after the
+		// first taken for its duplicate.
+		if f := in.cfg.DeriveFrom(m); len(f) > 0 && !slices.Contains(f, "") {
 			id = DeriveID(f...)
 		}
 	}
@@ -335,7 +342,8 @@ func (in *Inbox) recordFailure(ctx context.Context, id string, herr error) (Outc
 	g := in.cfg.Group
 	// The handler's context may have ended (the cause of its error): the
 	// failure is recorded all the same.
-	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := in.detach(ctx)
+	defer cancel()
 	c, err := in.store.Claim(ctx, g, id, in.cfg.Lease, in.cfg.MaxAttempts)
 	if err != nil {
 		return storeFailed(id, fmt.Errorf("inbox: record failure (%v): %w", herr, err))
@@ -381,6 +389,10 @@ func (in *Inbox) fail(ctx context.Context, id string, c Claim, herr error) (Outc
 // The effect itself may then have happened twice downstream unless the
 // downstream de-duplicates by the message ID or refuses stale fences:
 // this mode guarantees the record, not the effect.
+//
+// Finish (or Fail, after h's error) runs even if ctx ended while h ran,
+// for at most Config.Lease: a store that does not answer by then leaves
+// the record to the redelivery (Retry, with the store's error).
 //
 // Results are as HandleTx's. A Finish refused by the fence returns
 // ErrFenced with a Retry outcome: the message belongs to another
@@ -429,19 +441,31 @@ func (in *Inbox) Handle(ctx context.Context, m Message, h Handler) (Outcome, err
 	<-watched
 	cancel(nil)
 
+	// The outcome is recorded even if ctx ended meanwhile.
+	sctx, scancel := in.detach(ctx)
+	defer scancel()
 	if herr != nil {
-		o, err := in.fail(context.WithoutCancel(ctx), id, c, herr)
+		o, err := in.fail(sctx, id, c, herr)
 		if errors.Is(err, ErrFenced) {
 			o.Result, o.Delay = Retry, in.cfg.Lease
 		}
 		return o, err
 	}
-	if err := in.store.Finish(context.WithoutCancel(ctx), g, id, c.Fence); err != nil {
+	if err := in.store.Finish(sctx, g, id, c.Fence); err != nil {
 		o, err := storeFailed(id, fmt.Errorf("inbox: finish: %w", err))
 		o.Attempt, o.Fence = c.Attempts, c.Fence
 		return o, err
 	}
 	return Outcome{Result: Processed, ID: id, Attempt: c.Attempts, Fence: c.Fence}, nil
+}
+
+// detach returns a context for recording an attempt's end: not
+// cancelled with ctx (what the handler did must be recorded even when the
+// consumer stops), but ended after Config.Lease, so that a store whose
+// connection stalls cannot hold the caller forever. A record left
+// unsettled is the redelivery's to settle.
+func (in *Inbox) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), in.cfg.Lease)
 }
 
 // call runs f, turning its panic into a *PanicError.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -18,13 +19,13 @@ const (
 
 var (
 	// ErrInvalid is wrapped by the error of a message that Validate
-	// refuses (no topic, a topic or key too long or not UTF-8, an empty
-	// header name).
+	// refuses (no topic, a topic or key too long, not UTF-8 or with a NUL
+	// byte, an empty header name, a header name or value not UTF-8).
 	ErrInvalid = errors.New("outbox: invalid message")
 	// ErrLeaseLost is returned by Batch.MarkSent when the batch's claim
-	// ended before the mark (a SQLite relay's lease ran out): nothing was
-	// marked, and the batch's messages will be published again, with the
-	// same IDs.
+	// ended before the mark (its lease ran out: sqlstore's
+	// OutboxConfig.Lease): nothing was marked, and the batch's messages
+	// will be published again, with the same IDs.
 	ErrLeaseLost = errors.New("outbox: claim lost before the mark")
 	// ErrNoNotify is returned at once by a Notifier that cannot notify on
 	// this database (a dialect without LISTEN/NOTIFY): the relay then
@@ -62,8 +63,13 @@ type Message struct {
 }
 
 // Validate reports whether m can be added: a topic of 1 to MaxTopicLen
-// bytes, a key of at most MaxKeyLen bytes, both valid UTF-8, and no empty
-// header name. The error wraps ErrInvalid.
+// bytes, a key of at most MaxKeyLen bytes, both valid UTF-8 without a NUL
+// byte (a PostgreSQL text column cannot hold one, and no broker takes it
+// in a subject), and headers whose names are not empty and whose names
+// and values are valid UTF-8 (headers are stored as JSON, which would
+// replace the invalid bytes: the message would be published other than
+// it was added). The payload may hold any bytes. The error wraps
+// ErrInvalid.
 func (m Message) Validate() error {
 	switch {
 	case m.Topic == "":
@@ -76,9 +82,20 @@ func (m Message) Validate() error {
 		return fmt.Errorf("%w: key of %d bytes (at most %d)", ErrInvalid, len(m.Key), MaxKeyLen)
 	case !utf8.ValidString(m.Key):
 		return fmt.Errorf("%w: key is not UTF-8", ErrInvalid)
+	case strings.IndexByte(m.Topic, 0) >= 0:
+		return fmt.Errorf("%w: topic has a NUL byte", ErrInvalid)
+	case strings.IndexByte(m.Key, 0) >= 0:
+		return fmt.Errorf("%w: key has a NUL byte", ErrInvalid)
 	}
-	if _, ok := m.Headers[""]; ok {
-		return fmt.Errorf("%w: empty header name", ErrInvalid)
+	for name, v := range m.Headers {
+		switch {
+		case name == "":
+			return fmt.Errorf("%w: empty header name", ErrInvalid)
+		case !utf8.ValidString(name):
+			return fmt.Errorf("%w: header name %q is not UTF-8", ErrInvalid, name)
+		case !utf8.ValidString(v):
+			return fmt.Errorf("%w: header %q: value is not UTF-8", ErrInvalid, name)
+		}
 	}
 	return nil
 }

@@ -53,8 +53,13 @@ var (
 // policy drops it. It does not implement inbox.TxStore (no HandleTx).
 //
 // It is as durable as the server: a record Redis loses (a restart
-// without persistence, a failover that drops the last writes, allkeys-*
-// eviction) makes a later duplicate run the handler again. It works on a
+// without persistence, a failover that drops the last writes, eviction)
+// makes a later duplicate run the handler again. Under an allkeys-*
+// maxmemory policy any record may be evicted; under a volatile-* one the
+// succeeded and dead records may (they have a TTL), and a duplicate of a
+// message whose succeeded record was evicted runs its effect again, a
+// dead message's its attempts again. Run it on a server with the
+// noeviction policy for the guarantee to hold. It works on a
 // single server, a Sentinel-managed primary or a Redis Cluster (one key
 // per record).
 type InboxStore struct {

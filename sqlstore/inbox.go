@@ -69,8 +69,11 @@ const inboxAttempts = 8
 //
 // ClaimTx is meant for a transaction at READ COMMITTED (the default of
 // PostgreSQL; MySQL's REPEATABLE READ works too, since its locking reads
-// see the latest row). On SQLite, begin the transaction with sqlite.Open's
-// settings (IMMEDIATE).
+// see the latest row). At PostgreSQL's REPEATABLE READ or SERIALIZABLE it
+// is as safe, but a delivery that meets a concurrent one's committed
+// claim fails with a serialisation error (HandleTx: Retry, with the
+// error) instead of waiting and answering Duplicate. On SQLite, begin
+// the transaction with sqlite.Open's settings (IMMEDIATE).
 type InboxStore struct {
 	db      *sql.DB
 	d       Dialect

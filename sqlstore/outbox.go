@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/outbox"
 )
@@ -58,16 +60,23 @@ type OutboxConfig struct {
 	// Dialect is the database's dialect. Required.
 	Dialect Dialect
 	// IDPrefix starts every message ID; the rest is the row's id in
-	// decimal. Default "": the ID is the row id alone, so two databases
+	// decimal. It must be valid UTF-8 without control characters, and at
+	// most inbox.MaxIDLen - 19 bytes, so that every ID is one that
+	// package inbox accepts (inbox.Validate); NewOutboxStore refuses
+	// another. Default "": the ID is the row id alone, so two databases
 	// whose messages meet in one stream, or in one consumer's inbox,
 	// must set different prefixes (e.g. "shop-eu/").
 	IDPrefix string
-	// Lease is, on SQLite, how long a relay's claim lasts: the batch must
-	// be published and marked within it, or MarkSent answers
-	// outbox.ErrLeaseLost; and a relay that died holding it keeps the
-	// others waiting that long. Default 30 s. Unused elsewhere, where a
-	// batch's rows are locked by its transaction, released when its
-	// connection ends.
+	// Lease is how long a relay's claim lasts: the batch must be
+	// published and marked within it, or MarkSent answers
+	// outbox.ErrLeaseLost (nothing marked: the batch is published again).
+	// On SQLite it is the lease of the relay lock, and a relay that died
+	// holding it keeps the others waiting that long. On PostgreSQL and
+	// MySQL it bounds the batch's transaction, whose rows are otherwise
+	// locked until it ends or its connection does: a connection that
+	// stalls cannot hold a relay in MarkSent beyond it. (On MySQL a
+	// COMMIT that stalls is bounded only by the DSN's readTimeout.)
+	// Default 30 s.
 	Lease time.Duration
 }
 
@@ -80,7 +89,9 @@ type OutboxConfig struct {
 // MySQL/MariaDB that holds its rows with FOR UPDATE SKIP LOCKED until
 // MarkSent commits it or Release rolls it back; it holds a connection of
 // the pool meanwhile, and the relay publishes while it is open (mind
-// idle_in_transaction_session_timeout, wait_timeout). On SQLite, a batch
+// idle_in_transaction_session_timeout, wait_timeout). The transaction
+// ends at the latest with OutboxConfig.Lease: a MarkSent after that
+// answers outbox.ErrLeaseLost. On SQLite, a batch
 // holds the lease of the lock OutboxRelayLock (idem_locks, as
 // LockBackend), so one relay claims at a time; a Claim while another
 // holds it returns an empty batch, and MarkSent marks nothing once the
@@ -132,6 +143,11 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultOutboxLease
+	}
+	// The longest ID (the largest row id) must be an ID every inbox
+	// takes: otherwise each message is dead-lettered by its consumers.
+	if err := inbox.Validate(c.IDPrefix + strconv.FormatInt(math.MaxInt64, 10)); c.IDPrefix != "" && err != nil {
+		return nil, fmt.Errorf("sqlstore: NewOutboxStore: IDPrefix %q: %w", c.IDPrefix, err)
 	}
 	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: &outboxStmtCache{}}
 	if _, ok := c.Dialect.(sqliteDialect); ok {
@@ -309,15 +325,29 @@ func (s *OutboxStore) Claim(ctx context.Context, limit int) (outbox.Batch, error
 func (s *OutboxStore) claimTx(ctx context.Context, limit int) (*outboxBatch, error) {
 	// Not ctx: database/sql rolls a transaction back when the context it
 	// began with ends, and a batch's marks must commit even after the
-	// relay's context ended (what the broker confirmed is marked). The
-	// statements run under ctx; MarkSent or Release ends the transaction.
-	tx, err := s.db.BeginTx(context.WithoutCancel(ctx), readCommitted)
+	// relay's context ended (what the broker confirmed is marked). But
+	// not without an end either: a connection that stalls (the network,
+	// not the server, fails) would hold the relay in MarkSent forever,
+	// and the batch's rows locked while the connection lives. The
+	// transaction ends with the lease (OutboxConfig.Lease), or with ctx
+	// while the claim runs.
+	deadline := time.Now().Add(s.cfg.Lease)
+	txCtx, cancelTx := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	stop := context.AfterFunc(ctx, cancelTx)
+	tx, err := s.db.BeginTx(txCtx, readCommitted)
 	if err != nil {
+		stop()
+		cancelTx()
 		return nil, err
 	}
-	b := &outboxBatch{s: s, tx: tx}
-	if err := s.read(ctx, tx, b, limit); err != nil {
+	b := &outboxBatch{s: s, tx: tx, deadline: deadline, cancel: cancelTx}
+	err = s.read(ctx, tx, b, limit)
+	if !stop() && err == nil {
+		err = context.Cause(ctx) // the transaction was cancelled with ctx
+	}
+	if err != nil {
 		_ = tx.Rollback()
+		cancelTx()
 		return nil, err
 	}
 	return b, nil
@@ -427,13 +457,16 @@ const OutboxChannel = "idem_outbox"
 // outboxBatch is a claim: a transaction holding the rows (tx), or the
 // relay lease (owner, fence; SQLite), or nothing (an empty SQLite batch).
 type outboxBatch struct {
-	s     *OutboxStore
-	tx    *sql.Tx
-	owner string
-	fence int64
-	msgs  []outbox.Message
-	rows  map[string]int64 // ID → row id
-	done  bool
+	s  *OutboxStore
+	tx *sql.Tx
+	// deadline ends tx (cancel releases its context).
+	deadline time.Time
+	cancel   context.CancelFunc
+	owner    string
+	fence    int64
+	msgs     []outbox.Message
+	rows     map[string]int64 // ID → row id
+	done     bool
 }
 
 func (b *outboxBatch) Messages() []outbox.Message { return b.msgs }
@@ -457,11 +490,18 @@ func (b *outboxBatch) MarkSent(ctx context.Context, ids []string) error {
 		return nil
 	}
 	if b.tx != nil {
+		defer b.cancel()
 		defer b.tx.Rollback() //nolint:errcheck // a no-op after Commit
-		if err := b.mark(ctx, b.tx, rowIDs); err != nil {
-			return s.fail(ctx, op, err)
+		mctx, cancel := context.WithDeadline(ctx, b.deadline)
+		defer cancel()
+		err := b.mark(mctx, b.tx, rowIDs)
+		if err == nil {
+			err = b.tx.Commit()
 		}
-		if err := b.tx.Commit(); err != nil {
+		if err != nil && !time.Now().Before(b.deadline) {
+			return fmt.Errorf("%w (the batch's lease of %v ended: %v)", outbox.ErrLeaseLost, s.cfg.Lease, err)
+		}
+		if err != nil {
 			return s.fail(ctx, op, err)
 		}
 		return nil
@@ -522,6 +562,7 @@ func (b *outboxBatch) Release(ctx context.Context) error {
 	b.done = true
 	switch {
 	case b.tx != nil:
+		defer b.cancel()
 		if err := b.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 			return b.s.fail(ctx, "release", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/outboxtest"
@@ -390,4 +391,29 @@ func TestOutboxRelayKilled(t *testing.T) {
 			t.Fatalf("%d pending, want 0", n)
 		}
 	})
+}
+
+// TestOutboxIDPrefix: an IDPrefix that would make message IDs no inbox
+// accepts (a control character, invalid UTF-8, so long that prefix and
+// row id pass inbox.MaxIDLen) is refused by NewOutboxStore; before, every
+// message the outbox published was dead-lettered by its consumers
+// (inbox.ErrInvalid). An accepted prefix gives IDs inbox.Validate takes.
+func TestOutboxIDPrefix(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, filepath.Join(t.TempDir(), "prefix.db"))
+	for _, p := range []string{"shop\n", "shop\x00/", "\xffshop/", strings.Repeat("p", inbox.MaxIDLen-5)} {
+		if _, err := sqlstore.NewOutboxStore(db, &sqlstore.OutboxConfig{Dialect: sqlstore.SQLite, IDPrefix: p}); err == nil {
+			t.Errorf("NewOutboxStore(IDPrefix %q) accepted a prefix whose IDs inbox.Validate refuses", p)
+		}
+	}
+	for _, p := range []string{"", "shop-eu/", strings.Repeat("p", inbox.MaxIDLen-19)} {
+		s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: sqlstore.SQLite, IDPrefix: p})
+		id, err := addTx(t.Context(), db, s, false, outbox.Message{Topic: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := inbox.Validate(id[0]); err != nil || !strings.HasPrefix(id[0], p) {
+			t.Errorf("IDPrefix %q: ID %q: %v", p, id[0], err)
+		}
+	}
 }

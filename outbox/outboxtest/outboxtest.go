@@ -67,6 +67,7 @@ var cases = []struct {
 	{"BatchEndsOnce", batchEndsOnce},
 	{"MarkAfterClaimContextEnds", markAfterCancel},
 	{"Invalid", invalid},
+	{"HostileBytes", hostileBytes},
 	{"RolledBack", rolledBack},
 	{"Sweep", sweep},
 	{"RelaysOrderPerKey", relaysOrderPerKey},
@@ -272,6 +273,43 @@ func invalid(t *testing.T, h Harness, _ Caps) {
 	}
 	if got := claimIDs(t, h.Store, 10, false); len(got) != 0 {
 		t.Fatalf("after refused Adds, Claim = %q, want none", got)
+	}
+}
+
+// hostileBytes: a message with bytes a store cannot keep as they are (a
+// NUL in the topic or the key, a header name or value that is not UTF-8)
+// is refused with ErrInvalid; one the stores can keep (other control
+// characters, a NUL in a header value, SQL metacharacters) round-trips
+// byte for byte. Never a message that is stored or published other than
+// it was added.
+func hostileBytes(t *testing.T, h Harness, _ Caps) {
+	for _, m := range []outbox.Message{
+		{Topic: "t\x00x"},
+		{Topic: "t", Key: "k\x00"},
+		{Topic: "t", Headers: map[string]string{"trace": "\xff\xfe"}},
+		{Topic: "t", Headers: map[string]string{"\xff": "v"}},
+	} {
+		if _, err := h.Add(t.Context(), m); !errors.Is(err, outbox.ErrInvalid) {
+			t.Errorf("Add(%q, key %q, headers %q) = %v, want ErrInvalid", m.Topic, m.Key, m.Headers, err)
+		}
+	}
+	in := outbox.Message{
+		Topic:   "t'; DROP TABLE idem_outbox; --\t",
+		Key:     "k\"\\%_\x01\u00e9",
+		Payload: []byte{0, '\'', 0xff},
+		Headers: map[string]string{"h\x01": "v\x00\n\"\\", "\u00e9": "\u2028"},
+	}
+	id := add(t, h, in)
+	b := claim(t, h.Store, 10)
+	defer b.Release(t.Context()) //nolint:errcheck // ErrBatchDone after MarkSent
+	var m outbox.Message
+	for _, c := range b.Messages() {
+		if c.ID == id[0] {
+			m = c
+		}
+	}
+	if m.ID != id[0] || m.Topic != in.Topic || m.Key != in.Key || !bytes.Equal(m.Payload, in.Payload) || !maps.Equal(m.Headers, in.Headers) {
+		t.Errorf("claimed %+q, want %+q", m, in)
 	}
 }
 
