@@ -1,0 +1,153 @@
+package shop_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+// runShopd runs shopd (Run) with args until the test ends, and returns
+// its base URL and its standard output.
+func runShopd(t *testing.T, args ...string) (string, *syncBuffer) {
+	t.Helper()
+	var stdout, stderr syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- shop.Run(ctx, args, &stdout, &stderr) }()
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("shopd's stderr:\n%s", stderr.String())
+		}
+	})
+	return waitFor(t, &stdout, regexp.MustCompile(`shopd listening on (\S+)`))[1], &stdout
+}
+
+// payAndSeePoints places an order of one SKU-1 (1299 cents) for user
+// through shopd at base, pays it with a signed callback sent 5 times,
+// and polls GET /users/me/points until the points appear (one order.paid
+// row of 120 points); then it refunds the order and polls until they are
+// taken back.
+func payAndSeePoints(t *testing.T, base string, user int64) {
+	t.Helper()
+	uid := strconv.FormatInt(user, 10)
+	r := do(t, "POST", base+"/orders", uid, "order-"+uid, `{"sku":"SKU-1","quantity":1}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("create order: %d %s", r.status, r.body)
+	}
+	var o shop.Order
+	if err := json.Unmarshal([]byte(r.body), &o); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(fmt.Sprintf(`{"order_no":%q,"trade_no":"T-%s","amount_cents":%d,"status":"SUCCESS"}`, o.OrderNo, o.OrderNo, o.AmountCents))
+	for range 5 {
+		req, _ := http.NewRequest("POST", base+"/payments/callback", bytes.NewReader(body))
+		req.Header.Set(shop.PaySignatureHeader, shop.SignPayment(testPaySecret, time.Now(), body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("callback: %d", resp.StatusCode)
+		}
+	}
+	want := shop.PointsFor(o.AmountCents)
+	p := pollPoints(t, base, uid, func(p shop.Points) bool { return len(p.Ledger) > 0 })
+	if p.Balance != want || len(p.Ledger) != 1 || p.Ledger[0].OrderNo != o.OrderNo || p.Ledger[0].Event != shop.EventOrderPaid || p.Ledger[0].Points != want {
+		t.Fatalf("points after paying: %+v, want %d from one order.paid", p, want)
+	}
+
+	if r := do(t, "POST", base+"/orders/"+o.OrderNo+"/refunds", uid, "refund-"+uid, ""); r.status != http.StatusCreated {
+		t.Fatalf("refund: %d %s", r.status, r.body)
+	}
+	p = pollPoints(t, base, uid, func(p shop.Points) bool { return len(p.Ledger) > 1 })
+	if p.Balance != 0 || len(p.Ledger) != 2 || p.Ledger[1].Event != shop.EventOrderRefunded || p.Ledger[1].Points != -want {
+		t.Fatalf("points after the refund: %+v, want 0 (+%d, -%d)", p, want, want)
+	}
+	// Nothing more arrives: the events were consumed once.
+	time.Sleep(time.Second)
+	if p := pollPoints(t, base, uid, func(shop.Points) bool { return true }); p.Balance != 0 || len(p.Ledger) != 2 {
+		t.Fatalf("points a second later: %+v, want the same two rows", p)
+	}
+}
+
+// pollPoints reads GET /users/me/points until done says so, for at most
+// 30 s.
+func pollPoints(t *testing.T, base, uid string, done func(shop.Points) bool) shop.Points {
+	t.Helper()
+	var p shop.Points
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r := do(t, "GET", base+"/users/me/points", uid, "", "")
+		if r.status != http.StatusOK {
+			t.Fatalf("GET /users/me/points: %d %s", r.status, r.body)
+		}
+		p = shop.Points{}
+		if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+			t.Fatal(err)
+		}
+		if done(p) {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("points after 30s: %+v", p)
+		}
+	}
+}
+
+// shopd with no -broker starts its embedded NATS server: the order's
+// events go through it and the loyalty consumer grants the points, then
+// takes them back.
+func TestRunEmbeddedNATSGrantsPoints(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	base, stdout := runShopd(t, "-addr", "127.0.0.1:0", "-data", data, "-pay-secret", testPaySecret)
+	want := "events: embedded NATS JetStream nats://127.0.0.1:"
+	if !strings.Contains(stdout.String(), want) || !strings.Contains(stdout.String(), filepath.Join(data, "nats")) {
+		t.Errorf("shopd's output does not say %q and the store under -data:\n%s", want, stdout.String())
+	}
+	payAndSeePoints(t, base, 42)
+}
+
+// The same against the NATS server and the RabbitMQ broker of the
+// machine. The IDs' prefix and the user are the test's own: the stream
+// and the queue outlive the test.
+func TestRunBrokersGrantPoints(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		svc  testenv.Service
+		want string
+	}{
+		{"nats", testenv.NATS, "events: NATS JetStream nats://"},
+		{"amqp", testenv.RabbitMQ, "events: RabbitMQ amqp://"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			url := c.svc.Need(t)
+			prefix := fmt.Sprintf("shop-test-%d-%d/", time.Now().UnixNano(), rand.Uint32())
+			base, stdout := runShopd(t, "-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "data"),
+				"-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix)
+			if !strings.Contains(stdout.String(), c.want) {
+				t.Errorf("shopd's output does not say %q:\n%s", c.want, stdout.String())
+			}
+			payAndSeePoints(t, base, 1+rand.Int64N(1<<40))
+		})
+	}
+}
