@@ -91,6 +91,8 @@ type eventsConfig struct {
 	target brokerTarget
 	// storeDir is the embedded NATS server's JetStream directory.
 	storeDir string
+	// storeExplicit: storeDir is -nats-store's, not a default.
+	storeExplicit bool
 	shop     *Shop
 	db       *sql.DB
 	dialect  sqlstore.Dialect
@@ -149,13 +151,18 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 	case "embedded", "nats":
 		natsURL := cfg.target.url
 		if cfg.target.kind == "embedded" {
-			ns, err := startEmbeddedNATS(cfg.storeDir)
+			dir, release, err := lockStore(cfg.storeDir, cfg.storeExplicit)
+			if err != nil {
+				return nil, err
+			}
+			r.closers = append(r.closers, release)
+			ns, err := startEmbeddedNATS(dir)
 			if err != nil {
 				return nil, err
 			}
 			r.closers = append(r.closers, func() { ns.Shutdown(); ns.WaitForShutdown() })
 			natsURL = ns.ClientURL()
-			r.display = fmt.Sprintf("embedded NATS JetStream %s (store %s)", natsURL, cfg.storeDir)
+			r.display = fmt.Sprintf("embedded NATS JetStream %s (store %s)", natsURL, dir)
 		}
 		nc, err := nats.Connect(natsURL, nats.Name("shopd"), nats.MaxReconnects(-1))
 		if err != nil {
@@ -247,8 +254,37 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 // nothing wakes it (SQLite, MySQL).
 const relayPollInterval = 500 * time.Millisecond
 
+// errDirLocked: another shopd holds the embedded NATS store.
+var errDirLocked = errors.New("in use by another shopd process")
+
+// maxStoreSiblings bounds the stores tried next to a default one that is
+// in use: DIR, DIR.2, … DIR.16.
+const maxStoreSiblings = 16
+
+// lockStore locks the embedded NATS server's store dir. When dir is the
+// default (not -nats-store) and another shopd on this host holds it, it
+// takes the first free of dir.2, dir.3, …: each instance keeps a store of
+// its own, found again when it restarts.
+func lockStore(dir string, explicit bool) (string, func(), error) {
+	for i := 1; i <= maxStoreSiblings; i++ {
+		d := dir
+		if i > 1 {
+			d = fmt.Sprintf("%s.%d", dir, i)
+		}
+		release, err := lockDir(d)
+		switch {
+		case err == nil:
+			return d, release, nil
+		case !errors.Is(err, errDirLocked) || explicit:
+			return "", nil, fmt.Errorf("embedded NATS store %s: %w (give each shopd its own -nats-store, or share a broker with -broker)", d, err)
+		}
+	}
+	return "", nil, fmt.Errorf("embedded NATS store %s and its %d siblings: %w", dir, maxStoreSiblings-1, errDirLocked)
+}
+
 // startEmbeddedNATS starts a NATS server with JetStream in this process,
-// listening on a free loopback port, its streams stored under dir.
+// listening on a free loopback port, its streams stored under dir (which
+// the caller locked).
 func startEmbeddedNATS(dir string) (*server.Server, error) {
 	ns, err := server.NewServer(&server.Options{
 		ServerName: "shopd",

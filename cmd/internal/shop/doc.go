@@ -217,8 +217,14 @@
 // to shop.order.*, dead letters in shop-loyalty.dead); shopd declares
 // them. Without -broker shopd starts a NATS server with JetStream in its
 // own process, on a free loopback port, storing under -nats-store
-// (default <-data>/nats): the default is the production path with nothing
-// to install. shopd prints which broker it uses.
+// (default: nats next to the SQLite file, <-data>/nats; ./shopdata/nats
+// with a server -db): the default is the production path with nothing to
+// install. Two NATS servers never share a store: shopd locks it, and when
+// another shopd on the host holds the default one it takes nats.2,
+// nats.3, … (a -nats-store in use is an error). Each instance then has a
+// broker of its own; the outbox and the inbox are the database's, so every
+// event is still published and its points granted once. shopd prints
+// which broker it uses.
 //
 // The points appear after the relay and the consumer ran: a moment after
 // the payment, not in its answer. Shops that share a broker need

@@ -151,3 +151,34 @@ func TestRunBrokersGrantPoints(t *testing.T) {
 		})
 	}
 }
+
+// Two shopd on one -data each get an embedded NATS store of their own
+// (two servers must never share one): the second takes nats.2. Two given
+// one -nats-store: the second refuses to start.
+func TestRunEmbeddedNATSStorePerProcess(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	args := []string{"-addr", "127.0.0.1:0", "-data", data, "-pay-secret", testPaySecret}
+	_, first := runShopd(t, args...)
+	base, second := runShopd(t, args...)
+	for _, c := range []struct {
+		out  *syncBuffer
+		want string
+	}{{first, filepath.Join(data, "nats") + ")"}, {second, filepath.Join(data, "nats.2") + ")"}} {
+		if !strings.Contains(c.out.String(), "(store "+c.want) {
+			t.Errorf("shopd's output does not name the store %s:\n%s", c.want, c.out.String())
+		}
+	}
+	payAndSeePoints(t, base, 5)
+
+	store := filepath.Join(t.TempDir(), "nats")
+	_, _ = runShopd(t, "-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "a"), "-nats-store", store)
+	var stdout, stderr bytes.Buffer
+	err := shop.Run(t.Context(), []string{"-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "b"), "-nats-store", store}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "another shopd") {
+		t.Fatalf("Run on a -nats-store in use: %v, want an error saying another shopd holds it", err)
+	}
+	if strings.Contains(stdout.String(), "listening") {
+		t.Errorf("shopd served: %s", stdout.String())
+	}
+}

@@ -144,7 +144,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	payTimeout := fs.Duration("pay-timeout", DefaultPayTimeout, "how long an order may wait for its payment; the close job then closes it and gives its stock and coupon back")
 	brokerFlag := fs.String("broker", "", "broker of the order events: nats://host:port (NATS JetStream) or amqp://user:pass@host:port/vhost (RabbitMQ) "+
 		"(default: a NATS server with JetStream embedded in shopd, on a free loopback port, storing under -nats-store)")
-	natsStore := fs.String("nats-store", "", "directory of the embedded NATS server's streams (default DATA/nats, DATA being -data)")
+	natsStore := fs.String("nats-store", "", "directory of the embedded NATS server's streams (default: nats next to the SQLite file, DATA/nats; for a server -db, ./shopdata/nats); "+
+			"when another shopd on this host holds the default one, the first free of nats.2, nats.3, …")
 	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs; shops whose events meet in one broker need different ones")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
@@ -209,11 +210,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *eventPrefix == "" {
 		return errors.New("shopd: -event-prefix must not be empty")
 	}
-	if *natsStore == "" {
-		if set["nats-store"] {
-			return errors.New("shopd: -nats-store must not be empty")
-		}
-		*natsStore = filepath.Join(*dataDir, "nats")
+	if set["nats-store"] && *natsStore == "" {
+		return errors.New("shopd: -nats-store must not be empty")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -232,6 +230,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	target, err := parseDB(rawDB)
 	if err != nil {
 		return fmt.Errorf("shopd: -db: %w", err)
+	}
+	if *natsStore == "" {
+		// Next to the SQLite file; for a server database, under -data's
+		// default.
+		*natsStore = filepath.Join(*dataDir, "nats")
+		if target.dialect == sqlstore.SQLite {
+			*natsStore = filepath.Join(filepath.Dir(target.sqlitePath), "nats")
+		}
 	}
 	var redisOpts *redis.Options
 	redisDisplay := ""
@@ -335,7 +341,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The outbox relay and the loyalty consumer stop (deferred) after the
 	// HTTP server drained and before the database closes.
-	events, err := startEvents(ctx, eventsConfig{target: broker, storeDir: *natsStore, shop: shop, db: db, dialect: target.dialect, log: log})
+	events, err := startEvents(ctx, eventsConfig{target: broker, storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.dialect, log: log})
 	if err != nil {
 		return stopped(fmt.Errorf("shopd: events: %w", err))
 	}
