@@ -93,10 +93,10 @@ type eventsConfig struct {
 	storeDir string
 	// storeExplicit: storeDir is -nats-store's, not a default.
 	storeExplicit bool
-	shop     *Shop
-	db       *sql.DB
-	dialect  sqlstore.Dialect
-	log      *slog.Logger
+	shop          *Shop
+	db            *sql.DB
+	dialect       sqlstore.Dialect
+	log           *slog.Logger
 }
 
 // runningEvents is the relay and the loyalty consumer, running.

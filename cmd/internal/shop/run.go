@@ -145,7 +145,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	brokerFlag := fs.String("broker", "", "broker of the order events: nats://host:port (NATS JetStream) or amqp://user:pass@host:port/vhost (RabbitMQ) "+
 		"(default: a NATS server with JetStream embedded in shopd, on a free loopback port, storing under -nats-store)")
 	natsStore := fs.String("nats-store", "", "directory of the embedded NATS server's streams (default: nats next to the SQLite file, DATA/nats; for a server -db, ./shopdata/nats); "+
-			"when another shopd on this host holds the default one, the first free of nats.2, nats.3, …")
+		"when another shopd on this host holds the default one, the first free of nats.2, nats.3, …")
 	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs; shops whose events meet in one broker need different ones")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
