@@ -182,3 +182,66 @@ func TestRunEmbeddedNATSStorePerProcess(t *testing.T) {
 		t.Errorf("shopd served: %s", stdout.String())
 	}
 }
+
+// Two shopd processes on one PostgreSQL database and one broker (the
+// machine's NATS, then its RabbitMQ): their relays share the outbox, their
+// consumers the queue or durable; each paid order's points are granted
+// once: one ledger row per order, whichever process took the callback.
+func TestShopdTwoProcessesOneBrokerGrantOnce(t *testing.T) {
+	t.Parallel()
+	for _, svc := range []testenv.Service{testenv.NATS, testenv.RabbitMQ} {
+		t.Run(svc.Name, func(t *testing.T) {
+			t.Parallel()
+			url := svc.Need(t)
+			db, dbArg := postgresBackend.fresh(t)
+			prefix := fmt.Sprintf("shop-two-%d-%d/", time.Now().UnixNano(), rand.Uint32())
+			args := []string{"-db", dbArg, "-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix}
+			procs := []*shopd{spawnShopd(t, args...), spawnShopd(t, args...)}
+			for _, p := range procs {
+				p.ready()
+			}
+			user := 1 + rand.Int64N(1<<40)
+			uid := strconv.FormatInt(user, 10)
+			const orders = 6
+			for i := range orders {
+				base := procs[i%2].base
+				r := do(t, "POST", base+"/orders", uid, fmt.Sprintf("two-%d", i), `{"sku":"SKU-1","quantity":1}`)
+				if r.status != http.StatusCreated {
+					t.Fatalf("create order: %d %s", r.status, r.body)
+				}
+				var o shop.Order
+				if err := json.Unmarshal(r.body, &o); err != nil {
+					t.Fatal(err)
+				}
+				body := []byte(callbackBody(o.OrderNo, "T-"+o.OrderNo, o.AmountCents, "SUCCESS"))
+				for _, p := range procs { // the provider calls back twice, to both
+					req, _ := http.NewRequest("POST", p.base+"/payments/callback", bytes.NewReader(body))
+					req.Header.Set(shop.PaySignatureHeader, shop.SignPayment(testPaySecret, time.Now(), body))
+					resp, err := client.Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Fatalf("callback: %d", resp.StatusCode)
+					}
+				}
+			}
+			p := pollPoints(t, procs[1].base, uid, func(p shop.Points) bool { return len(p.Ledger) >= orders })
+			time.Sleep(time.Second) // a second grant would show by now
+			var rows, balance int64
+			if err := db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(points), 0) FROM shop_points WHERE user_id = $1`, user).Scan(&rows, &balance); err != nil {
+				t.Fatal(err)
+			}
+			if rows != orders || balance != orders*shop.PointsFor(1299) || p.Balance != balance {
+				t.Fatalf("%d ledger rows, balance %d (API %d); want %d rows, %d points", rows, balance, p.Balance, orders, orders*shop.PointsFor(1299))
+			}
+			if n := payCount(t, db, postgresBackend, `SELECT COUNT(*) FROM idem_outbox WHERE topic = 'shop.order.paid'`); n != orders {
+				t.Errorf("%d order.paid events in the outbox, want %d", n, orders)
+			}
+			for _, p := range procs {
+				p.stop()
+			}
+		})
+	}
+}
