@@ -326,8 +326,14 @@ func (s *Shop) closeOrder(ctx context.Context, fence int64, orderNo string, vers
 		case t.AlreadyApplied:
 			return nil
 		}
+		if err := s.giveBack(ctx, tx, orderNo); err != nil {
+			return err
+		}
+		if err := s.addEvent(ctx, tx, EventOrderClosed, orderNo); err != nil {
+			return err
+		}
 		closed = true
-		return s.giveBack(ctx, tx, orderNo)
+		return nil
 	})
 	return closed, err
 }

@@ -12,6 +12,7 @@
 //	POST /orders/{order_no}/refunds  refund a paid order (Idempotency-Key required)
 //	POST /coupons/{id}/claim  claim a coupon, once per user
 //	GET  /users/me/coupons    the caller's coupon claims
+//	GET  /users/me/points     the caller's loyalty points: {"balance", "ledger":[{"order_no","event","points","at"}]}
 //	POST /tokens              a submit token for the caller (Submit-Token of POST /orders)
 //	POST /payments/callback   a payment provider reports a payment (signed; see Payments)
 //
@@ -185,6 +186,50 @@
 // not given it grows to -read-timeout + -wait + 30 s if that is longer)
 // and -idle-timeout (a keep-alive connection between requests, 1 m). Flags
 // are checked and -addr is bound before any data is touched.
+//
+// # Events and loyalty points
+//
+// Paying, cancelling, closing and refunding an order write order.paid,
+// order.cancelled, order.closed and order.refunded to the outbox
+// (sqlstore's OutboxStore, table idem_outbox) in the transaction of the
+// transition, and only when the transition moved the order: thirty
+// repeats of a payment callback write one order.paid, and a transition
+// that rolls back writes none. The payload is OrderEvent's JSON
+// (order_no, user_id, amount_cents, event, at); the topic is
+// "shop.<event>" (shop.order.paid), the key the order number (one order's
+// events are published in order), the message ID -event-prefix (default
+// "shop-") and the outbox row's id.
+//
+// shopd runs the outbox relay, which publishes them to the broker, and
+// the loyalty consumer, which reads them back and, with inbox.HandleTx on
+// the shop's database (group shop-loyalty), writes a row of shop_points
+// per event in the transaction of its consume record: PointsFor(amount)
+// points (10 per whole currency unit: 1299 cents → 120) for order.paid,
+// as many taken back for order.refunded; other events change nothing. A
+// redelivery is a duplicate, and (order_no, event) is unique in the
+// ledger. The balance is the sum of the user's rows. Both stop, after the
+// HTTP server drained, before the database closes.
+//
+// -broker chooses the broker: nats://host:port (NATS JetStream: the
+// stream SHOP_ORDERS on shop.order.>, its durable consumer shop-loyalty,
+// dead letters in SHOP_ORDERS_DEAD) or amqp://user:pass@host:port/vhost
+// (RabbitMQ: the topic exchange shop.events, the queue shop-loyalty bound
+// to shop.order.*, dead letters in shop-loyalty.dead); shopd declares
+// them. Without -broker shopd starts a NATS server with JetStream in its
+// own process, on a free loopback port, storing under -nats-store
+// (default: nats next to the SQLite file, <-data>/nats; ./shopdata/nats
+// with a server -db): the default is the production path with nothing to
+// install. Two NATS servers never share a store: shopd locks it, and when
+// another shopd on the host holds the default one it takes nats.2,
+// nats.3, … (a -nats-store in use is an error). Each instance then has a
+// broker of its own; the outbox and the inbox are the database's, so every
+// event is still published and its points granted once. shopd prints
+// which broker it uses.
+//
+// The points appear after the relay and the consumer ran: a moment after
+// the payment, not in its answer. Shops that share a broker need
+// different -event-prefix values; all the shopd instances of one shop
+// share the consumer, and each event's points are granted once.
 //
 // # Databases
 //

@@ -59,6 +59,10 @@ func startShopd(t *testing.T, dataDir string, extra ...string) *shopd {
 // waits until it listens.
 func spawnShopd(t *testing.T, args ...string) *shopd {
 	t.Helper()
+	if !hasFlag(args, "-data") && !hasFlag(args, "-nats-store") {
+		// Not ./shopdata/nats in the package's directory.
+		args = append(args, "-nats-store", filepath.Join(t.TempDir(), "nats"))
+	}
 	raw, _ := json.Marshal(append([]string{"-addr", "127.0.0.1:0", "-log-level", "warn"}, args...))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "SHOPD_CHILD_ARGS="+string(raw))

@@ -150,6 +150,9 @@ func (s *Shop) cancelOrder(ctx context.Context, user int64, orderNo string) (Ord
 				if err := s.giveBack(ctx, tx, orderNo); err != nil {
 					return err
 				}
+				if err := s.addEvent(ctx, tx, EventOrderCancelled, orderNo); err != nil {
+					return err
+				}
 			}
 			o.Status, o.Version = StatusCancelled, t.Version
 			order = o
@@ -232,6 +235,9 @@ func (s *Shop) refundOrder(ctx context.Context, tx *sql.Tx, user int64, orderNo 
 		return Refund{}, false, err
 	case t.AlreadyApplied:
 		return Refund{}, false, fmt.Errorf("shop: order %s is REFUNDED without a refund row", orderNo)
+	}
+	if err := s.addEvent(ctx, tx, EventOrderRefunded, orderNo); err != nil {
+		return Refund{}, false, err
 	}
 	return ref, true, nil
 }

@@ -497,6 +497,10 @@ func (s *Shop) applyPayment(ctx context.Context, cb paymentCallback, complete fu
 	} else {
 		switch err := s.markOrderPaid(ctx, tx, cb.OrderNo, version); {
 		case err == nil:
+			// The order moved: its event commits with the transition.
+			if err := s.addEvent(ctx, tx, EventOrderPaid, cb.OrderNo); err != nil {
+				return nil, err
+			}
 		case errors.Is(err, errAlreadyPaid):
 			// Paid, and not by this trade (whose row did not exist): the
 			// customer paid twice. The second payment is not applied.

@@ -142,6 +142,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	paySecret := fs.String("pay-secret", "", "secret of payment callbacks' Pay-Signature (HMAC-SHA256), shared with the payment provider "+
 		"(default: $"+paySecretEnv+", else "+DevPaySecret+", which anyone can read); prefer the environment variable, which ps does not show")
 	payTimeout := fs.Duration("pay-timeout", DefaultPayTimeout, "how long an order may wait for its payment; the close job then closes it and gives its stock and coupon back")
+	brokerFlag := fs.String("broker", "", "broker of the order events: nats://host:port (NATS JetStream) or amqp://user:pass@host:port/vhost (RabbitMQ) "+
+		"(default: a NATS server with JetStream embedded in shopd, on a free loopback port, storing under -nats-store)")
+	natsStore := fs.String("nats-store", "", "directory of the embedded NATS server's streams (default: nats next to the SQLite file, DATA/nats; for a server -db, ./shopdata/nats); "+
+		"when another shopd on this host holds the default one, the first free of nats.2, nats.3, …")
+	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs; shops whose events meet in one broker need different ones")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -195,6 +200,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("shopd: -write-timeout (%v) must be longer than -read-timeout (%v) plus -wait (%v): "+
 			"it counts from a request's headers, so a slow body or a waiting retry would leave its answer unwritten", *writeTimeout, *readTimeout, *wait)
 	}
+	broker, err := parseBroker(*brokerFlag)
+	if err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	if set["broker"] && *brokerFlag == "" {
+		return errors.New("shopd: -broker must not be empty (leave it out for the embedded NATS server)")
+	}
+	if *eventPrefix == "" {
+		return errors.New("shopd: -event-prefix must not be empty")
+	}
+	if set["nats-store"] && *natsStore == "" {
+		return errors.New("shopd: -nats-store must not be empty")
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("shopd: -log-level: %w", err)
@@ -212,6 +230,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	target, err := parseDB(rawDB)
 	if err != nil {
 		return fmt.Errorf("shopd: -db: %w", err)
+	}
+	if *natsStore == "" {
+		// Next to the SQLite file; for a server database, under -data's
+		// default.
+		*natsStore = filepath.Join(*dataDir, "nats")
+		if target.dialect == sqlstore.SQLite {
+			*natsStore = filepath.Join(filepath.Dir(target.sqlitePath), "nats")
+		}
 	}
 	var redisOpts *redis.Options
 	redisDisplay := ""
@@ -299,7 +325,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		log.Info("shopd: payment callbacks are verified with the secret of "+secretFrom, "from", secretFrom)
 	}
-	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret})
+	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix})
 	if err != nil {
 		return err
 	}
@@ -312,6 +338,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	closer.Start()
 	defer closer.Close()
+
+	// The outbox relay and the loyalty consumer stop (deferred) after the
+	// HTTP server drained and before the database closes.
+	events, err := startEvents(ctx, eventsConfig{target: broker, storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.dialect, log: log})
+	if err != nil {
+		return stopped(fmt.Errorf("shopd: events: %w", err))
+	}
+	defer events.stop()
 
 	srv := &http.Server{
 		Handler:           shop,
@@ -329,11 +363,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if redisDisplay != "" {
 		where += ", cache " + redisDisplay
 	}
-	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\n\nTry it:\n"+
+	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\nevents: %s\n\nTry it:\n"+
 		"  curl -i -X POST %s/orders -H 'X-User-ID: 1' -H 'Idempotency-Key: order-1' \\\n"+
 		"       -H 'Content-Type: application/json' -d '{\"sku\":\"BOOK-1\",\"quantity\":2}'\n"+
 		"  (run it again: the same order comes back with Idempotent-Replayed: true)\n"+
-		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, base, base)
+		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, base, base)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

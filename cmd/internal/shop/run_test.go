@@ -47,6 +47,12 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-pay-timeout", "0"}, "-pay-timeout"},
 		{[]string{"-pay-timeout", "-1m"}, "-pay-timeout"},
 		{[]string{"-pay-timeout", "169h"}, "-pay-timeout"},
+		{[]string{"-broker", "http://mq:4222"}, "-broker"},
+		{[]string{"-broker", "amqp://u:secretpw@"}, "-broker"},
+		{[]string{"-broker", "nats:mq:4222"}, "-broker"},
+		{[]string{"-broker", ""}, "-broker"},
+		{[]string{"-event-prefix", ""}, "-event-prefix"},
+		{[]string{"-nats-store", ""}, "-nats-store"},
 		{[]string{"extra"}, "unexpected"},
 		// Empty, net.Listen would take every interface and a random port.
 		{[]string{"-addr", ""}, "-addr"},

@@ -46,6 +46,11 @@ type Config struct {
 	// provider. Empty means DevPaySecret, which anyone can read: set it in
 	// production.
 	PaySecret string
+	// EventIDPrefix starts the ID of every order event the shop writes
+	// to its outbox (sqlstore.OutboxConfig.IDPrefix). Default
+	// DefaultEventIDPrefix ("shop-"); two shops whose events meet in one
+	// stream or one consumer need different prefixes.
+	EventIDPrefix string
 }
 
 // Shop serves the shop's HTTP API.
@@ -64,6 +69,10 @@ type Shop struct {
 	// pq and paySecret serve payment callbacks (payments.go).
 	pq        payQueries
 	paySecret string
+	// events is the outbox the order's events are written to (events.go).
+	events *sqlstore.OutboxStore
+	// points reads the loyalty ledger (loyalty.go).
+	points pointsQueries
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -122,12 +131,19 @@ func New(cfg Config) (*Shop, error) {
 	}
 	var err error
 	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect),
-		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret}
+		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret, points: newPointsQueries(cfg.Dialect)}
+	if cfg.EventIDPrefix == "" {
+		cfg.EventIDPrefix = DefaultEventIDPrefix
+	}
+	if s.events, err = sqlstore.NewOutboxStore(cfg.DB, &sqlstore.OutboxConfig{Dialect: cfg.Dialect, IDPrefix: cfg.EventIDPrefix}); err != nil {
+		return nil, err
+	}
 	if s.tokenStore, err = sqlstore.NewTokenStore(cfg.DB, &sqlstore.Config{Dialect: cfg.Dialect, Logger: cfg.Logger}); err != nil {
+		s.events.Close()
 		return nil, err
 	}
 	if s.tokens, err = token.New(s.tokenStore, nil); err != nil {
-		s.tokenStore.Close()
+		s.Close()
 		return nil, err
 	}
 	idm, err := idemhttp.New(&idemhttp.Config{
@@ -161,6 +177,7 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
 	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
 	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
+	mux.Handle("GET /users/me/points", s.authenticated(http.HandlerFunc(s.pointsHandler)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("/", notFound)
 	s.handler = mux
@@ -168,9 +185,13 @@ func New(cfg Config) (*Shop, error) {
 }
 
 // Close releases what the Shop prepared on its database (the submit
-// tokens' statements); it does not close the database. Requests served
-// after Close fail. It is idempotent.
-func (s *Shop) Close() error { return s.tokenStore.Close() }
+// tokens' and the outbox's statements); it does not close the database.
+// Requests served after Close fail. It is idempotent.
+func (s *Shop) Close() error { return errors.Join(s.tokenStore.Close(), s.events.Close()) }
+
+// Outbox is the outbox the shop writes its order events to, for a relay
+// (outbox.NewRelay) to publish.
+func (s *Shop) Outbox() *sqlstore.OutboxStore { return s.events }
 
 // ServeHTTP serves the shop's API.
 func (s *Shop) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }

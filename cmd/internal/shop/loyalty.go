@@ -1,0 +1,143 @@
+package shop
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// The loyalty programme: a consumer of the order events grants points for
+// order.paid and takes them back on order.refunded. It handles each
+// message with inbox.HandleTx on the shop's database, so the ledger row
+// and the message's consume record commit together: a redelivered event
+// (a lost ack, a relay that published twice) is a duplicate and changes
+// nothing.
+
+// LoyaltyGroup is the loyalty consumer's inbox group, and its durable
+// consumer's (NATS) or queue's (AMQP) name.
+const LoyaltyGroup = "shop-loyalty"
+
+// PointsPerUnit is how many points a whole currency unit (100 cents) of
+// an order's amount earns; parts of a unit earn nothing: 1299 cents → 120.
+const PointsPerUnit = 10
+
+// PointsFor is the points an order of amountCents earns.
+func PointsFor(amountCents int64) int64 { return amountCents / 100 * PointsPerUnit }
+
+// LoyaltyEvents are the events the loyalty consumer handles.
+var LoyaltyEvents = []string{EventOrderPaid, EventOrderRefunded}
+
+// errBadEvent: an event's payload cannot be read; the handler fails, and
+// the message is retried, then dead-lettered.
+var errBadEvent = errors.New("shop: malformed order event")
+
+type pointsQueries struct {
+	insert, ledger, balance string
+}
+
+func newPointsQueries(d sqlstore.Dialect) pointsQueries {
+	insert := `INSERT INTO shop_points (user_id, order_no, event, points, at_ms) VALUES (?, ?, ?, ?, ?)`
+	if d == sqlstore.MySQL {
+		insert += ` ON DUPLICATE KEY UPDATE points = points`
+	} else {
+		insert += ` ON CONFLICT (order_no, event) DO NOTHING`
+	}
+	return pointsQueries{
+		insert:  rebind(d, insert),
+		ledger:  rebind(d, `SELECT order_no, event, points, at_ms FROM shop_points WHERE user_id = ? ORDER BY id LIMIT ?`),
+		balance: rebind(d, `SELECT COALESCE(SUM(points), 0) FROM shop_points WHERE user_id = ?`),
+	}
+}
+
+// HandleLoyalty is the loyalty consumer's inbox.TxHandler: for an
+// order.paid event it writes a ledger row of PointsFor(amount_cents)
+// points, for order.refunded one of minus as many, in tx (the inbox's
+// transaction). A row of that order and event that exists already is left
+// as it is. Other events are ignored (success, no row); a payload that is
+// not an OrderEvent is an error (the message is retried, then dead).
+func (s *Shop) HandleLoyalty(ctx context.Context, tx *sql.Tx, d inbox.Delivery) error {
+	var ev OrderEvent
+	if err := json.Unmarshal(d.Payload, &ev); err != nil {
+		return fmt.Errorf("%w: %v", errBadEvent, err)
+	}
+	var points int64
+	switch ev.Event {
+	case EventOrderPaid:
+		points = PointsFor(ev.AmountCents)
+	case EventOrderRefunded:
+		points = -PointsFor(ev.AmountCents)
+	default:
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, ev.At)
+	if err != nil || ev.OrderNo == "" || ev.UserID <= 0 || ev.AmountCents < 0 {
+		return fmt.Errorf("%w: %.200s", errBadEvent, d.Payload)
+	}
+	if _, err := tx.ExecContext(ctx, s.points.insert, ev.UserID, ev.OrderNo, ev.Event, points, at.UnixMilli()); err != nil {
+		return fmt.Errorf("loyalty: write ledger: %w", err)
+	}
+	return nil
+}
+
+// PointsEntry is a row of the loyalty ledger as the API shows it.
+type PointsEntry struct {
+	OrderNo string `json:"order_no"`
+	Event   string `json:"event"`
+	Points  int64  `json:"points"`
+	// At is the event's time, RFC 3339 in UTC to the millisecond.
+	At string `json:"at"`
+}
+
+// Points is the answer of GET /users/me/points.
+type Points struct {
+	// Balance is the sum of the ledger's points (all of them, also when
+	// the ledger shown is cut at maxLedger rows).
+	Balance int64         `json:"balance"`
+	Ledger  []PointsEntry `json:"ledger"`
+}
+
+// maxLedger is the most ledger rows GET /users/me/points shows (the
+// oldest first).
+const maxLedger = 1000
+
+// pointsOf reads user's balance and ledger.
+func (s *Shop) pointsOf(ctx context.Context, user int64) (Points, error) {
+	p := Points{Ledger: []PointsEntry{}}
+	if err := s.db.QueryRowContext(ctx, s.points.balance, user).Scan(&p.Balance); err != nil {
+		return Points{}, fmt.Errorf("read balance: %w", err)
+	}
+	rows, err := s.db.QueryContext(ctx, s.points.ledger, user, maxLedger)
+	if err != nil {
+		return Points{}, fmt.Errorf("read ledger: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var e PointsEntry
+		var ms int64
+		if err := rows.Scan(&e.OrderNo, &e.Event, &e.Points, &ms); err != nil {
+			return Points{}, fmt.Errorf("read ledger: %w", err)
+		}
+		e.At = time.UnixMilli(ms).UTC().Format(eventTimeLayout)
+		p.Ledger = append(p.Ledger, e)
+	}
+	if err := rows.Err(); err != nil {
+		return Points{}, fmt.Errorf("read ledger: %w", err)
+	}
+	return p, nil
+}
+
+func (s *Shop) pointsHandler(w http.ResponseWriter, r *http.Request) {
+	p, err := s.pointsOf(r.Context(), userFrom(r.Context()))
+	if err != nil {
+		s.answerError(w, r, "read points", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
