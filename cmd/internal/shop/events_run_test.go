@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,6 +126,19 @@ func TestRunEmbeddedNATSGrantsPoints(t *testing.T) {
 	payAndSeePoints(t, base, 42)
 }
 
+// brokerMu serialises the tests that run shopd against the machine's
+// NATS or RabbitMQ: shopd's stream, durable consumer and queues have fixed
+// names, so two such tests at once would consume each other's events into
+// the wrong database (a CI run saw 4 of 6 orders' points arrive).
+var brokerMu = map[string]*sync.Mutex{testenv.NATS.Name: new(sync.Mutex), testenv.RabbitMQ.Name: new(sync.Mutex)}
+
+// holdBroker holds svc for t's other tests until t ends.
+func holdBroker(t *testing.T, svc testenv.Service) {
+	mu := brokerMu[svc.Name]
+	mu.Lock()
+	t.Cleanup(mu.Unlock)
+}
+
 // The same against the NATS server and the RabbitMQ broker of the
 // machine. The IDs' prefix and the user are the test's own: the stream
 // and the queue outlive the test.
@@ -141,6 +155,7 @@ func TestRunBrokersGrantPoints(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			url := c.svc.Need(t)
+			holdBroker(t, c.svc)
 			prefix := fmt.Sprintf("shop-test-%d-%d/", time.Now().UnixNano(), rand.Uint32())
 			base, stdout := runShopd(t, "-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "data"),
 				"-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix)
@@ -193,6 +208,7 @@ func TestShopdTwoProcessesOneBrokerGrantOnce(t *testing.T) {
 		t.Run(svc.Name, func(t *testing.T) {
 			t.Parallel()
 			url := svc.Need(t)
+			holdBroker(t, svc)
 			db, dbArg := postgresBackend.fresh(t)
 			prefix := fmt.Sprintf("shop-two-%d-%d/", time.Now().UnixNano(), rand.Uint32())
 			args := []string{"-db", dbArg, "-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix}
