@@ -1,0 +1,151 @@
+// Package idemcli is the idem command: probe, proxy, migrate, sweep,
+// inspect, evict and help. cmd/idem is a thin main around Main.
+package idemcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+// env is what a command gets: its arguments (after the command's name)
+// and the process's streams.
+type env struct {
+	ctx    context.Context
+	args   []string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// command is one subcommand of idem.
+type command struct {
+	// synopsis is one line for idem help.
+	synopsis string
+	// help is the long text of idem help NAME (the flags follow it).
+	help string
+	// flags declares the command's flags on fs and returns the function
+	// that runs it once they are parsed.
+	flags func(fs *flag.FlagSet) func(e *env) int
+}
+
+// commands are idem's subcommands, by name. Each lives in a file of its
+// own (probe.go, proxy.go, store.go).
+var commands = map[string]*command{}
+
+func register(name string, c *command) {
+	if _, dup := commands[name]; dup {
+		panic("idemcli: command " + name + " registered twice")
+	}
+	commands[name] = c
+}
+
+// usageError is a bad flag or argument: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// usagef returns a usageError; its text names the flag and the fix.
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// Main runs idem with args (without the program name) and returns the
+// exit status.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		return help(rest, stdout, stderr)
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "idem: unknown command %q; run 'idem help' for the list\n", name)
+		return exitUsage
+	}
+	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	run := c.flags(fs)
+	if err := fs.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(stdout, name, c)
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "idem %s: %v; run 'idem help %s'\n", name, err, name)
+		return exitUsage
+	}
+	return run(&env{ctx: ctx, args: fs.Args(), stdin: stdin, stdout: stdout, stderr: stderr})
+}
+
+// fail reports err from command name and returns its exit status: 2 for a
+// usageError, 1 otherwise.
+func fail(e *env, name string, err error) int {
+	fmt.Fprintf(e.stderr, "idem %s: %v\n", name, err)
+	var u *usageError
+	if errors.As(err, &u) {
+		return exitUsage
+	}
+	return exitFail
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "idem makes the effects of HTTP APIs happen once, and checks that they do.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Usage: idem COMMAND [flags] [arguments]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].synopsis)
+	}
+	fmt.Fprintf(w, "  %-9s %s\n", "help", "explain a command and its flags")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'idem help COMMAND' for a command's flags.")
+}
+
+func help(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stdout)
+		return exitOK
+	}
+	c, ok := commands[args[0]]
+	if !ok || len(args) > 1 {
+		fmt.Fprintf(stderr, "idem help: unknown command %q; run 'idem help' for the list\n", strings.Join(args, " "))
+		return exitUsage
+	}
+	printHelp(stdout, args[0], c)
+	return exitOK
+}
+
+func printHelp(w io.Writer, name string, c *command) {
+	fmt.Fprintln(w, strings.TrimSpace(c.help))
+	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
+	c.flags(fs)
+	has := false
+	fs.VisitAll(func(*flag.Flag) { has = true })
+	if has {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Flags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}
+}
