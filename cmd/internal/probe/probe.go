@@ -412,8 +412,10 @@ type answer struct {
 	err    error
 }
 
-func (a *answer) ok() bool       { return a.err == nil && a.status >= 200 && a.status <= 299 }
-func (a *answer) replayed() bool { return a.err == nil && strings.EqualFold(a.header.Get(ReplayedHeader), "true") }
+func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
+func (a *answer) replayed() bool {
+	return a.err == nil && strings.EqualFold(a.header.Get(ReplayedHeader), "true")
+}
 
 // same reports whether b repeats a: status, Content-Type, Location and
 // body byte for byte.
@@ -682,4 +684,3 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 	rep.DurationMS = time.Since(start).Milliseconds()
 	return rep, nil
 }
-
