@@ -116,7 +116,7 @@ var Checks = []Info{
 	{
 		ID:     "overlong-key",
 		Title:  "a key over the maximum length is refused with 400",
-		Source: "draft §5; Stripe (255 characters)",
+		Source: "draft §5; Stripe",
 		Explain: "Sends a key one byte longer than -max-key (255 by default, Stripe's and idem's limit): it " +
 			"must be 400, not truncated nor taken.",
 		run: checkOverlong,

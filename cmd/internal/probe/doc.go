@@ -16,7 +16,7 @@
 // them the probe judges answers only, and says so.
 //
 // Every key is fresh: "probe-", a run id of 32 random bits, "-" and 128
-// random bits in hex (48 bytes, valid for idemhttp and for any API that
+// random bits in hex (47 bytes, valid for idemhttp and for any API that
 // takes keys of 64 bytes or more), so runs never meet each other's
 // records. Each check runs after the previous one ended, so that the
 // effect it moved is its own; the count must not be moved by anyone else
