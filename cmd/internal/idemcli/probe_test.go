@@ -293,3 +293,34 @@ func TestProgressBar(t *testing.T) {
 		t.Errorf("drawn off a terminal: %q", buf.String())
 	}
 }
+
+// TestProbeInsecure: a server whose certificate no authority signed is
+// refused without -k and probed with it (and with -insecure).
+func TestProbeInsecure(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	srv := httptest.NewTLSServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	})))
+	t.Cleanup(srv.Close)
+	r := idem(t, "", "probe", "-d", `{"a":1,"b":2}`, srv.URL)
+	if r.code != 1 || !strings.Contains(r.stderr, "certificate") || created.Load() != 0 {
+		t.Fatalf("without -k: exit %d, stderr %q, %d created", r.code, r.stderr, created.Load())
+	}
+	for _, flag := range []string{"-k", "-insecure"} {
+		before := created.Load()
+		r = idem(t, "", "probe", flag, "-d", `{"a":1,"b":2}`, srv.URL)
+		if r.code != 0 || created.Load()-before != 8 {
+			t.Errorf("%s: exit %d, %d created; stdout:\n%s\nstderr:\n%s", flag, r.code, created.Load()-before, r.stdout, r.stderr)
+		}
+	}
+}
