@@ -1,16 +1,399 @@
 package idemcli
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idem/cmd/internal/probe"
 )
 
 func init() {
 	register("probe", &command{
 		synopsis: "check an API's Idempotency-Key semantics",
-		help:     "Usage: idem probe [flags] URL\n\nNot built yet.",
-		flags: func(fs *flag.FlagSet) func(*env) int {
-			return func(e *env) int { return fail(e, "probe", errors.New("not built yet")) }
-		},
+		help:     probeHelp(),
+		flags:    probeFlags,
 	})
+}
+
+const probeIntro = `Usage: idem probe [flags] URL
+
+idem probe checks that an API honours the Idempotency-Key header. It sends
+the request you describe as curl would (-X, -H, -d) with fresh keys, the way
+a retrying client does: concurrent duplicates, sequential retries, the key
+reused with another body, keys missing, malformed, overlong, quoted or
+spelled in another case. Each check is reported pass, fail or n/a (not
+applicable), with what the API answered and where the expectation comes
+from. Flags may come before or after the URL.
+
+The request given must be one the API accepts (2xx) and executes: give its
+authentication and identity with -H and its body with -d. With -effect-url
+and -effect-json-path the probe also reads a count the request moves (the
+caller's orders, say) before and after each check, and fails a check whose
+effect moved otherwise than once per key executed: answers alone cannot
+tell ten executions from one when they carry the same bytes. The count must
+move for nobody else while the probe runs: give it a user of its own.
+
+Against shopd (cmd/shopd), as user 42:
+
+  idem probe -H 'X-User-ID: 42' -d '{"sku":"BOOK-1","quantity":1}' \
+    -d4xx '{"sku":"NO-SUCH-SKU","quantity":1}' \
+    -effect-url 'http://127.0.0.1:8080/orders?limit=500' -effect-json-path 'orders.#' \
+    http://127.0.0.1:8080/orders
+
+Keys are "probe-", a run id, "-" and 128 random bits in hex (47 bytes):
+runs never meet each other's records.
+
+Checks, in the order they run. "draft §N" is a section of
+draft-ietf-httpapi-idempotency-key-header-07; "Stripe" is Stripe's documented
+practice for idempotent requests (stripe.com/docs/api/idempotent_requests).
+`
+
+const probeOutro = `
+-effect-json-path selects an integer in the effect's JSON answer: member
+names and array indexes separated by dots (count, data.total, items.0.qty),
+and a last segment # for the length of an array: orders.# counts shopd's
+GET /orders, # alone a top-level array.
+
+-d and -d4xx take the body itself, @FILE for a file's bytes (sent as they
+are, like curl --data-binary) or @- for standard input. With a body and no
+Content-Type among the -H headers, the probe sends application/json for a
+JSON body and application/x-www-form-urlencoded otherwise (curl's default).
+
+Output: a table on standard output (and a progress bar on standard error
+when it is a terminal and the run lasts over a second); -json prints the
+report as JSON instead: {url, method, key_header, run_id, concurrency,
+checks: [{id, title, status: "pass"|"fail"|"n/a", reason, source, requests,
+executions, effect_delta}], effect: {url, path, before, after, expected},
+requests, passed, failed, not_applicable, ok, duration_ms}.
+
+Exit status: 0 when every applicable check passed; 1 when a check failed or
+the probe could not run (the API did not accept the first request, the
+effect could not be read); 2 for bad flags or arguments.`
+
+func probeHelp() string {
+	var b strings.Builder
+	b.WriteString(probeIntro)
+	for _, c := range probe.Checks {
+		fmt.Fprintf(&b, "\n  %s (%s)\n", c.ID, c.Source)
+		b.WriteString(wrap(strings.ToUpper(c.Title[:1])+c.Title[1:]+". "+c.Explain, "      ", 78))
+	}
+	b.WriteString(probeOutro)
+	return b.String()
+}
+
+// wrap fills text into lines of at most width columns, each starting with
+// indent.
+func wrap(text, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range strings.Fields(text) {
+		if len(line) > len(indent) && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if len(line) > len(indent) {
+			line += " "
+		}
+		line += w
+	}
+	if len(line) > len(indent) {
+		b.WriteString(line + "\n")
+	}
+	return b.String()
+}
+
+// headerFlags collects repeated 'Name: value' flags.
+type headerFlags []string
+
+func (h *headerFlags) String() string     { return strings.Join(*h, ", ") }
+func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
+
+// probeOptions are idem probe's flags.
+type probeOptions struct {
+	method, data, data4xx, keyHeader string
+	headers, effectHeaders           headerFlags
+	n, maxKey                        int
+	timeout                          time.Duration
+	jsonOut, insecure                bool
+	effectURL, effectPath            string
+	set                              map[string]bool
+}
+
+func probeFlags(fs *flag.FlagSet) func(*env) int {
+	o := &probeOptions{}
+	fs.StringVar(&o.method, "X", http.MethodPost, "request `METHOD` (POST, PATCH, PUT, DELETE; not GET)")
+	fs.Var(&o.headers, "H", "request header `'Name: value'`, sent with every request (repeatable): authentication, identity, Content-Type")
+	fs.StringVar(&o.data, "d", "", "request body: `DATA`, @FILE or @- (standard input); a request the API accepts and executes")
+	fs.StringVar(&o.data4xx, "d4xx", "", "a body the API refuses with a 4xx other than 409 (`DATA`, @FILE or @-), for the stored-4xx check (none: n/a)")
+	fs.IntVar(&o.n, "n", probe.DefaultConcurrency, "concurrent requests with one key (2 to 1000)")
+	fs.StringVar(&o.keyHeader, "header", probe.DefaultKeyHeader, "`NAME` of the key's request header")
+	fs.IntVar(&o.maxKey, "max-key", probe.DefaultMaxKeyLen, "longest key in bytes the API takes; the overlong check sends one byte more")
+	fs.DurationVar(&o.timeout, "timeout", probe.DefaultTimeout, "bound of each request")
+	fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON (for CI) instead of a table")
+	fs.StringVar(&o.effectURL, "effect-url", "", "`URL` whose JSON answer (to GET) holds a count the request moves, read before and after each check")
+	fs.StringVar(&o.effectPath, "effect-json-path", "", "`PATH` of the count in -effect-url's answer: count, data.total, orders.# (an array's length)")
+	fs.Var(&o.effectHeaders, "effect-header", "header `'Name: value'` of the effect's GET (repeatable; default: the -H headers)")
+	fs.BoolVar(&o.insecure, "k", false, "do not verify the server's TLS certificate (same as -insecure)")
+	fs.BoolVar(&o.insecure, "insecure", false, "do not verify the server's TLS certificate")
+	return func(e *env) int {
+		cfg, err := o.config(fs, e)
+		if err != nil {
+			return fail(e, "probe", err)
+		}
+		return runProbe(e, cfg, o.jsonOut)
+	}
+}
+
+// config parses what follows the first flags (the URL, and flags after
+// it) and builds the probe's Config.
+func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
+	args := e.args
+	var target string
+	for len(args) > 0 {
+		if target != "" {
+			return nil, usagef("one URL only; %q follows %q (quote a URL holding spaces or &)", args[0], target)
+		}
+		target = args[0]
+		if err := fs.Parse(args[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, usagef("-h after the URL: run 'idem help probe'")
+			}
+			return nil, usagef("%v; run 'idem help probe'", err)
+		}
+		args = fs.Args()
+	}
+	if target == "" {
+		return nil, usagef("no URL: give the endpoint to probe, idem probe [flags] URL (run 'idem help probe')")
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	cfg := &probe.Config{
+		URL:         target,
+		Method:      o.method,
+		Concurrency: o.n,
+		KeyHeader:   o.keyHeader,
+		MaxKeyLen:   o.maxKey,
+		Timeout:     o.timeout,
+		EffectURL:   o.effectURL,
+		EffectPath:  o.effectPath,
+		Insecure:    o.insecure,
+	}
+	var err error
+	if cfg.Header, err = parseHeaders("-H", o.headers); err != nil {
+		return nil, err
+	}
+	if len(o.effectHeaders) > 0 {
+		if cfg.EffectHeader, err = parseHeaders("-effect-header", o.effectHeaders); err != nil {
+			return nil, err
+		}
+	}
+	stdinUsed := false
+	if o.set["d"] {
+		if cfg.Body, err = readData("-d", o.data, e.stdin, &stdinUsed); err != nil {
+			return nil, err
+		}
+	}
+	if o.set["d4xx"] {
+		if cfg.RefusedBody, err = readData("-d4xx", o.data4xx, e.stdin, &stdinUsed); err != nil {
+			return nil, err
+		}
+	}
+	if o.timeout <= 0 {
+		return nil, usagef("-timeout %v: give a positive duration (30s)", o.timeout)
+	}
+	switch {
+	case o.effectURL != "" && o.effectPath == "":
+		return nil, usagef("-effect-url without -effect-json-path: give the count's path in its JSON (count, data.total, orders.#)")
+	case o.effectURL == "" && o.effectPath != "":
+		return nil, usagef("-effect-json-path without -effect-url: give the URL whose JSON holds the count")
+	case o.effectURL == "" && len(o.effectHeaders) > 0:
+		return nil, usagef("-effect-header without -effect-url: give the URL whose JSON holds the count, or drop -effect-header")
+	}
+	return cfg, nil
+}
+
+// parseHeaders parses 'Name: value' flags.
+func parseHeaders(flagName string, values []string) (http.Header, error) {
+	h := http.Header{}
+	for _, v := range values {
+		name, value, ok := strings.Cut(v, ":")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, usagef("%s %q: give a header as 'Name: value'", flagName, v)
+		}
+		if !validHeaderName(name) {
+			return nil, usagef("%s %q: %q is not a header name (letters, digits and !#$%%&'*+-.^_`|~)", flagName, v, name)
+		}
+		h.Add(name, strings.TrimSpace(value))
+	}
+	return h, nil
+}
+
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
+
+// readData returns a -d value: the data itself, a file's bytes (@FILE) or
+// standard input's (@-, once).
+func readData(flagName, v string, stdin io.Reader, stdinUsed *bool) ([]byte, error) {
+	file, ok := strings.CutPrefix(v, "@")
+	switch {
+	case !ok:
+		return []byte(v), nil
+	case file == "":
+		return nil, usagef("%s @: give @FILE, @- for standard input, or the body itself", flagName)
+	case file == "-":
+		if *stdinUsed {
+			return nil, usagef("%s @-: standard input is read by another flag already; give one of them @FILE", flagName)
+		}
+		*stdinUsed = true
+		if stdin == nil {
+			return nil, usagef("%s @-: no standard input; give @FILE or the body itself", flagName)
+		}
+		b, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, usagef("%s @-: reading standard input: %v", flagName, err)
+		}
+		return b, nil
+	default:
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, usagef("%s @%s: %v; give a readable file, @- for standard input, or the body itself", flagName, file, err)
+		}
+		return b, nil
+	}
+}
+
+// configFlags names the flag of each probe.Config field, for errors.
+var configFlags = map[string]string{
+	"URL":          "URL",
+	"Method":       "-X",
+	"Header":       "-H",
+	"Concurrency":  "-n",
+	"KeyHeader":    "-header",
+	"MaxKeyLen":    "-max-key",
+	"Timeout":      "-timeout",
+	"EffectURL":    "-effect-url",
+	"EffectPath":   "-effect-json-path",
+	"EffectHeader": "-effect-header",
+}
+
+func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
+	bar := newProgressBar(e.stderr, isTerminal(e.stderr))
+	cfg.Progress = bar.update
+	rep, err := probe.Run(e.ctx, cfg)
+	bar.clear()
+	if err != nil {
+		return fail(e, "probe", explainProbeError(cfg, err))
+	}
+	if jsonOut {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return fail(e, "probe", err)
+		}
+	} else {
+		printReport(e.stdout, rep)
+	}
+	if !rep.OK {
+		return exitFail
+	}
+	return exitOK
+}
+
+// explainProbeError names the flag behind err and the fix.
+func explainProbeError(cfg *probe.Config, err error) error {
+	var ce *probe.ConfigError
+	var na *probe.NotAcceptedError
+	var ee *probe.EffectError
+	switch {
+	case errors.As(err, &ce):
+		return usagef("%s: %s", configFlags[ce.Field], ce.Msg)
+	case errors.As(err, &na) && na.Err != nil:
+		return fmt.Errorf("%s %s: %v; check the URL and that the server is up (-timeout bounds each request)", cfg.Method, cfg.URL, err)
+	case errors.As(err, &na):
+		return fmt.Errorf("%s %s: %v; the checks need a request the API accepts (2xx): give its headers with -H (authentication, identity, Content-Type) and its body with -d", cfg.Method, cfg.URL, err)
+	case errors.As(err, &ee):
+		return fmt.Errorf("-effect-url: %v; give -effect-url a URL that answers GET with JSON holding the count at -effect-json-path (and -effect-header when it needs headers other than -H)", err)
+	case errors.Is(err, context.Canceled):
+		return errors.New("interrupted; no verdict")
+	}
+	return err
+}
+
+func printReport(w io.Writer, rep *probe.Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tRESULT\tSOURCE\tDETAIL")
+	for _, r := range rep.Checks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Status, r.Source, r.Reason)
+	}
+	tw.Flush()
+	verdict := "PASS"
+	if !rep.OK {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "\n%s: %d passed, %d failed, %d not applicable; %s %s, %d requests in %v, keys probe-%s-…\n",
+		verdict, rep.Passed, rep.Failed, rep.NA, rep.Method, rep.URL, rep.Requests,
+		(time.Duration(rep.DurationMS) * time.Millisecond).Round(time.Millisecond), rep.RunID)
+}
+
+// progressBar draws the probe's progress on a terminal once the run has
+// lasted a second; elsewhere it draws nothing.
+type progressBar struct {
+	w     io.Writer
+	on    bool
+	start time.Time
+	now   func() time.Time
+	shown bool
+}
+
+func newProgressBar(w io.Writer, on bool) *progressBar {
+	return &progressBar{w: w, on: on, start: time.Now(), now: time.Now}
+}
+
+func (b *progressBar) update(done, total int) {
+	if !b.on || b.now().Sub(b.start) < time.Second {
+		return
+	}
+	total = max(total, done, 1)
+	const width = 30
+	fill := width * done / total
+	fmt.Fprintf(b.w, "\rprobing [%s%s] %d/%d", strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, total)
+	b.shown = true
+}
+
+// clear erases the bar, if it was drawn.
+func (b *progressBar) clear() {
+	if b.shown {
+		fmt.Fprint(b.w, "\r\033[K")
+		b.shown = false
+	}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -1,0 +1,326 @@
+package idemcli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/cmd/internal/probe"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
+)
+
+// api serves POST /items (guarded by idemhttp on memstore unless
+// unguarded) that counts what it creates (a body holding "refuse" is 400),
+// and GET /count.
+func api(t *testing.T, unguarded bool) (string, *atomic.Int64) {
+	t.Helper()
+	var created atomic.Int64
+	create := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var buf bytes.Buffer
+		buf.ReadFrom(r.Body)
+		if strings.Contains(buf.String(), "refuse") {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, "REFUSED", "Refused", "no")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	}))
+	if !unguarded {
+		mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		create = mw.Handler(create)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /items", create)
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Token") != "t" {
+			http.Error(w, "no token", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, `{"count":%d}`, created.Load())
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL, &created
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func idem(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := Main(context.Background(), args, strings.NewReader(stdin), &stdout, &stderr)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// TestProbePasses runs idem probe against idemhttp with the body from a
+// file, the refused body from standard input, flags on both sides of the
+// URL and the effect read with headers of its own: exit 0, a table with
+// every check passed, nothing on standard error (not a terminal), and the
+// handler created one item per key executed.
+func TestProbePasses(t *testing.T) {
+	t.Parallel()
+	base, created := api(t, false)
+	body := filepath.Join(t.TempDir(), "body.json")
+	if err := os.WriteFile(body, []byte(`{"name":"pen","qty":2}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := idem(t, `{"name":"refuse","qty":1}`, "probe", "-d", "@"+body, "-d4xx", "@-", "-n", "5",
+		base+"/items",
+		"-H", "X-Tenant: a", "-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("exit %d, stderr %q; stdout:\n%s", r.code, r.stderr, r.stdout)
+	}
+	for _, c := range probe.Checks {
+		if !strings.Contains(r.stdout, "\n"+c.ID+" ") {
+			t.Errorf("no row for %s:\n%s", c.ID, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, " fail ") || strings.Contains(r.stdout, " n/a ") ||
+		!strings.Contains(r.stdout, fmt.Sprintf("PASS: %d passed, 0 failed, 0 not applicable", len(probe.Checks))) {
+		t.Errorf("stdout:\n%s", r.stdout)
+	}
+	if created.Load() != 8 {
+		t.Errorf("the handler created %d items, want 8 (one per key executed)", created.Load())
+	}
+}
+
+// TestProbeJSON: -json prints the report; a failing API exits 1 with ok
+// false and the failing checks marked.
+func TestProbeJSON(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		unguarded bool
+		code      int
+	}{{"idempotent", false, 0}, {"not idempotent", true, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			base, created := api(t, c.unguarded)
+			r := idem(t, "", "probe", "-json", "-d", `{"name":"pen","qty":2}`, "-d4xx", `{"name":"refuse"}`,
+				"-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t", base+"/items")
+			if r.code != c.code || r.stderr != "" {
+				t.Fatalf("exit %d, stderr %q, want exit %d", r.code, r.stderr, c.code)
+			}
+			var rep struct {
+				URL         string `json:"url"`
+				Method      string `json:"method"`
+				KeyHeader   string `json:"key_header"`
+				Concurrency int    `json:"concurrency"`
+				DurationMS  int64  `json:"duration_ms"`
+				RunID       string `json:"run_id"`
+				Checks      []struct {
+					ID, Title, Status, Reason, Source string
+					Requests, Executions              int
+					EffectDelta                       *int64 `json:"effect_delta"`
+				} `json:"checks"`
+				Effect *struct {
+					URL, Path               string
+					Before, After, Expected int64
+				} `json:"effect"`
+				Requests, Passed, Failed int
+				NA                       int  `json:"not_applicable"`
+				OK                       bool `json:"ok"`
+			}
+			dec := json.NewDecoder(strings.NewReader(r.stdout))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&rep); err != nil {
+				t.Fatalf("%v:\n%s", err, r.stdout)
+			}
+			if rep.URL != base+"/items" || rep.Method != "POST" || rep.KeyHeader != "Idempotency-Key" || rep.Concurrency != 10 || rep.RunID == "" || len(rep.Checks) != len(probe.Checks) ||
+				rep.Effect == nil || rep.Effect.After != created.Load() || rep.Effect.Path != "count" || rep.OK != (c.code == 0) ||
+				rep.Passed+rep.Failed+rep.NA != len(rep.Checks) || (rep.Failed == 0) != rep.OK {
+				t.Fatalf("report %+v", rep)
+			}
+			for i, ch := range rep.Checks {
+				if ch.ID != probe.Checks[i].ID || ch.Title == "" || ch.Reason == "" || ch.Source == "" ||
+					(ch.Status != "pass" && ch.Status != "fail" && ch.Status != "n/a") || ch.EffectDelta == nil {
+					t.Errorf("check %d: %+v", i, ch)
+				}
+				if ch.ID == "concurrent" && (ch.Status == "fail") != c.unguarded {
+					t.Errorf("concurrent %s against %s", ch.Status, c.name)
+				}
+			}
+		})
+	}
+}
+
+// TestProbeTableFails: a failing API exits 1 with FAIL and the failing
+// checks' reasons in the table.
+func TestProbeTableFails(t *testing.T) {
+	t.Parallel()
+	base, _ := api(t, true)
+	r := idem(t, "", "probe", "-d", `{"name":"pen","qty":2}`, base+"/items")
+	if r.code != 1 || !strings.Contains(r.stdout, "\nFAIL: ") || !strings.Contains(r.stdout, "concurrent      fail") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestProbeUsageErrors: each bad flag or argument exits 2 with a message
+// naming the flag, and sends no request.
+func TestProbeUsageErrors(t *testing.T) {
+	t.Parallel()
+	base, created := api(t, false)
+	u := base + "/items"
+	var count atomic.Int64
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { count.Add(1) }))
+	t.Cleanup(counting.Close)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no URL"},
+		{[]string{u, u}, "one URL only"},
+		{[]string{"-H", "NoColon", u}, "-H"},
+		{[]string{"-H", "Bad Name: v", u}, "-H"},
+		{[]string{"-H", "Idempotency-Key: mine", u}, "-H: holds Idempotency-Key"},
+		{[]string{"-effect-header", ": v", u}, "-effect-header"},
+		{[]string{"-d", "@" + filepath.Join(t.TempDir(), "missing.json"), u}, "-d @"},
+		{[]string{"-d", "@", u}, "-d @"},
+		{[]string{"-d", "@-", "-d4xx", "@-", u}, "-d4xx @-"},
+		{[]string{"-n", "1", u}, "-n:"},
+		{[]string{"-n", "x", u}, "-n"},
+		{[]string{"-X", "GET", u}, "-X:"},
+		{[]string{"-header", "Bad Name", u}, "-header:"},
+		{[]string{"-max-key", "3", u}, "-max-key:"},
+		{[]string{"-timeout", "0s", u}, "-timeout"},
+		{[]string{"-effect-url", counting.URL, u}, "-effect-url without -effect-json-path"},
+		{[]string{"-effect-json-path", "count", u}, "-effect-json-path without -effect-url"},
+		{[]string{"-effect-header", "X-Token: t", u}, "-effect-header without -effect-url"},
+		{[]string{"-effect-url", counting.URL, "-effect-json-path", "a..b", u}, "-effect-json-path:"},
+		{[]string{"ftp://example.com/"}, "URL:"},
+		{[]string{u, "-nope"}, "-nope"},
+		{[]string{"-nope", u}, "-nope"},
+	} {
+		r := idem(t, "", append([]string{"probe"}, c.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.HasPrefix(r.stderr, "idem probe: ") || r.stdout != "" {
+			t.Errorf("idem probe %q: exit %d, stderr %q, stdout %q; want exit 2 and %q", c.args, r.code, r.stderr, r.stdout, c.want)
+		}
+	}
+	if created.Load() != 0 || count.Load() != 0 {
+		t.Errorf("usage errors sent requests: %d created, %d effect reads", created.Load(), count.Load())
+	}
+}
+
+// TestProbeRunErrors: a request the API refuses, and an effect that
+// cannot be read, exit 1 with the flags to fix.
+func TestProbeRunErrors(t *testing.T) {
+	t.Parallel()
+	base, created := api(t, false)
+	r := idem(t, "", "probe", "-d", `{"name":"refuse"}`, base+"/items")
+	if r.code != 1 || !strings.Contains(r.stderr, "400 Bad Request") || !strings.Contains(r.stderr, "-H") || !strings.Contains(r.stderr, "-d") {
+		t.Errorf("refused first request: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// GET /count needs X-Token: without -effect-header it answers 401.
+	r = idem(t, "", "probe", "-d", `{"name":"pen"}`, "-effect-url", base+"/count", "-effect-json-path", "count", base+"/items")
+	if r.code != 1 || !strings.Contains(r.stderr, "-effect-url") || !strings.Contains(r.stderr, "401") {
+		t.Errorf("unreadable effect: exit %d, stderr %q", r.code, r.stderr)
+	}
+	// Nothing listens on a closed server's address.
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	r = idem(t, "", "probe", "-d", `{"name":"pen"}`, closed.URL+"/items")
+	if r.code != 1 || !strings.Contains(r.stderr, "got no answer") || !strings.Contains(r.stderr, "server is up") {
+		t.Errorf("no server: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if created.Load() != 0 {
+		t.Errorf("%d created", created.Load())
+	}
+}
+
+func TestProbeHelp(t *testing.T) {
+	t.Parallel()
+	r := idem(t, "", "help", "probe")
+	if r.code != 0 {
+		t.Fatalf("exit %d", r.code)
+	}
+	for _, c := range probe.Checks {
+		if !strings.Contains(r.stdout, "  "+c.ID+" ("+c.Source+")\n") {
+			t.Errorf("help lacks check %s (%s)", c.ID, c.Source)
+		}
+	}
+	for _, f := range []string{"-X", "-H", "-d", "-d4xx", "-n", "-header", "-max-key", "-timeout", "-json", "-effect-url", "-effect-json-path", "-effect-header", "-k", "-insecure"} {
+		if !strings.Contains(r.stdout, "\n  "+f+" ") && !strings.Contains(r.stdout, "\n  "+f+"\n") && !strings.Contains(r.stdout, "\n  "+f+"\t") {
+			t.Errorf("help lacks flag %s", f)
+		}
+	}
+	if r2 := idem(t, "", "probe", "-h"); r2.code != 0 || r2.stdout != r.stdout {
+		t.Errorf("idem probe -h: exit %d, differs from idem help probe", r2.code)
+	}
+}
+
+// TestProgressBar: nothing in the first second or off a terminal; then a
+// bar, erased at the end.
+func TestProgressBar(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	now := time.Now()
+	b := newProgressBar(&buf, true)
+	b.now = func() time.Time { return now }
+	b.update(1, 10)
+	if buf.Len() != 0 {
+		t.Fatalf("drawn in the first second: %q", buf.String())
+	}
+	now = now.Add(2 * time.Second)
+	b.update(5, 10)
+	b.update(12, 10) // retries after 409 pass the plan
+	b.clear()
+	if want := "\rprobing [###############...............] 5/10\rprobing [##############################] 12/12\r\033[K"; buf.String() != want {
+		t.Errorf("drew %q, want %q", buf.String(), want)
+	}
+	buf.Reset()
+	off := newProgressBar(&buf, false)
+	off.now = func() time.Time { return now.Add(time.Hour) }
+	off.update(5, 10)
+	off.clear()
+	if buf.Len() != 0 || isTerminal(&buf) {
+		t.Errorf("drawn off a terminal: %q", buf.String())
+	}
+}
+
+// TestProbeInsecure: a server whose certificate no authority signed is
+// refused without -k and probed with it (and with -insecure).
+func TestProbeInsecure(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	srv := httptest.NewTLSServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	})))
+	t.Cleanup(srv.Close)
+	r := idem(t, "", "probe", "-d", `{"a":1,"b":2}`, srv.URL)
+	if r.code != 1 || !strings.Contains(r.stderr, "certificate") || created.Load() != 0 {
+		t.Fatalf("without -k: exit %d, stderr %q, %d created", r.code, r.stderr, created.Load())
+	}
+	for _, flag := range []string{"-k", "-insecure"} {
+		before := created.Load()
+		r = idem(t, "", "probe", flag, "-d", `{"a":1,"b":2}`, srv.URL)
+		if r.code != 0 || created.Load()-before != 8 {
+			t.Errorf("%s: exit %d, %d created; stdout:\n%s\nstderr:\n%s", flag, r.code, created.Load()-before, r.stdout, r.stderr)
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package probe
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime"
+	"net/url"
+	"strings"
+)
+
+// isJSON reports whether body is one JSON value.
+func isJSON(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var v json.RawMessage
+	if err := dec.Decode(&v); err != nil {
+		return false
+	}
+	_, err := dec.Token()
+	return err == io.EOF
+}
+
+// member is one member of a JSON object, its value as written.
+type member struct {
+	name  json.RawMessage // the name as written, quotes included
+	value json.RawMessage
+}
+
+// objectMembers returns the members of body, a JSON object, in the order
+// written; ok is false when body is not one JSON object.
+func objectMembers(body []byte) (ms []member, ok bool) {
+	if !isJSON(body) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if d, isDelim := tok.(json.Delim); err != nil || !isDelim || d != '{' {
+		return nil, false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		name, _ := json.Marshal(tok.(string))
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, false
+		}
+		ms = append(ms, member{name: name, value: v})
+	}
+	return ms, true
+}
+
+// reordered returns body, a JSON object of two or more members, with its
+// members in reverse order (their values as written); ok is false for any
+// other body.
+func reordered(body []byte) (out []byte, ok bool) {
+	ms, ok := objectMembers(body)
+	if !ok || len(ms) < 2 {
+		return nil, false
+	}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i := len(ms) - 1; i >= 0; i-- {
+		b.Write(ms[i].name)
+		b.WriteByte(':')
+		b.Write(ms[i].value)
+		if i > 0 {
+			b.WriteByte(',')
+		}
+	}
+	b.WriteByte('}')
+	return b.Bytes(), true
+}
+
+// otherBody returns a body other than body, of the same kind, for the
+// mismatch check: a JSON object gains the member "idem_probe"; other JSON
+// is replaced by {"idem_probe": tag}; a form (or any other body) gains the
+// field idem_probe=tag.
+func otherBody(body []byte, contentType, tag string) []byte {
+	if ms, ok := objectMembers(body); ok {
+		var b bytes.Buffer
+		b.WriteByte('{')
+		for _, m := range ms {
+			b.Write(m.name)
+			b.WriteByte(':')
+			b.Write(m.value)
+			b.WriteByte(',')
+		}
+		name, _ := json.Marshal("idem_probe")
+		value, _ := json.Marshal(tag)
+		b.Write(name)
+		b.WriteByte(':')
+		b.Write(value)
+		b.WriteByte('}')
+		return b.Bytes()
+	}
+	if isJSON(body) || isJSONType(contentType) {
+		out, _ := json.Marshal(map[string]string{"idem_probe": tag})
+		return out
+	}
+	field := "idem_probe=" + url.QueryEscape(tag)
+	if len(body) == 0 {
+		return []byte(field)
+	}
+	return append(append(bytes.Clone(body), '&'), field...)
+}
+
+// isJSONType reports whether a Content-Type is JSON (application/json or
+// a +json type).
+func isJSONType(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// defaultContentType is the Content-Type the probe sends with a body when
+// no -H gives one: application/json for a JSON body, else curl's
+// application/x-www-form-urlencoded.
+func defaultContentType(body []byte) string {
+	if isJSON(body) {
+		return "application/json"
+	}
+	return "application/x-www-form-urlencoded"
+}

@@ -1,0 +1,459 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+)
+
+// Info describes a check.
+type Info struct {
+	// ID is the check's stable name, in reports and -json.
+	ID string
+	// Title says what the check expects, in a line.
+	Title string
+	// Source is where the expectation comes from: "draft §N" is a section
+	// of draft-ietf-httpapi-idempotency-key-header-07, "Stripe" is
+	// Stripe's documented practice (stripe.com/docs/api/idempotent_requests).
+	Source string
+	// Explain says what the check sends and what passes, for idem help probe.
+	Explain string
+
+	run func(ctx context.Context, c *check) (Status, string, error)
+}
+
+// Checks are the checks, in the order they run and are reported.
+var Checks = []Info{
+	{
+		ID:     "retry-replay",
+		Title:  "sequential retries replay the first answer, marked as replays",
+		Source: "draft §2.6; Stripe",
+		Explain: "Sends the request with a fresh key, then retries it twice, one after the other. " +
+			"Each retry must get the first answer again byte for byte (status, Content-Type, Location, body) " +
+			"with Idempotent-Replayed: true, so that a client can tell a replay from a new execution. " +
+			"A retry answered 409 is retried after its Retry-After (at most 8 times). " +
+			"The first request must be answered 2xx: if it is not, the probe stops and says what it got.",
+		run: checkRetryReplay,
+	},
+	{
+		ID:     "concurrent",
+		Title:  "N concurrent requests with one key execute once; the others replay or get 409",
+		Source: "draft §2.6, §2.7",
+		Explain: "Sends -n requests with one fresh key at once. Exactly one may execute; every other one must " +
+			"be a replay of its answer (marked, or the same bytes) or 409 Conflict. Unmarked 2xx answers with " +
+			"different bodies are executions of their own.",
+		run: checkConcurrent,
+	},
+	{
+		ID:     "mismatch-422",
+		Title:  "the same key with another body is refused with 422",
+		Source: "draft §2.2, §2.7",
+		Explain: "Sends the request with a fresh key, then the same key with another body (a JSON object gains " +
+			"the member \"idem_probe\", a form the field idem_probe=…). The second must be 422 Unprocessable " +
+			"Content, not executed and not a replay of the first.",
+		run: checkMismatch,
+	},
+	{
+		ID:     "after-mismatch",
+		Title:  "after a 422 the original request still replays",
+		Source: "draft §2.7; Stripe",
+		Explain: "After the mismatch check's 422, sends the original body under its key again: it must replay " +
+			"the first answer (a refused request does not poison the key's record). Not applicable when the " +
+			"mismatch check got no 422.",
+		run: checkAfterMismatch,
+	},
+	{
+		ID:     "reordered-json",
+		Title:  "the same JSON with its members reordered is the same request",
+		Source: "draft §2.4",
+		Explain: "Sends a JSON object body with a fresh key, then its members in reverse order under the same " +
+			"key: that is the same request (a fingerprint over the payload's fields), so it must replay the " +
+			"first answer, not 422. Not applicable when the body is not a JSON object of two members or more.",
+		run: checkReordered,
+	},
+	{
+		ID:     "two-keys",
+		Title:  "two keys with the same body execute twice",
+		Source: "draft §2.2; Stripe",
+		Explain: "Sends the same body under two fresh keys: the key, not the body, names a request, so both must " +
+			"execute (2xx, neither marked as a replay).",
+		run: checkTwoKeys,
+	},
+	{
+		ID:     "header-case",
+		Title:  "the key's header name is case-insensitive",
+		Source: "RFC 9110 §5.1",
+		Explain: "Sends a fresh key under the header name in lower case (as HTTP/2 does), then the same key under " +
+			"the name in upper case: the first must execute, the second replay it.",
+		run: checkHeaderCase,
+	},
+	{
+		ID:     "quoted-key",
+		Title:  "an RFC 8941 quoted key equals its bare form",
+		Source: "draft §2.1; RFC 8941 §3.3.3",
+		Explain: "Sends a fresh key bare (as Stripe's clients do), then the same key as an sf-string (\"key\", " +
+			"the draft's syntax): the second must replay the first, neither refused nor executed again.",
+		run: checkQuoted,
+	},
+	{
+		ID:     "missing-key",
+		Title:  "a request without a key is refused with 400 where a key is required",
+		Source: "draft §2.7",
+		Explain: "Sends the request without the key header: 400 passes; 2xx makes the check not applicable " +
+			"(the API runs keyless requests unguarded, and says so); anything else fails.",
+		run: checkMissing,
+	},
+	{
+		ID:     "malformed-key",
+		Title:  "a malformed key is refused with 400",
+		Source: "draft §2.1, §5",
+		Explain: "Sends three malformed keys: an empty value, a value that is not UTF-8, and one with a tab inside " +
+			"(a control character). Each must be 400: the draft asks servers to validate keys before any lookup.",
+		run: checkMalformed,
+	},
+	{
+		ID:     "overlong-key",
+		Title:  "a key over the maximum length is refused with 400",
+		Source: "draft §5; Stripe",
+		Explain: "Sends a key one byte longer than -max-key (255 by default, Stripe's and idem's limit): it " +
+			"must be 400, not truncated nor taken.",
+		run: checkOverlong,
+	},
+	{
+		ID:     "stored-4xx",
+		Title:  "a 4xx answer is stored and replayed",
+		Source: "draft §2.6; Stripe",
+		Explain: "Sends the -d4xx body (one the API refuses with a 4xx other than 409, 408, 425 and 429) with a " +
+			"fresh key twice: the retry must replay the refusal byte for byte, marked as a replay (unmarked, " +
+			"it cannot be told from the request running again). Not applicable without -d4xx.",
+		run: checkStored4xx,
+	},
+	{
+		ID:     "get-untouched",
+		Title:  "a GET carrying a key is not intercepted",
+		Source: "draft §1; Stripe",
+		Explain: "Sends GET to the URL twice with a fresh key, then once with the concurrent check's key: GET is " +
+			"idempotent and keys do not apply to it, so no answer may be a replay, a 409 or a 422 (whatever " +
+			"else the URL answers to GET, 405 included, passes).",
+		run: checkGet,
+	},
+	effectInfo,
+}
+
+var effectInfo = Info{
+	ID:     "effect",
+	Title:  "the effect moved exactly once per key executed",
+	Source: "payment teams' practice",
+	Explain: "With -effect-url and -effect-json-path, reads the count before the first check and after each " +
+		"one: over the run, and in every check, it must move by exactly the number of executions the answers " +
+		"show (distinct keys answered 2xx, and keyless requests answered 2xx). A check whose answers look right " +
+		"but whose effect moved otherwise fails too. Not applicable without them.",
+}
+
+func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
+	key := c.p.newKey()
+	first := c.settle(ctx, c.keyed(key))
+	if !first.ok() {
+		e := &NotAcceptedError{Status: first.status, Body: excerpt(first.body), Err: first.err}
+		return "", "", e
+	}
+	for i := 1; i <= 2; i++ {
+		a := c.settle(ctx, c.keyed(key))
+		switch {
+		case !first.same(a):
+			return Fail, fmt.Sprintf("retry %d got %s; the first answer was %s", i, a, first), nil
+		case !a.replayed():
+			return Fail, fmt.Sprintf("retry %d repeated the first answer (%s) without %s: true, so a client cannot tell a replay from a new execution",
+				i, statusText(a.status), ReplayedHeader), nil
+		}
+	}
+	return Pass, fmt.Sprintf("2 retries got the first answer (%s) byte for byte, marked %s: true", statusText(first.status), ReplayedHeader), nil
+}
+
+func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
+	n := c.p.cfg.Concurrency
+	key := c.p.newKey()
+	c.p.concurrentKey = key
+	answers := make([]*answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			answers[i] = c.send(ctx, c.keyed(key))
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	var conflicts, marked, unmarked int
+	var executions []*answer // distinct unmarked 2xx answers
+	var bad []string
+	for i, a := range answers {
+		switch {
+		case a.err != nil:
+			bad = append(bad, fmt.Sprintf("request %d: %s", i+1, a))
+		case a.status == http.StatusConflict:
+			conflicts++
+		case a.replayed():
+			marked++
+		case a.ok():
+			known := false
+			for _, e := range executions {
+				if e.same(a) {
+					known = true
+					unmarked++
+					break
+				}
+			}
+			if !known {
+				executions = append(executions, a)
+			}
+		default:
+			bad = append(bad, fmt.Sprintf("request %d got %s", i+1, a))
+		}
+	}
+	if len(bad) > 0 {
+		return Fail, fmt.Sprintf("%d of %d requests got neither a 2xx nor 409: %s", len(bad), n, strings.Join(first3(bad), "; ")), nil
+	}
+	switch len(executions) {
+	case 0:
+		return Fail, fmt.Sprintf("no request executed: %d got 409 and %d were marked replays of an execution none of them saw", conflicts, marked), nil
+	case 1:
+	default:
+		return Fail, fmt.Sprintf("%d of %d requests with one key executed (2xx answers, not marked as replays, with different bodies)", len(executions), n), nil
+	}
+	for i, a := range answers {
+		if a.replayed() && !a.same(executions[0]) {
+			return Fail, fmt.Sprintf("request %d was marked a replay but got %s; the execution's answer was %s", i+1, a, executions[0]), nil
+		}
+	}
+	how := fmt.Sprintf("%d marked %s", marked, ReplayedHeader)
+	if unmarked > 0 {
+		how += fmt.Sprintf(", %d unmarked with its bytes", unmarked)
+	}
+	return Pass, fmt.Sprintf("%d requests with one key: 1 executed (%s), %d replayed (%s), %d got 409",
+		n, statusText(executions[0].status), marked+unmarked, how, conflicts), nil
+}
+
+func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
+	key := c.p.newKey()
+	first := c.settle(ctx, c.keyed(key))
+	st := &mismatchState{key: key, first: first}
+	c.p.mismatch = st
+	if !first.ok() {
+		return Fail, "the first request with a fresh key got " + first.String(), nil
+	}
+	rq := c.keyed(key)
+	rq.body = otherBody(c.p.cfg.Body, c.p.cfg.Header.Get("Content-Type"), c.p.runID)
+	a := c.settle(ctx, rq)
+	switch {
+	case a.err == nil && a.status == http.StatusUnprocessableEntity:
+		st.got422 = true
+		return Pass, "the key with another body got 422", nil
+	case a.replayed() || first.same(a):
+		return Fail, "the key with another body got the first answer replayed (" + statusText(a.status) + "): the API does not compare the request with the key's first", nil
+	default:
+		return Fail, "the key with another body got " + a.String() + "; the draft says 422", nil
+	}
+}
+
+func checkAfterMismatch(ctx context.Context, c *check) (Status, string, error) {
+	st := c.p.mismatch
+	if st == nil || !st.got422 {
+		return NotApplicable, "the mismatch check got no 422", nil
+	}
+	a := c.settle(ctx, c.keyed(st.key))
+	if !st.first.same(a) {
+		return Fail, "the original request after the 422 got " + a.String() + "; its first answer was " + st.first.String() + ": the refused request poisoned the key", nil
+	}
+	return Pass, "the original request after the 422 got its first answer (" + statusText(a.status) + ") again", nil
+}
+
+func checkReordered(ctx context.Context, c *check) (Status, string, error) {
+	other, ok := reordered(c.p.cfg.Body)
+	if !ok {
+		return NotApplicable, "the body is not a JSON object of two members or more", nil
+	}
+	key := c.p.newKey()
+	first := c.settle(ctx, c.keyed(key))
+	if !first.ok() {
+		return Fail, "the first request with a fresh key got " + first.String(), nil
+	}
+	rq := c.keyed(key)
+	rq.body = other
+	a := c.settle(ctx, rq)
+	switch {
+	case first.same(a):
+		return Pass, "the body with its members reversed got the first answer (" + statusText(a.status) + ") again", nil
+	case a.err == nil && a.status == http.StatusUnprocessableEntity:
+		return Fail, "the body with its members reversed got 422: the API compares bytes, not the JSON they encode", nil
+	default:
+		return Fail, "the body with its members reversed got " + a.String() + "; the first answer was " + first.String(), nil
+	}
+}
+
+func checkTwoKeys(ctx context.Context, c *check) (Status, string, error) {
+	a := c.settle(ctx, c.keyed(c.p.newKey()))
+	b := c.settle(ctx, c.keyed(c.p.newKey()))
+	for i, x := range []*answer{a, b} {
+		if !x.ok() {
+			return Fail, fmt.Sprintf("key %d got %s", i+1, x), nil
+		}
+	}
+	if b.replayed() {
+		return Fail, "the second key's answer is marked as a replay: the API matches requests by their body, not by the key", nil
+	}
+	if a.same(b) {
+		return Pass, "both keys got 2xx, neither marked as a replay (their answers are byte-identical: only the effect tells two executions from one)", nil
+	}
+	return Pass, "both keys executed: 2xx, different answers, neither marked as a replay", nil
+}
+
+func checkHeaderCase(ctx context.Context, c *check) (Status, string, error) {
+	name := c.p.cfg.KeyHeader
+	lower, upper := strings.ToLower(name), strings.ToUpper(name)
+	key := c.p.newKey()
+	rq := c.keyed(key)
+	rq.keyName = lower
+	first := c.settle(ctx, rq)
+	if !first.ok() {
+		return Fail, fmt.Sprintf("the key under %q got %s", lower, first), nil
+	}
+	rq.keyName = upper
+	a := c.settle(ctx, rq)
+	if !first.same(a) {
+		return Fail, fmt.Sprintf("the key sent under %q, then under %q, got %s, then %s: the second spelling was not read as the same header", lower, upper, first, a), nil
+	}
+	return Pass, fmt.Sprintf("the key under %q executed, under %q it replayed", lower, upper), nil
+}
+
+func checkQuoted(ctx context.Context, c *check) (Status, string, error) {
+	key := c.p.newKey()
+	first := c.settle(ctx, c.keyed(key))
+	if !first.ok() {
+		return Fail, "the first request with a fresh key got " + first.String(), nil
+	}
+	rq := c.keyed(key)
+	rq.keyValue = `"` + key + `"`
+	a := c.settle(ctx, rq)
+	switch {
+	case first.same(a):
+		return Pass, "the quoted key got the bare key's answer (" + statusText(a.status) + ") again", nil
+	case a.err == nil && a.status == http.StatusBadRequest:
+		return Fail, "the quoted key was refused: " + a.String() + "; the draft's syntax is an RFC 8941 string", nil
+	default:
+		return Fail, "the quoted key got " + a.String() + "; the bare key got " + first.String() + ": the quotes were taken as part of the key", nil
+	}
+}
+
+func checkMissing(ctx context.Context, c *check) (Status, string, error) {
+	a := c.send(ctx, request{body: c.p.cfg.Body})
+	switch {
+	case a.err == nil && a.status == http.StatusBadRequest:
+		return Pass, "a request without " + c.p.cfg.KeyHeader + " got 400", nil
+	case a.ok():
+		return NotApplicable, "a request without " + c.p.cfg.KeyHeader + " got " + statusText(a.status) + ": the API runs keyless requests unguarded (a client that forgets the key gets no protection)", nil
+	default:
+		return Fail, "a request without " + c.p.cfg.KeyHeader + " got " + a.String() + "; the draft says 400", nil
+	}
+}
+
+// malformedKeys are the malformed keys: what they are, and their value.
+var malformedKeys = []struct{ what, value string }{
+	{"an empty key", ""},
+	{"a key that is not UTF-8", "probe-\xff\xfe-not-utf8"},
+	{"a key with a tab inside", "probe-\tkey"},
+}
+
+func checkMalformed(ctx context.Context, c *check) (Status, string, error) {
+	var bad []string
+	for _, m := range malformedKeys {
+		value := m.value
+		if value != "" {
+			value += "-" + randomHex(8)
+		}
+		a := c.send(ctx, request{body: c.p.cfg.Body, keyName: c.p.cfg.KeyHeader, keyValue: value, key: value})
+		if a.err != nil || a.status != http.StatusBadRequest {
+			bad = append(bad, m.what+" got "+a.String())
+		}
+	}
+	if len(bad) > 0 {
+		return Fail, strings.Join(bad, "; "), nil
+	}
+	return Pass, fmt.Sprintf("%d malformed keys (empty, not UTF-8, a tab inside) each got 400", len(malformedKeys)), nil
+}
+
+func checkOverlong(ctx context.Context, c *check) (Status, string, error) {
+	n := c.p.cfg.MaxKeyLen + 1
+	key := c.p.newKey()
+	for len(key) < n {
+		key += randomHex(16)
+	}
+	key = key[:n]
+	a := c.send(ctx, c.keyed(key))
+	if a.err == nil && a.status == http.StatusBadRequest {
+		return Pass, fmt.Sprintf("a key of %d bytes got 400", n), nil
+	}
+	return Fail, fmt.Sprintf("a key of %d bytes (over the %d that -max-key says) got %s", n, n-1, a), nil
+}
+
+func checkStored4xx(ctx context.Context, c *check) (Status, string, error) {
+	if c.p.cfg.RefusedBody == nil {
+		return NotApplicable, "give -d4xx with a body the API refuses with a 4xx (an unknown product, say) to check that refusals are stored", nil
+	}
+	key := c.p.newKey()
+	rq := c.keyed(key)
+	rq.body = c.p.cfg.RefusedBody
+	first := c.settle(ctx, rq)
+	if first.err != nil || first.status < 400 || first.status > 499 {
+		return Fail, "the -d4xx body got " + first.String() + "; give -d4xx a body the API refuses with a 4xx", nil
+	}
+	switch first.status {
+	case http.StatusConflict, http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return Fail, "the -d4xx body got " + statusText(first.status) + ", an answer a retry is meant to run again; give -d4xx a body the API refuses for good (400, 404, 422)", nil
+	}
+	a := c.settle(ctx, rq)
+	switch {
+	case !first.same(a):
+		return Fail, "the retry got " + a.String() + "; the first answer was " + first.String(), nil
+	case !a.replayed():
+		return Fail, "the retry got the same " + statusText(a.status) + " without " + ReplayedHeader + ": true: the refusal was not stored (the request ran again) or its replay is not marked", nil
+	}
+	return Pass, "the retry got the stored " + statusText(a.status) + " byte for byte, marked " + ReplayedHeader + ": true", nil
+}
+
+func checkGet(ctx context.Context, c *check) (Status, string, error) {
+	key := c.p.newKey()
+	get := request{method: http.MethodGet, keyName: c.p.cfg.KeyHeader, keyValue: key, key: key, get: true}
+	var answers []*answer
+	answers = append(answers, c.send(ctx, get), c.send(ctx, get))
+	if c.p.concurrentKey != "" {
+		get.keyValue, get.key = c.p.concurrentKey, c.p.concurrentKey
+		answers = append(answers, c.send(ctx, get))
+	}
+	for i, a := range answers {
+		what := fmt.Sprintf("GET %d with a fresh key", i+1)
+		if i == 2 {
+			what = "GET with the key of the concurrent check's " + c.p.cfg.Method
+		}
+		switch {
+		case a.err != nil:
+			return Fail, what + " got " + a.String(), nil
+		case a.replayed():
+			return Fail, what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
+		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
+			return Fail, what + " got " + a.String() + ": GET requests are intercepted", nil
+		}
+	}
+	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409 or 422", statusText(answers[0].status)), nil
+}
+
+func first3(s []string) []string {
+	if len(s) > 3 {
+		return append(s[:3:3], fmt.Sprintf("and %d more", len(s)-3))
+	}
+	return s
+}

@@ -1,0 +1,686 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Defaults of Config.
+const (
+	// DefaultConcurrency is the number of concurrent requests with one key
+	// of the concurrent check.
+	DefaultConcurrency = 10
+	// DefaultKeyHeader is the request header that carries the key.
+	DefaultKeyHeader = "Idempotency-Key"
+	// DefaultMaxKeyLen is the longest key the API is expected to take
+	// (Stripe's and idem's limit): the overlong check sends one byte more.
+	DefaultMaxKeyLen = 255
+	// DefaultTimeout bounds each request.
+	DefaultTimeout = 30 * time.Second
+	// MaxConcurrency is the largest Config.Concurrency.
+	MaxConcurrency = 1000
+)
+
+// ReplayedHeader ("true") is the response header that marks a replay, as
+// Stripe and idemhttp send it.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// maxAnswer is the largest response body the probe reads; more is an error.
+const maxAnswer = 16 << 20
+
+// Config says what to probe and how. The zero value of each field means
+// its default; URL is required.
+type Config struct {
+	// URL is the endpoint whose requests carry idempotency keys (POST
+	// https://api.example.com/v1/orders). http and https only.
+	URL string
+	// Method is the request method; "" means POST. GET, HEAD, OPTIONS
+	// and TRACE are refused: they are idempotent without any key.
+	Method string
+	// Header holds the headers sent with every request (authentication,
+	// a tenant, Content-Type). It must not hold the key header. With a
+	// Body and no Content-Type the probe sends application/json for a JSON
+	// body and application/x-www-form-urlencoded otherwise, as curl -d.
+	Header http.Header
+	// Body is the body of a request the API accepts (2xx) and executes.
+	Body []byte
+	// RefusedBody, when not nil, is a body the API refuses with a 4xx
+	// other than 409 (an unknown product, say): the stored-4xx check sends
+	// it twice under one key. Nil makes that check not applicable.
+	RefusedBody []byte
+	// Concurrency is the number of concurrent requests with one key; 0
+	// means DefaultConcurrency; at most MaxConcurrency.
+	Concurrency int
+	// KeyHeader is the name of the key's header; "" means Idempotency-Key.
+	KeyHeader string
+	// MaxKeyLen is the longest key the API documents; the overlong check
+	// sends a key one byte longer. 0 means DefaultMaxKeyLen.
+	MaxKeyLen int
+	// Timeout bounds each request (and each read of the effect); 0 means
+	// DefaultTimeout.
+	Timeout time.Duration
+	// EffectURL, with EffectPath, is read with GET before and after each
+	// check: the count at EffectPath in its JSON answer must move exactly
+	// once per key an answer shows executed. Both or neither.
+	EffectURL string
+	// EffectPath selects the count in EffectURL's answer (see Path).
+	EffectPath string
+	// EffectHeader holds the headers of the effect's GET; nil means Header
+	// (without Content-Type).
+	EffectHeader http.Header
+	// Insecure skips the verification of the server's TLS certificate.
+	Insecure bool
+	// Client sends the requests; nil means a client of the probe's own
+	// (which follows no redirect). A Client's Timeout and redirect policy
+	// are its own.
+	Client *http.Client
+	// Progress, when not nil, is called after each request with the
+	// number of requests sent and the number planned (which retries after
+	// 409 can pass: done may exceed total). Calls are serialised.
+	Progress func(done, total int)
+}
+
+// ConfigError is a Config the probe cannot run with: Field names the
+// field, Msg says what is wrong and how to fix it.
+type ConfigError struct {
+	Field string
+	Msg   string
+}
+
+func (e *ConfigError) Error() string { return "probe: " + e.Field + ": " + e.Msg }
+
+// NotAcceptedError reports that the first request, with a fresh key and the
+// Config's method, headers and body, was not answered 2xx: the checks need
+// a request the API accepts. Err is set when no answer came at all.
+type NotAcceptedError struct {
+	Status int
+	Body   string // the start of the answer's body
+	Err    error
+}
+
+func (e *NotAcceptedError) Error() string {
+	if e.Err != nil {
+		return "the first request got no answer: " + e.Err.Error()
+	}
+	return fmt.Sprintf("the first request, with a fresh key, was answered %s: %s", statusText(e.Status), e.Body)
+}
+
+func (e *NotAcceptedError) Unwrap() error { return e.Err }
+
+// EffectError reports a read of the effect that failed: no answer, not
+// 2xx, or no count at the path.
+type EffectError struct {
+	URL    string
+	Status int // 0 when no answer came
+	Msg    string
+}
+
+func (e *EffectError) Error() string {
+	if e.Status == 0 {
+		return "GET " + e.URL + ": " + e.Msg
+	}
+	return fmt.Sprintf("GET %s answered %s: %s", e.URL, statusText(e.Status), e.Msg)
+}
+
+// Status is the outcome of a check.
+type Status string
+
+// Outcomes of a check.
+const (
+	Pass          Status = "pass"
+	Fail          Status = "fail"
+	NotApplicable Status = "n/a"
+)
+
+// Result is the outcome of one check.
+type Result struct {
+	// ID is the check's stable name (see Checks).
+	ID string `json:"id"`
+	// Title says what the check expects.
+	Title string `json:"title"`
+	// Status is pass, fail or n/a.
+	Status Status `json:"status"`
+	// Reason says what the API answered, and why that passes, fails or
+	// does not apply.
+	Reason string `json:"reason"`
+	// Source is where the expectation comes from.
+	Source string `json:"source"`
+	// Requests is the number of requests the check sent.
+	Requests int `json:"requests"`
+	// Executions is the number of executions the answers show (distinct
+	// keys answered 2xx, and keyless requests answered 2xx).
+	Executions int `json:"executions"`
+	// EffectDelta is how much the effect's count moved during the check;
+	// nil without Config.EffectURL.
+	EffectDelta *int64 `json:"effect_delta,omitempty"`
+}
+
+// Effect is what the effect's count did over the whole run.
+type Effect struct {
+	URL      string `json:"url"`
+	Path     string `json:"path"`
+	Before   int64  `json:"before"`
+	After    int64  `json:"after"`
+	Expected int64  `json:"expected"`
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	URL         string   `json:"url"`
+	Method      string   `json:"method"`
+	KeyHeader   string   `json:"key_header"`
+	RunID       string   `json:"run_id"`
+	Concurrency int      `json:"concurrency"`
+	Checks      []Result `json:"checks"`
+	Effect      *Effect  `json:"effect,omitempty"`
+	Requests    int      `json:"requests"`
+	Passed      int      `json:"passed"`
+	Failed      int      `json:"failed"`
+	NA          int      `json:"not_applicable"`
+	// OK is true when no check failed.
+	OK         bool  `json:"ok"`
+	DurationMS int64 `json:"duration_ms"`
+}
+
+// Run probes the API that cfg describes and returns the report. Its error
+// is a *ConfigError for a Config it cannot use, a *NotAcceptedError when
+// the API does not accept the first request, an *EffectError when the
+// effect cannot be read, or the context's error.
+func Run(ctx context.Context, cfg *Config) (*Report, error) {
+	if cfg == nil {
+		return nil, &ConfigError{Field: "URL", Msg: "required"}
+	}
+	c := *cfg
+	if err := c.normalize(); err != nil {
+		return nil, err
+	}
+	p, err := newProber(&c)
+	if err != nil {
+		return nil, err
+	}
+	defer p.close()
+	return p.run(ctx)
+}
+
+func (c *Config) normalize() error {
+	if c.URL == "" {
+		return &ConfigError{Field: "URL", Msg: "required: the endpoint whose requests carry the key (https://api.example.com/orders)"}
+	}
+	if err := checkURL(c.URL); err != nil {
+		return &ConfigError{Field: "URL", Msg: err.Error()}
+	}
+	if c.Method == "" {
+		c.Method = http.MethodPost
+	}
+	if !isToken(c.Method) {
+		return &ConfigError{Field: "Method", Msg: fmt.Sprintf("%q is not an HTTP method; give POST, PATCH, PUT or DELETE", c.Method)}
+	}
+	switch strings.ToUpper(c.Method) {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return &ConfigError{Field: "Method", Msg: fmt.Sprintf("%s is idempotent without a key; probe the method that changes something (POST, PATCH)", c.Method)}
+	}
+	if c.KeyHeader == "" {
+		c.KeyHeader = DefaultKeyHeader
+	}
+	if !isToken(c.KeyHeader) {
+		return &ConfigError{Field: "KeyHeader", Msg: fmt.Sprintf("%q is not a header name", c.KeyHeader)}
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Concurrency < 2 || c.Concurrency > MaxConcurrency {
+		return &ConfigError{Field: "Concurrency", Msg: fmt.Sprintf("%d is out of range; give 2 to %d", c.Concurrency, MaxConcurrency)}
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.MaxKeyLen < keyLen || c.MaxKeyLen > 1<<16 {
+		return &ConfigError{Field: "MaxKeyLen", Msg: fmt.Sprintf("%d is out of range; the probe's keys are %d bytes, give %d to %d", c.MaxKeyLen, keyLen, keyLen, 1<<16)}
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Timeout < 0 {
+		return &ConfigError{Field: "Timeout", Msg: "negative; give a positive duration (30s)"}
+	}
+	c.Header = c.Header.Clone()
+	if c.Header == nil {
+		c.Header = http.Header{}
+	}
+	for name := range c.Header {
+		if strings.EqualFold(name, c.KeyHeader) {
+			return &ConfigError{Field: "Header", Msg: fmt.Sprintf("holds %s; the probe sends keys of its own, remove it", c.KeyHeader)}
+		}
+	}
+	if len(c.Body) > 0 && c.Header.Get("Content-Type") == "" {
+		c.Header.Set("Content-Type", defaultContentType(c.Body))
+	}
+	if (c.EffectURL == "") != (c.EffectPath == "") {
+		if c.EffectURL == "" {
+			return &ConfigError{Field: "EffectURL", Msg: "required with EffectPath: the URL whose JSON holds the count"}
+		}
+		return &ConfigError{Field: "EffectPath", Msg: "required with EffectURL: where the count is in its JSON (count, data.total, orders.#)"}
+	}
+	if c.EffectURL != "" {
+		if err := checkURL(c.EffectURL); err != nil {
+			return &ConfigError{Field: "EffectURL", Msg: err.Error()}
+		}
+		if _, err := ParsePath(c.EffectPath); err != nil {
+			return &ConfigError{Field: "EffectPath", Msg: err.Error()}
+		}
+		if c.EffectHeader == nil {
+			c.EffectHeader = c.Header.Clone()
+			c.EffectHeader.Del("Content-Type")
+		} else {
+			c.EffectHeader = c.EffectHeader.Clone()
+		}
+	}
+	return nil
+}
+
+func checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%q is not a URL: %v", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q is not an http:// or https:// URL", raw)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q has no host", raw)
+	}
+	return nil
+}
+
+// isToken reports whether s is a non-empty RFC 9110 token.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// keyLen is the length of the probe's keys: "probe-" + 8 hex + "-" + 32 hex.
+const keyLen = 6 + 8 + 1 + 32
+
+// prober runs one probe.
+type prober struct {
+	cfg    *Config
+	client *http.Client
+	own    *http.Transport // closed at the end when the client is the probe's
+	runID  string
+	path   Path
+
+	mu        sync.Mutex
+	executed  map[string]bool // keys an answer showed executed
+	sent      int
+	planned   int
+	effectOn  bool
+	lastCount int64
+
+	// State shared between checks.
+	concurrentKey string
+	mismatch      *mismatchState
+}
+
+type mismatchState struct {
+	key    string
+	first  *answer
+	got422 bool
+}
+
+func newProber(c *Config) (*prober, error) {
+	p := &prober{cfg: c, client: c.Client, runID: randomHex(4), executed: map[string]bool{}, effectOn: c.EffectURL != ""}
+	if p.effectOn {
+		p.path, _ = ParsePath(c.EffectPath)
+	}
+	if p.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = c.Concurrency
+		if c.Insecure {
+			tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		}
+		p.own = tr
+		p.client = &http.Client{
+			Transport: tr,
+			// An answer is judged as it is: a redirect is not followed,
+			// as curl does not.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	p.planned = 3 + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + len(malformedKeys) + 1 + 2 + 3
+	return p, nil
+}
+
+func (p *prober) close() {
+	if p.own != nil {
+		p.own.CloseIdleConnections()
+	}
+}
+
+// newKey returns a fresh key: "probe-RUNID-" and 128 random bits in hex.
+func (p *prober) newKey() string {
+	return "probe-" + p.runID + "-" + randomHex(16)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+// request is one request a check sends.
+type request struct {
+	method string // "" means the Config's
+	body   []byte
+	// keyName and keyValue are the key's header as sent; keyName ""
+	// sends no key.
+	keyName, keyValue string
+	// key is the key as the API should read it (keyValue unquoted): the
+	// executions are counted by it. "" counts each 2xx answer as one.
+	key string
+	// get marks a GET: its answers count no execution.
+	get bool
+}
+
+// answer is what a request got.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
+func (a *answer) replayed() bool {
+	return a.err == nil && strings.EqualFold(a.header.Get(ReplayedHeader), "true")
+}
+
+// same reports whether b repeats a: status, Content-Type, Location and
+// body byte for byte.
+func (a *answer) same(b *answer) bool {
+	return a.err == nil && b.err == nil && a.status == b.status &&
+		a.header.Get("Content-Type") == b.header.Get("Content-Type") &&
+		a.header.Get("Location") == b.header.Get("Location") &&
+		bytes.Equal(a.body, b.body)
+}
+
+// String describes the answer in a reason: its status and the start of
+// its body, or its error.
+func (a *answer) String() string {
+	if a.err != nil {
+		return "no answer (" + a.err.Error() + ")"
+	}
+	s := statusText(a.status)
+	if a.replayed() {
+		s += " marked " + ReplayedHeader
+	}
+	if len(a.body) > 0 {
+		s += " " + excerpt(a.body)
+	}
+	return s
+}
+
+func statusText(status int) string {
+	if t := http.StatusText(status); t != "" {
+		return strconv.Itoa(status) + " " + t
+	}
+	return strconv.Itoa(status)
+}
+
+// excerpt returns the start of body, on one line, for a reason.
+func excerpt(body []byte) string {
+	const max = 120
+	s := string(body)
+	if !utf8.ValidString(s) {
+		return fmt.Sprintf("(%d bytes, not UTF-8)", len(body))
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		cut := max
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
+
+// check is the state of the check running.
+type check struct {
+	p          *prober
+	mu         sync.Mutex
+	requests   int
+	executions int
+}
+
+// send sends rq and returns its answer (never nil; a failed request has
+// err set).
+func (c *check) send(ctx context.Context, rq request) *answer {
+	p := c.p
+	method := rq.method
+	if method == "" {
+		method = p.cfg.Method
+	}
+	a := p.do(ctx, method, p.cfg.URL, rq, p.headerFor(rq))
+	c.mu.Lock()
+	c.requests++
+	if a.ok() && !rq.get {
+		p.mu.Lock()
+		switch {
+		case rq.key == "":
+			c.executions++
+		case !p.executed[rq.key]:
+			p.executed[rq.key] = true
+			c.executions++
+		}
+		p.mu.Unlock()
+	}
+	c.mu.Unlock()
+	p.progress()
+	return a
+}
+
+// settle sends rq and, while it is answered 409 (the key's first request
+// still running), sends it again after the answer's Retry-After (50 ms to
+// 1 s), up to 8 times: a sequential retry must not be judged by a
+// completion the API stores after answering.
+func (c *check) settle(ctx context.Context, rq request) *answer {
+	a := c.send(ctx, rq)
+	for i := 0; i < 8 && a.err == nil && a.status == http.StatusConflict; i++ {
+		wait := 50 * time.Millisecond << i
+		if s, err := strconv.Atoi(a.header.Get("Retry-After")); err == nil && s > 0 {
+			wait = time.Duration(s) * time.Second
+		}
+		wait = min(max(wait, 50*time.Millisecond), time.Second)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &answer{err: ctx.Err()}
+		case <-t.C:
+		}
+		a = c.send(ctx, rq)
+	}
+	return a
+}
+
+// keyed returns a request of the Config's body under key, sent in the
+// key header's own spelling.
+func (c *check) keyed(key string) request {
+	return request{body: c.p.cfg.Body, keyName: c.p.cfg.KeyHeader, keyValue: key, key: key}
+}
+
+func (p *prober) headerFor(rq request) http.Header {
+	h := p.cfg.Header.Clone()
+	if rq.get {
+		h.Del("Content-Type")
+	}
+	if rq.keyName != "" {
+		// Set as spelled: the header-case check sends other spellings.
+		h[rq.keyName] = []string{rq.keyValue}
+	}
+	return h
+}
+
+func (p *prober) do(ctx context.Context, method, target string, rq request, h http.Header) *answer {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	var body io.Reader
+	if len(rq.body) > 0 && !rq.get {
+		body = bytes.NewReader(rq.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return &answer{err: err}
+	}
+	req.Header = h
+	if host := h.Get("Host"); host != "" {
+		req.Host = host
+		h.Del("Host")
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return &answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	if err == nil && len(b) > maxAnswer {
+		err = fmt.Errorf("the answer's body is over %d bytes", maxAnswer)
+	}
+	if err != nil {
+		return &answer{err: fmt.Errorf("reading the answer: %w", err)}
+	}
+	return &answer{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func (p *prober) progress() {
+	if p.cfg.Progress == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent++
+	p.cfg.Progress(p.sent, p.planned)
+}
+
+// count reads the effect's count.
+func (p *prober) count(ctx context.Context) (int64, error) {
+	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true}, p.cfg.EffectHeader.Clone())
+	if a.err != nil {
+		return 0, &EffectError{URL: p.cfg.EffectURL, Msg: a.err.Error()}
+	}
+	if !a.ok() {
+		return 0, &EffectError{URL: p.cfg.EffectURL, Status: a.status, Msg: excerpt(a.body)}
+	}
+	n, err := p.path.Count(a.body)
+	if err != nil {
+		return 0, &EffectError{URL: p.cfg.EffectURL, Status: a.status, Msg: "path " + p.path.String() + ": " + err.Error()}
+	}
+	return n, nil
+}
+
+func (p *prober) run(ctx context.Context) (*Report, error) {
+	start := time.Now()
+	rep := &Report{URL: p.cfg.URL, Method: p.cfg.Method, KeyHeader: p.cfg.KeyHeader, RunID: p.runID, Concurrency: p.cfg.Concurrency}
+	var before int64
+	if p.effectOn {
+		n, err := p.count(ctx)
+		if err != nil {
+			return nil, err
+		}
+		before, p.lastCount = n, n
+	}
+	var executions int64
+	for _, info := range Checks {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if info.ID == "effect" {
+			continue
+		}
+		c := &check{p: p}
+		status, reason, err := info.run(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			// A check cut short by the context is no verdict.
+			return nil, err
+		}
+		r := Result{ID: info.ID, Title: info.Title, Source: info.Source, Status: status, Reason: reason,
+			Requests: c.requests, Executions: c.executions}
+		if p.effectOn {
+			n, err := p.count(ctx)
+			if err != nil {
+				return nil, err
+			}
+			d := n - p.lastCount
+			p.lastCount = n
+			r.EffectDelta = &d
+			if d != int64(c.executions) {
+				but := "; but"
+				if r.Status == Fail {
+					but = "; and"
+				}
+				r.Status = Fail
+				r.Reason += fmt.Sprintf("%s the effect moved by %d where the answers show %d execution(s)", but, d, c.executions)
+			}
+		}
+		executions += int64(c.executions)
+		rep.Requests += c.requests
+		rep.Checks = append(rep.Checks, r)
+	}
+	eff := Result{ID: effectInfo.ID, Title: effectInfo.Title, Source: effectInfo.Source}
+	if p.effectOn {
+		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: executions}
+		moved := p.lastCount - before
+		eff.EffectDelta = &moved
+		eff.Executions = int(executions)
+		if moved == executions {
+			eff.Status = Pass
+			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d: once per key executed (%d)", p.path, p.cfg.EffectURL, before, p.lastCount, executions)
+		} else {
+			eff.Status = Fail
+			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %d execution(s)", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executions)
+		}
+	} else {
+		eff.Status = NotApplicable
+		eff.Reason = "no effect to read: give -effect-url and -effect-json-path (a count the request moves) to tell executions from replays by the data, not by the answers alone"
+	}
+	rep.Checks = append(rep.Checks, eff)
+	for _, r := range rep.Checks {
+		switch r.Status {
+		case Pass:
+			rep.Passed++
+		case Fail:
+			rep.Failed++
+		default:
+			rep.NA++
+		}
+	}
+	rep.OK = rep.Failed == 0
+	rep.DurationMS = time.Since(start).Milliseconds()
+	return rep, nil
+}

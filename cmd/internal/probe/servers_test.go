@@ -1,0 +1,199 @@
+package probe_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/cmd/internal/probe"
+	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/memstore"
+)
+
+// TestIdemhttpPasses probes idemhttp's middleware (on memstore) around a
+// handler that counts what it creates: every check passes, and the count
+// moved by the executions the answers show, check by check.
+func TestIdemhttpPasses(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	create := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Item string `json:"item"`
+			Qty  int    `json:"qty"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Item == "refuse" {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, "REFUSED", "Refused", "no such item")
+			return
+		}
+		n := created.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/items/%d", n))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d,"item":%q,"qty":%d}`, n, in.Item, in.Qty)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/api", mw.Handler(create))
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"data":{"created":%d}}`, created.Load())
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	cfg := fakeConfig(srv.URL)
+	cfg.EffectPath = "data.created"
+	rep := run(t, cfg)
+	if failed, na := statuses(rep, probe.Fail), statuses(rep, probe.NotApplicable); len(failed)+len(na) != 0 {
+		logReport(t, rep)
+		t.Fatalf("failed %q, n/a %q; want every check to pass", failed, na)
+	}
+	if rep.Effect.After != created.Load() || rep.Effect.Expected != created.Load()-rep.Effect.Before || created.Load() != 8 {
+		t.Errorf("effect %+v; the handler created %d, want 8", rep.Effect, created.Load())
+	}
+}
+
+// TestShopdPasses probes shopd's POST /orders on each backend, with GET
+// /orders as the effect: every check passes.
+func TestShopdPasses(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		args func(t *testing.T) []string
+	}{
+		{"sqlite", func(t *testing.T) []string { return []string{"-data", t.TempDir()} }},
+		{"postgres", func(t *testing.T) []string {
+			_, dsn := testdb.Postgres(t)
+			return []string{"-db", dsn}
+		}},
+		{"mysql", func(t *testing.T) []string {
+			_, dsn := testdb.MySQL(t)
+			return []string{"-db", "mysql:" + dsn}
+		}},
+		{"redis+postgres", func(t *testing.T) []string {
+			addr := testenv.Redis.Need(t)
+			if !strings.Contains(addr, "://") {
+				addr = "redis://" + addr + "/0"
+			}
+			_, dsn := testdb.Postgres(t)
+			return []string{"-db", dsn, "-redis", addr}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			args := append(c.args(t), "-nats-store", filepath.Join(t.TempDir(), "nats"))
+			base := runShopd(t, args...)
+			// A user of the run's own: Redis is shared between runs.
+			user := strconv.FormatInt(rand.Int64N(1<<50)+1, 10)
+			cfg := &probe.Config{
+				URL:         base + "/orders",
+				Header:      http.Header{"X-User-Id": {user}},
+				Body:        []byte(`{"sku":"BOOK-1","quantity":1}`),
+				RefusedBody: []byte(`{"sku":"NO-SUCH-SKU","quantity":1}`),
+				EffectURL:   base + "/orders?limit=500",
+				EffectPath:  "orders.#",
+			}
+			rep := run(t, cfg)
+			if failed, na := statuses(rep, probe.Fail), statuses(rep, probe.NotApplicable); len(failed)+len(na) != 0 {
+				logReport(t, rep)
+				t.Fatalf("failed %q, n/a %q; want every check to pass", failed, na)
+			}
+			// The orders are there, once per key executed.
+			if n := countOrders(t, base, user); rep.Effect.Before != 0 || int64(n) != rep.Effect.After || n != 8 {
+				t.Errorf("the user has %d orders; the report read %+v; want 8", n, rep.Effect)
+			}
+		})
+	}
+}
+
+func countOrders(t *testing.T, base, user string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/orders?limit=500", nil)
+	req.Header.Set("X-User-ID", user)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Orders []json.RawMessage `json:"orders"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return len(out.Orders)
+}
+
+// runShopd runs shopd (shop.Run) on a free loopback port with args until
+// the test ends, and returns its base URL.
+func runShopd(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- shop.Run(ctx, append([]string{"-addr", "127.0.0.1:0", "-log-level", "warn"}, args...), &stdout, &stderr)
+	}()
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("shopd: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("shopd's stderr:\n%s", stderr.String())
+		}
+	})
+	listening := regexp.MustCompile(`shopd listening on (\S+)`)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m := listening.FindStringSubmatch(stdout.String()); m != nil {
+			return "http://" + strings.TrimPrefix(m[1], "http://")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("shopd ended before listening: %v; stderr:\n%s", err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shopd did not listen within 60 s; stderr:\n%s", stderr.String())
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var _ io.Writer = (*syncBuffer)(nil)
