@@ -14,6 +14,8 @@ require (
 	github.com/lib/pq v1.12.3
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -25,7 +27,9 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 )
 
 require (
@@ -34,6 +38,7 @@ require (
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idemkit/idem/idemgrpc v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/natsjs v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/rabbitmq v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -56,6 +61,7 @@ require (
 
 replace (
 	github.com/idemkit/idem => ../
+	github.com/idemkit/idem/idemgrpc => ../idemgrpc
 	github.com/idemkit/idem/redisstore => ../redisstore
 	github.com/idemkit/idem/sqlstore => ../sqlstore
 	github.com/idemkit/idem/tieredstore => ../tieredstore

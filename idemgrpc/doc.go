@@ -1,0 +1,113 @@
+// Package idemgrpc brings idem's exactly-once semantics to unary gRPC
+// methods: a server interceptor that runs the first call with an
+// idempotency key and replays its answer to every retry, and a client
+// interceptor that gives calls a key and retries them with it. The
+// semantics are idemhttp's, in gRPC's terms (the Example has the whole
+// program):
+//
+//	guard, err := idemgrpc.New(&idemgrpc.Config{
+//		Store: memstore.New(nil),
+//		// Scope: the authenticated caller, from the context.
+//	})
+//	if err != nil {
+//		panic(err)
+//	}
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(guard.Unary))
+//
+// and on the client's side:
+//
+//	retrying, err := idemgrpc.NewClient(nil)
+//	if err != nil {
+//		panic(err)
+//	}
+//	conn, err := grpc.NewClient(lis.Addr().String(),
+//		grpc.WithTransportCredentials(insecure.NewCredentials()),
+//		grpc.WithChainUnaryInterceptor(retrying.Unary))
+//
+// Each guarded call runs under an idem.Execution (idem.FromContext(ctx)
+// in the handler) whose watchdog renews its lease while the handler runs,
+// as over HTTP: the lease, fencing and lease-loss rules are the
+// idem.Guard's.
+//
+// # What the server interceptor answers
+//
+// Statuses the interceptor answers itself carry a
+// google.rpc.ErrorInfo detail in the domain "idem" with a stable reason
+// (the Reason constants), and those worth retrying a google.rpc.RetryInfo.
+//
+//   - A method Config.Covers leaves out passes through untouched. By
+//     default every unary method is covered except the health service's
+//     and those whose proto declaration sets idempotency_level
+//     (DefaultCovers). Streaming methods are never intercepted.
+//   - The key is the idempotency-key request metadata, validated as
+//     idemhttp.ParseKey validates the Idempotency-Key header (1 to 255
+//     bytes of UTF-8 without control characters; an RFC 8941 quoted
+//     string is unquoted, so a key forwarded from HTTP means the same).
+//     None: InvalidArgument IDEMPOTENCY_KEY_MISSING (or, with
+//     Config.KeyOptional, the handler runs unguarded). Malformed, or two
+//     values: InvalidArgument IDEMPOTENCY_KEY_INVALID.
+//   - The scope is Config.Scope's, from the context; an error answers
+//     Unauthenticated, or the gRPC status it carries.
+//   - The fingerprint (FingerprintV1) is over the full method name and the
+//     deterministic protobuf encoding of the request: equal messages have
+//     one fingerprint whatever order their maps were filled in.
+//   - The first call with a key runs the handler. Its answer is stored:
+//     a message as its type's full name and its encoding (EncodeMessage),
+//     a definite failure (InvalidArgument, NotFound, AlreadyExists,
+//     PermissionDenied, FailedPrecondition, OutOfRange, Unauthenticated)
+//     as its google.rpc.Status, message and details included
+//     (EncodeStatus).
+//   - A retry with the same fingerprint after the first completed gets the
+//     stored message or status, with idempotency-replayed: true in the
+//     header metadata; the handler does not run. A stored message is
+//     decoded into a new message of its type, found in Config.Types
+//     (protoregistry.GlobalTypes by default, where generated types
+//     register); a type this server does not know is answered Internal
+//     IDEMPOTENCY_RECORD_UNREADABLE, and the handler still does not run.
+//   - The same key with another request (another message, or another
+//     method): FailedPrecondition IDEMPOTENCY_KEY_REUSED, whether the
+//     first completed or still runs. The first request still replays.
+//   - A retry while the first still runs: Aborted IDEMPOTENCY_KEY_IN_FLIGHT
+//     with a RetryInfo of Config.RetryDelay (1 s).
+//   - A transient failure of the handler (DefaultRelease: Unavailable,
+//     DeadlineExceeded, ResourceExhausted, Aborted, Internal, Unknown, a
+//     plain error, Canceled, Unimplemented, DataLoss), or a panic, releases
+//     the record: a retry runs the handler again. Config.Release changes
+//     the policy.
+//   - The store cannot be reached to acquire the key: Unavailable
+//     IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo (or, with
+//     Config.FailOpen, the handler runs unguarded). If the answer cannot
+//     be stored afterwards, the caller still gets it, and the record is
+//     left to its lease (a retry within it is answered Aborted).
+//   - The lease was lost while the handler ran (another call took the key
+//     over): the caller gets the answer of the execution that took it
+//     over, if it completed, else Aborted.
+//
+// A handler whose effect is in a SQL database completes the record in its
+// own transaction: idem.FromContext(ctx).CompleteTx(ctx, tx, resp) with
+// resp from EncodeMessage, then retries replay what committed.
+//
+// Not stored: the header and trailer metadata a handler sets
+// (grpc.SetHeader, grpc.SetTrailer). A replay carries only the message
+// or status, and idempotency-replayed.
+//
+// # The client interceptor
+//
+// Client.Unary gives a covered call without idempotency-key metadata a
+// fresh random key (NewKey: 128 bits from crypto/rand) and keeps a key
+// the caller set. It retries the call with that key on the codes of
+// ClientConfig.Retry (DefaultRetry: Unavailable, Aborted,
+// ResourceExhausted, and DeadlineExceeded while the caller's context
+// lives), waiting the answer's RetryInfo delay when it has one, else an
+// exponential backoff with full jitter; it stops at MaxAttempts (5), when
+// the context ends, or when the next wait would outlast the context's
+// deadline, and then returns the last answer.
+//
+// # What it does not do
+//
+// It does not make a handler's effect atomic with the stored answer
+// unless the handler completes in its own transaction (see above); the
+// guarantees are those of the store (see the idem README's "Choosing a
+// store"). Server streams, client streams and bidirectional streams are
+// not guarded.
+package idemgrpc
