@@ -546,9 +546,10 @@ func (s *InboxStore) Get(ctx context.Context, group, id string) (inbox.Record, e
 	return r, nil
 }
 
-// Sweep removes up to limit succeeded and dead records last updated more
-// than retention ago; see [inbox.Store]. On PostgreSQL it skips rows a
-// transaction holds.
+// Sweep removes up to limit succeeded, failed and dead records last
+// updated more than retention ago and processing ones whose lease ended
+// more than retention ago; see [inbox.Store]. On PostgreSQL it skips
+// rows a transaction holds.
 func (s *InboxStore) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	const op = "sweep"
 	if err := s.closedErr(op); err != nil {
