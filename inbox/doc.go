@@ -58,9 +58,15 @@
 //     the transaction rolls the claim back with the effect, and that
 //     attempt is not counted (a message that kills its consumer is never
 //     dead by count; the broker's own delivery limit must catch it).
-//   - A duplicate of a message whose record was swept (Sweep, or the
-//     Redis store's retention) is handled again: keep records longer than
-//     the broker may redeliver.
+//   - Records do not stay forever: Sweep removes succeeded, dead and
+//     failed records after a retention, and processing records whose
+//     lease ended more than the retention ago (their consumer died and the
+//     message never came back); the Redis store also expires succeeded
+//     and dead records by itself. A delivery of a message whose record
+//     was swept is handled as a new message: a duplicate runs its effect
+//     again, and a failed or dead message's attempts count from 1 again.
+//     Keep the retention longer than the broker may redeliver, and far
+//     longer than a handler may outlive its lease (see Inbox.Sweep).
 //   - An error from the store leaves the record's state unknown; the
 //     Outcome is Retry, and the redelivery settles it.
 //   - It does not order messages: that is the broker's and the adapter's

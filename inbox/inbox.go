@@ -34,8 +34,9 @@ const (
 var (
 	// ErrFenced is returned by a Store's Finish, Fail and Extend when the
 	// record is no longer processing under the fence presented: its lease
-	// ended and another delivery took it over (Fence+1), or it was
-	// finished. The holder's work must not count.
+	// ended and another delivery took it over (Fence+1), it was finished,
+	// or, long after its lease ended, it was swept. The holder's work must
+	// not count.
 	ErrFenced = errors.New("inbox: fenced out: the record was taken over")
 	// ErrNotFound is returned by Store.Get for a message never claimed.
 	ErrNotFound = errors.New("inbox: no record")
@@ -500,11 +501,28 @@ func DeriveID(fields ...string) string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
-// Sweep removes up to limit (<= 0: DefaultSweepLimit) succeeded and dead
-// records of every group last updated more than retention ago. A
-// message redelivered after its record was swept is handled again: keep
-// retention longer than the broker redelivers (its de-duplication window,
-// its maximum age).
+// Sweep removes up to limit (<= 0: DefaultSweepLimit) records of every
+// group that no delivery works on any more (Store.Sweep): succeeded, dead
+// and failed records last updated more than retention ago, and
+// processing records whose lease ended more than retention ago — failed
+// messages whose redelivery never came (the broker gave up: maximum
+// deliveries, expiry) and messages whose consumer died and that were
+// never redelivered. A processing record whose lease is live, or ended
+// less than retention ago, stays. Call it now and then: nothing else
+// removes failed and abandoned records.
+//
+// A message redelivered after its record was swept starts anew, as if
+// it were new: a succeeded message's effect runs again, and a failed or
+// dead message's attempts count from 1 again (a poison message gets
+// Config.MaxAttempts more attempts). A holder of a swept record that is
+// still running (its lease ended more than retention ago) is refused by
+// Finish, Fail and Extend with ErrFenced, and nothing is recorded for it.
+// The new record's fences start again at 1, though: were such a holder to
+// present the very fence the new record has reached, it would be taken
+// for the new record's holder. So keep retention longer than the broker
+// redelivers (its de-duplication window, its maximum age, its delivery
+// limit times the backoff) and far longer than a handler can outlive its
+// lease.
 func (in *Inbox) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	if limit <= 0 {
 		limit = DefaultSweepLimit

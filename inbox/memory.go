@@ -130,7 +130,8 @@ func (m *MemoryStore) Get(ctx context.Context, group, id string) (Record, error)
 	return *r, nil
 }
 
-// Sweep removes old succeeded and dead records; see Store.
+// Sweep removes old records and processing records abandoned long ago;
+// see Store.
 func (m *MemoryStore) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -143,7 +144,11 @@ func (m *MemoryStore) Sweep(ctx context.Context, retention time.Duration, limit 
 		if n == limit {
 			break
 		}
-		if (r.Status == StatusSucceeded || r.Status == StatusDead) && !r.UpdatedAt.After(cut) {
+		last := r.UpdatedAt
+		if r.Status == StatusProcessing {
+			last = r.LeaseUntil
+		}
+		if !last.After(cut) {
 			delete(m.recs, k)
 			n++
 		}

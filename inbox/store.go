@@ -18,7 +18,8 @@ const (
 	// with the record). Every later delivery is a duplicate.
 	StatusSucceeded Status = "succeeded"
 	// StatusFailed: the handler failed and the message waits for its
-	// redelivery, which runs the handler again.
+	// redelivery, which runs the handler again. A redelivery that never
+	// comes (the broker gave up) leaves it to Sweep.
 	StatusFailed Status = "failed"
 	// StatusDead: the message failed the maximum number of attempts; it
 	// is never handled again and its deliveries are dead-lettered.
@@ -95,9 +96,16 @@ type Store interface {
 	Extend(ctx context.Context, group, id string, fence int64, lease time.Duration) error
 	// Get returns the record of (group, id), or ErrNotFound.
 	Get(ctx context.Context, group, id string) (Record, error)
-	// Sweep removes up to limit (> 0) succeeded and dead records last
-	// updated more than retention ago and returns how many it removed. A
-	// store whose records expire by themselves may remove none.
+	// Sweep removes up to limit (> 0) records that no delivery works on
+	// any more and returns how many it removed: succeeded, dead and
+	// failed records last updated more than retention ago, and processing
+	// records whose lease ended more than retention ago (their consumer
+	// died and the message never came back). It never removes a
+	// processing record whose lease is live or ended less than retention
+	// ago. A removed record is gone: a later delivery of its message
+	// starts a new record (attempt 1, fence 1), and the Finish, Fail or
+	// Extend of a holder of the removed one finds nothing under its fence
+	// (ErrFenced) and writes nothing.
 	Sweep(ctx context.Context, retention time.Duration, limit int) (int, error)
 }
 

@@ -180,7 +180,9 @@
 // database): one hash per consume record at PREFIX:inbox:LEN:GROUP:ID,
 // one Lua script per operation on the server's clock. Succeeded and dead
 // records expire after InboxConfig.Retention; processing and failed ones
-// carry no TTL. A record the server loses (restart without persistence,
+// carry no TTL, and InboxStore.Sweep removes them once they are old (a
+// failed message whose redelivery never came, a processing one whose
+// consumer died): call it now and then. A record the server loses (restart without persistence,
 // failover, allkeys-* eviction) lets a later duplicate run its handler
 // again. It does not implement inbox.TxStore.
 package redisstore

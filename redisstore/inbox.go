@@ -38,19 +38,23 @@ var (
 	inboxEndLua string
 	//go:embed inbox_get.lua
 	inboxGetLua string
+	//go:embed inbox_sweep.lua
+	inboxSweepLua string
 
 	inboxClaimScript = redis.NewScript(libLua + inboxClaimLua)
 	inboxEndScript   = redis.NewScript(libLua + inboxEndLua)
 	inboxGetScript   = redis.NewScript(inboxGetLua)
+	inboxSweepScript = redis.NewScript(libLua + inboxSweepLua)
 )
 
 // InboxStore is an [inbox.Store] on Redis, for Inbox.Handle (effects
 // outside a database): one hash per consume record, under
 // PREFIX:inbox:LEN:GROUP:ID. Every operation is one Lua script, atomic
 // on the server, with times from the server's clock (TIME). A succeeded
-// or dead record expires after the retention, so Sweep has nothing to do;
-// a processing or failed record has no TTL, so no volatile-* eviction
-// policy drops it. It does not implement inbox.TxStore (no HandleTx).
+// or dead record expires after the retention; a processing or failed
+// record has no TTL, so no volatile-* eviction policy drops it, and Sweep
+// removes it once it is old (see Sweep). It does not implement
+// inbox.TxStore (no HandleTx).
 //
 // It is as durable as the server: a record Redis loses (a restart
 // without persistence, a failover that drops the last writes, eviction)
@@ -176,8 +180,44 @@ func (s *InboxStore) Get(ctx context.Context, group, id string) (inbox.Record, e
 		LeaseUntil: ms(3), LastError: str(4), CreatedAt: ms(5), UpdatedAt: ms(6)}, nil
 }
 
-// Sweep removes nothing: succeeded and dead records expire by their TTL
-// (InboxConfig.Retention). It returns 0.
+// Sweep removes up to limit records that no delivery works on any more;
+// see [inbox.Store]: succeeded, failed and dead records last updated more
+// than retention ago, and processing ones whose lease ended more than
+// retention ago. Succeeded and dead records also expire by themselves
+// (InboxConfig.Retention); failed and processing ones have no TTL and
+// only Sweep removes them, so call it now and then. It walks the
+// keyspace like [Store.Sweep]: SCAN over the store's inbox keys (on every
+// master of a cluster, every shard of a ring), a pipelined HMGET per
+// batch, and inbox_sweep.lua on the old ones, which checks again and
+// deletes each atomically; its cost grows with the number of keys on the
+// server. The client must be able to SCAN (every go-redis client can).
 func (s *InboxStore) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
-	return 0, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	c, ok := s.client.(nodeClient)
+	if !ok {
+		return 0, fmt.Errorf("redisstore: inbox sweep: the client (%T) cannot SCAN", s.client)
+	}
+	if limit <= 0 {
+		limit = inbox.DefaultSweepLimit
+	}
+	ret := millis(retention)
+	n, err := sweep(ctx, c, scanSweep{
+		match:  escapeGlob(s.prefix) + ":inbox:*",
+		fields: []string{"s", "l", "u"},
+		due: func(nowMS int64, v []any) bool {
+			last := parseMS(v[2])
+			if v[0] == string(inbox.StatusProcessing) {
+				last = parseMS(v[1])
+			}
+			return v[0] != nil && last >= 0 && last <= nowMS-ret
+		},
+		script: inboxSweepScript,
+		args:   []any{ret},
+	}, limit)
+	if err != nil {
+		return n, fmt.Errorf("redisstore: inbox sweep: %w", err)
+	}
+	return n, nil
 }

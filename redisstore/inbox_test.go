@@ -8,14 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/inbox/inboxtest"
 	"github.com/idemkit/idem/redisstore"
 )
 
-func newInboxStore(t testing.TB, c *redis.Client, retention time.Duration) (*redisstore.InboxStore, string) {
+func newInboxStore(t testing.TB, c redisstore.Client, retention time.Duration) (*redisstore.InboxStore, string) {
 	t.Helper()
 	prefix := randomPrefix()
 	s, err := redisstore.NewInboxStore(c, &redisstore.InboxConfig{Prefix: prefix, Retention: retention})
@@ -26,10 +24,17 @@ func newInboxStore(t testing.TB, c *redis.Client, retention time.Duration) (*red
 	return s, prefix
 }
 
+// TestInboxConformance runs inboxtest on a server and on a cluster, where
+// the records of a group are spread over the masters and Sweep walks
+// each.
 func TestInboxConformance(t *testing.T) {
-	t.Parallel()
-	s, _ := newInboxStore(t, singleClient(t), 0)
-	inboxtest.Run(t, func(*testing.T) inbox.Store { return s }, inboxtest.Caps{ExpiresByItself: true})
+	for _, setup := range setups {
+		t.Run(setup.name, func(t *testing.T) {
+			t.Parallel()
+			s, _ := newInboxStore(t, setup.client(t), 0)
+			inboxtest.Run(t, func(*testing.T) inbox.Store { return s }, inboxtest.Caps{})
+		})
+	}
 }
 
 // Handle's mode on Redis: the same message five times and a handler that

@@ -41,21 +41,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = idem.DefaultSweepLimit
 	}
-	b := &budget{left: limit}
-	var err error
-	switch c := s.client.(type) {
-	case interface {
-		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
-	}:
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return s.sweepNode(ctx, n, b) })
-	case interface {
-		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
-	}:
-		err = c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return s.sweepNode(ctx, n, b) })
-	default:
-		err = s.sweepNode(ctx, s.client, b)
-	}
-	removed := b.removed()
+	removed, err := sweep(ctx, s.client, s.recordSweep(), limit)
 	if err != nil {
 		return removed, s.fail(ctx, "sweep", err)
 	}
@@ -63,6 +49,56 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		s.log.DebugContext(ctx, "redisstore: swept expired records", "removed", removed, "limit", limit)
 	}
 	return removed, nil
+}
+
+// scanSweep is what sweep looks for: the hashes whose names match
+// match, of which due tells, from their fields and the node's clock, which
+// script (its ARGV args) is to re-check and delete.
+type scanSweep struct {
+	match  string
+	fields []string
+	due    func(nowMS int64, v []any) bool
+	script *redis.Script
+	args   []any
+}
+
+// recordSweep finds the records whose expires_at has passed and that
+// hold no live lease.
+func (s *Store) recordSweep() scanSweep {
+	return scanSweep{
+		match:  escapeGlob(s.prefix) + ":{*",
+		fields: []string{"status", "lease_until", "expires_at"},
+		due: func(nowMS int64, v []any) bool {
+			status, _ := v[0].(string)
+			leaseUntil := parseMS(v[1])
+			expiresAt := parseMS(v[2])
+			if status == "" || expiresAt < 0 || nowMS < expiresAt {
+				return false
+			}
+			return status != string(idem.StatusProcessing) || nowMS >= leaseUntil
+		},
+		script: sweepScript,
+	}
+}
+
+// sweep removes up to limit of the hashes sw finds on the server of c,
+// on every master of a cluster and every shard of a ring, concurrently.
+func sweep(ctx context.Context, c nodeClient, sw scanSweep, limit int) (int, error) {
+	b := &budget{left: limit}
+	var err error
+	switch c := c.(type) {
+	case interface {
+		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return sweepNode(ctx, n, sw, b) })
+	case interface {
+		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return sweepNode(ctx, n, sw, b) })
+	default:
+		err = sweepNode(ctx, c, sw, b)
+	}
+	return b.removed(), err
 }
 
 // budget shares a Sweep's limit among the nodes it visits.
@@ -102,29 +138,28 @@ func (b *budget) spent() bool {
 }
 
 // sweepNode sweeps the keys of one node.
-func (s *Store) sweepNode(ctx context.Context, c nodeClient, b *budget) error {
-	match := escapeGlob(s.prefix) + ":{*"
+func sweepNode(ctx context.Context, c nodeClient, sw scanSweep, b *budget) error {
 	var cursor uint64
 	for !b.spent() {
-		keys, next, err := c.ScanType(ctx, cursor, match, scanCount, "hash").Result()
+		keys, next, err := c.ScanType(ctx, cursor, sw.match, scanCount, "hash").Result()
 		if err != nil {
 			return err
 		}
-		expired, err := s.expired(ctx, c, keys)
+		due, err := dueKeys(ctx, c, sw, keys)
 		if err != nil {
 			return err
 		}
-		for len(expired) > 0 {
-			n := b.reserve(len(expired))
+		for len(due) > 0 {
+			n := b.reserve(len(due))
 			if n == 0 {
 				return nil
 			}
-			removed, err := s.sweepKeys(ctx, c, expired[:n])
+			removed, err := sweepKeys(ctx, c, sw, due[:n])
 			b.settle(n, removed)
 			if err != nil {
 				return err
 			}
-			expired = expired[n:]
+			due = due[n:]
 		}
 		if next == 0 {
 			return nil
@@ -134,9 +169,9 @@ func (s *Store) sweepNode(ctx context.Context, c nodeClient, b *budget) error {
 	return nil
 }
 
-// expired returns the keys whose record is past its expires_at and holds
-// no live lease, by the node's clock.
-func (s *Store) expired(ctx context.Context, c nodeClient, keys []string) ([]string, error) {
+// dueKeys returns the keys whose hash sw.due deems sweepable by the
+// node's clock: one pipelined HMGET per key, with the node's TIME.
+func dueKeys(ctx context.Context, c nodeClient, sw scanSweep, keys []string) ([]string, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -144,7 +179,7 @@ func (s *Store) expired(ctx context.Context, c nodeClient, keys []string) ([]str
 	now := p.Time(ctx)
 	cmds := make([]*redis.SliceCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = p.HMGet(ctx, k, "status", "lease_until", "expires_at")
+		cmds[i] = p.HMGet(ctx, k, sw.fields...)
 	}
 	if _, err := p.Exec(ctx); err != nil && !isMoved(err) {
 		return nil, err
@@ -157,31 +192,25 @@ func (s *Store) expired(ctx context.Context, c nodeClient, keys []string) ([]str
 	var out []string
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
-		if err != nil || len(v) != 3 { // MOVED: the slot left this node during the sweep
+		if err != nil || len(v) != len(sw.fields) { // MOVED: the slot left this node during the sweep
 			continue
 		}
-		status, _ := v[0].(string)
-		leaseUntil := parseMS(v[1])
-		expiresAt := parseMS(v[2])
-		if status == "" || expiresAt < 0 || nowMS < expiresAt {
-			continue
+		if sw.due(nowMS, v) {
+			out = append(out, keys[i])
 		}
-		if status == string(idem.StatusProcessing) && nowMS < leaseUntil {
-			continue
-		}
-		out = append(out, keys[i])
 	}
 	return out, nil
 }
 
-// sweepKeys runs sweep.lua on each key, pipelined, and returns how many
-// records it removed. A NOSCRIPT answer (the cache was flushed during the
-// sweep) is met with EVAL.
-func (s *Store) sweepKeys(ctx context.Context, c nodeClient, keys []string) (int, error) {
+// sweepKeys runs sw.script on each key, pipelined, and returns how many
+// records it removed (the script answers 1 for a deleted key). A
+// NOSCRIPT answer (the cache was flushed during the sweep) is met with
+// EVAL.
+func sweepKeys(ctx context.Context, c nodeClient, sw scanSweep, keys []string) (int, error) {
 	p := c.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = sweepScript.EvalSha(ctx, p, []string{k})
+		cmds[i] = sw.script.EvalSha(ctx, p, []string{k}, sw.args...)
 	}
 	if _, err := p.Exec(ctx); err != nil && !isMoved(err) && !isNoScript(err) {
 		return 0, err
@@ -201,7 +230,7 @@ func (s *Store) sweepKeys(ctx context.Context, c nodeClient, keys []string) (int
 		p := c.Pipeline()
 		cmds := make([]*redis.Cmd, len(retry))
 		for i, k := range retry {
-			cmds[i] = sweepScript.Eval(ctx, p, []string{k})
+			cmds[i] = sw.script.Eval(ctx, p, []string{k}, sw.args...)
 		}
 		if _, err := p.Exec(ctx); err != nil && !isMoved(err) {
 			return removed, err

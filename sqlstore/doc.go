@@ -527,8 +527,8 @@
 // # Inbox
 //
 // [InboxStore] is an [inbox.TxStore]: the consume records of package
-// [github.com/idemkit/idem/inbox] in idem_inbox (PostgreSQL migration 7,
-// MySQL migration 5, SQLite migration 6), one row per (message_id,
+// [github.com/idemkit/idem/inbox] in idem_inbox (PostgreSQL migrations 7
+// and 8, MySQL migration 5, SQLite migrations 6 and 7), one row per (message_id,
 // consumer_group) with status, attempts, fence, lease_until, last_error,
 // created_at and updated_at (unix milliseconds on the database's clock).
 // A claim of a new message is one INSERT that does nothing when the
@@ -540,8 +540,10 @@
 // the effect the caller writes in the same transaction (Inbox.HandleTx);
 // a concurrent claim of the message waits for that transaction. Finish,
 // Fail and Extend are one UPDATE each, conditional on the fence (and, for
-// Extend, a live lease). Sweep deletes succeeded and dead records past a
-// retention (SKIP LOCKED on PostgreSQL). Keep transactions that hold a
+// Extend, a live lease). Sweep is one DELETE of up to limit records past
+// a retention: succeeded, failed and dead ones by updated_at, processing
+// ones by the end of their lease (never one whose lease is live), found
+// through an index on updated_at (SKIP LOCKED on PostgreSQL). Keep transactions that hold a
 // record short: a duplicate delivery waits for them up to the server's
 // lock timeout.
 package sqlstore

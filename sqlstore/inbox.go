@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/inbox"
@@ -78,25 +77,11 @@ type InboxStore struct {
 	db      *sql.DB
 	d       Dialect
 	st      *inboxStatements
-	cache   *inboxStmtCache
+	cache   *stmtCache
 	cleanup runtime.Cleanup
 }
 
 var _ inbox.TxStore = (*InboxStore)(nil)
-
-type inboxStmtCache struct {
-	stmts  [numInboxQueries]atomic.Pointer[sql.Stmt]
-	closed atomic.Bool
-}
-
-func (c *inboxStmtCache) close() {
-	c.closed.Store(true)
-	for i := range c.stmts {
-		if st := c.stmts[i].Swap(nil); st != nil {
-			_ = st.Close()
-		}
-	}
-}
 
 // NewInboxStore returns an InboxStore over db, which speaks d. It does
 // not touch the database: run Migrate before first use.
@@ -107,8 +92,8 @@ func NewInboxStore(db *sql.DB, d Dialect) (*InboxStore, error) {
 	if d == nil {
 		return nil, errors.New("sqlstore: NewInboxStore: nil Dialect (e.g. sqlstore.PostgreSQL)")
 	}
-	s := &InboxStore{db: db, d: d, st: &d.statements().inbox, cache: &inboxStmtCache{}}
-	s.cleanup = runtime.AddCleanup(s, (*inboxStmtCache).close, s.cache)
+	s := &InboxStore{db: db, d: d, st: &d.statements().inbox, cache: newStmtCache(db, numInboxQueries)}
+	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
 }
 
@@ -135,7 +120,7 @@ func (s *InboxStore) Migrate(ctx context.Context) error {
 // migrates the database.
 func (s *InboxStore) Prepare(ctx context.Context) error {
 	for i := range numInboxQueries {
-		if _, err := s.stmt(ctx, nil, i); err != nil {
+		if _, err := s.cache.prepared(ctx, i, s.st.query(i).text); err != nil {
 			return s.fail(ctx, "prepare", err)
 		}
 	}
@@ -151,58 +136,16 @@ func (s *InboxStore) Close() error {
 	return nil
 }
 
-// stmt returns statement i, prepared on the store's database on first
-// use, bound to tx if tx is not nil.
-func (s *InboxStore) stmt(ctx context.Context, tx *sql.Tx, i int) (*sql.Stmt, error) {
-	st := s.cache.stmts[i].Load()
-	if st == nil {
-		if s.cache.closed.Load() {
-			return nil, ErrClosed
-		}
-		if tx != nil {
-			return nil, nil // see run
-		}
-		var err error
-		if st, err = s.db.PrepareContext(ctx, s.st.query(i).text); err != nil {
-			return nil, err
-		}
-		if !s.cache.stmts[i].CompareAndSwap(nil, st) {
-			_ = st.Close()
-			if st = s.cache.stmts[i].Load(); st == nil {
-				return nil, ErrClosed
-			}
-		}
-	}
-	if tx != nil {
-		return tx.StmtContext(ctx, st), nil
-	}
-	return st, nil
-}
-
-// run runs f on statement i (see stmt); a statement of the store's
-// *sql.DB that tx (of another *sql.DB) refuses is prepared on tx.
+// run runs f on statement i, with its arguments taken from v (see
+// stmtCache.run, which also serves a transaction of another *sql.DB). In
+// tx, a statement not yet prepared comes as nil: never prepare on the
+// pool while holding a transaction (SQLite's only connection may be
+// tx's); f runs the text on tx (pgx prepares it once per connection by
+// itself). Migrate and every call outside a transaction fill the cache.
 func (s *InboxStore) run(ctx context.Context, tx *sql.Tx, i int, v *values, f func(st *sql.Stmt, args []any) error) error {
-	args := s.st.query(i).args(v)
-	st, err := s.stmt(ctx, tx, i)
-	if err != nil {
-		return err
-	}
-	if st == nil {
-		// A statement not yet prepared, in a transaction: never prepare
-		// on the pool while holding one (SQLite's only connection may be
-		// tx's). The text runs on tx (pgx prepares it once per
-		// connection by itself); Migrate and every call outside a
-		// transaction fill the cache.
-		return f(nil, args)
-	}
-	err = f(st, args)
-	if tx == nil || !foreignStmt(err) {
-		return err
-	}
-	if st, err = tx.PrepareContext(ctx, s.st.query(i).text); err != nil {
-		return err
-	}
-	return f(st, args)
+	q := s.st.query(i)
+	args := q.args(v)
+	return s.cache.run(ctx, tx, i, q.text, func(st *sql.Stmt) error { return f(st, args) })
 }
 
 func (s *InboxStore) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sql.Result, error) {
@@ -228,7 +171,7 @@ func (s *InboxStore) queryRow(ctx context.Context, tx *sql.Tx, i int, v *values,
 }
 
 func (s *InboxStore) fail(ctx context.Context, op string, err error) error {
-	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+	if s.cache.isClosed() && !errors.Is(err, ErrClosed) {
 		return fmt.Errorf("%w (inbox %s: %v)", ErrClosed, op, err)
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
@@ -288,7 +231,7 @@ func (s *InboxStore) ClaimTx(ctx context.Context, tx *sql.Tx, group, id string, 
 }
 
 func (s *InboxStore) check(op string, lease time.Duration) error {
-	if s.cache.closed.Load() {
+	if s.cache.isClosed() {
 		return fmt.Errorf("%w (inbox %s)", ErrClosed, op)
 	}
 	if lease <= 0 {
@@ -432,7 +375,7 @@ func (s *InboxStore) finish(ctx context.Context, tx *sql.Tx, group, id string, f
 }
 
 func (s *InboxStore) closedErr(op string) error {
-	if s.cache.closed.Load() {
+	if s.cache.isClosed() {
 		return fmt.Errorf("%w (inbox %s)", ErrClosed, op)
 	}
 	return nil
@@ -546,9 +489,10 @@ func (s *InboxStore) Get(ctx context.Context, group, id string) (inbox.Record, e
 	return r, nil
 }
 
-// Sweep removes up to limit succeeded and dead records last updated more
-// than retention ago; see [inbox.Store]. On PostgreSQL it skips rows a
-// transaction holds.
+// Sweep removes up to limit succeeded, failed and dead records last
+// updated more than retention ago and processing ones whose lease ended
+// more than retention ago; see [inbox.Store]. On PostgreSQL it skips
+// rows a transaction holds.
 func (s *InboxStore) Sweep(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	const op = "sweep"
 	if err := s.closedErr(op); err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/lock"
@@ -62,25 +61,11 @@ type LockBackend struct {
 	db      *sql.DB
 	d       Dialect
 	st      *lockStatements
-	cache   *lockStmtCache
+	cache   *stmtCache
 	cleanup runtime.Cleanup
 }
 
 var _ lock.Backend = (*LockBackend)(nil)
-
-type lockStmtCache struct {
-	stmts  [numLockQueries]atomic.Pointer[sql.Stmt]
-	closed atomic.Bool
-}
-
-func (c *lockStmtCache) close() {
-	c.closed.Store(true)
-	for i := range c.stmts {
-		if st := c.stmts[i].Swap(nil); st != nil {
-			_ = st.Close()
-		}
-	}
-}
 
 // NewLockBackend returns a LockBackend over db, which speaks d. It does
 // not touch the database: run Migrate (the Store's or the LockBackend's)
@@ -92,8 +77,8 @@ func NewLockBackend(db *sql.DB, d Dialect) (*LockBackend, error) {
 	if d == nil {
 		return nil, errors.New("sqlstore: NewLockBackend: nil Dialect (e.g. sqlstore.PostgreSQL)")
 	}
-	b := &LockBackend{db: db, d: d, st: &d.statements().lock, cache: &lockStmtCache{}}
-	b.cleanup = runtime.AddCleanup(b, (*lockStmtCache).close, b.cache)
+	b := &LockBackend{db: db, d: d, st: &d.statements().lock, cache: newStmtCache(db, numLockQueries)}
+	b.cleanup = runtime.AddCleanup(b, (*stmtCache).close, b.cache)
 	return b, nil
 }
 
@@ -120,30 +105,7 @@ func (b *LockBackend) Close() error {
 // stmt returns statement i prepared on the database, preparing it on
 // first use.
 func (b *LockBackend) stmt(ctx context.Context, i int) (*sql.Stmt, error) {
-	if st := b.cache.stmts[i].Load(); st != nil {
-		return st, nil
-	}
-	if b.cache.closed.Load() {
-		return nil, ErrClosed
-	}
-	st, err := b.db.PrepareContext(ctx, b.st.query(i).text)
-	if err != nil {
-		return nil, err
-	}
-	if !b.cache.stmts[i].CompareAndSwap(nil, st) {
-		_ = st.Close()
-		if st = b.cache.stmts[i].Load(); st == nil {
-			return nil, ErrClosed
-		}
-		return st, nil
-	}
-	if b.cache.closed.Load() {
-		if b.cache.stmts[i].CompareAndSwap(st, nil) {
-			_ = st.Close()
-		}
-		return nil, ErrClosed
-	}
-	return st, nil
+	return b.cache.prepared(ctx, i, b.st.query(i).text)
 }
 
 // leaseMS is the lease the statements write for ttl: whole milliseconds
@@ -156,7 +118,7 @@ func leaseMS(ttl time.Duration) int64 {
 }
 
 func (b *LockBackend) fail(ctx context.Context, op, name string, err error) error {
-	if b.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+	if b.cache.isClosed() && !errors.Is(err, ErrClosed) {
 		return fmt.Errorf("%w (lock %s %q: %v)", ErrClosed, op, name, err)
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {

@@ -9,7 +9,6 @@ import (
 	"math"
 	"runtime"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/inbox"
@@ -107,25 +106,11 @@ type OutboxStore struct {
 	st      *outboxStatements
 	cfg     OutboxConfig
 	locks   *LockBackend // SQLite
-	cache   *outboxStmtCache
+	cache   *stmtCache
 	cleanup runtime.Cleanup
 }
 
 var _ outbox.Store = (*OutboxStore)(nil)
-
-type outboxStmtCache struct {
-	stmts  [numOutboxQueries]atomic.Pointer[sql.Stmt]
-	closed atomic.Bool
-}
-
-func (c *outboxStmtCache) close() {
-	c.closed.Store(true)
-	for i := range c.stmts {
-		if st := c.stmts[i].Swap(nil); st != nil {
-			_ = st.Close()
-		}
-	}
-}
 
 // NewOutboxStore returns an OutboxStore over db. cfg is required (for its
 // Dialect) and copied. It does not touch the database: run Migrate
@@ -149,7 +134,7 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 	if err := inbox.Validate(c.IDPrefix + strconv.FormatInt(math.MaxInt64, 10)); c.IDPrefix != "" && err != nil {
 		return nil, fmt.Errorf("sqlstore: NewOutboxStore: IDPrefix %q: %w", c.IDPrefix, err)
 	}
-	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: &outboxStmtCache{}}
+	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: newStmtCache(db, numOutboxQueries)}
 	if _, ok := c.Dialect.(sqliteDialect); ok {
 		b, err := NewLockBackend(db, c.Dialect)
 		if err != nil {
@@ -157,7 +142,7 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 		}
 		s.locks = b
 	}
-	s.cleanup = runtime.AddCleanup(s, (*outboxStmtCache).close, s.cache)
+	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
 }
 
@@ -185,43 +170,17 @@ func (s *OutboxStore) Close() error {
 
 // stmt returns statement i prepared on the database, in tx if tx is not
 // nil; or nil, nil if tx is not nil and the statement was never prepared:
-// the caller then runs the statement's text in tx.
+// the caller then runs the statement's text in tx. Preparing on the pool
+// would need a second connection while tx holds one (and wait forever
+// for it when every connection is so held): Claim prepares its
+// statements before it begins its transaction, and prepares
+// outbox_insert for Add.
 func (s *OutboxStore) stmt(ctx context.Context, tx *sql.Tx, i int) (*sql.Stmt, error) {
-	st := s.cache.stmts[i].Load()
-	if st == nil && s.cache.closed.Load() {
-		return nil, ErrClosed
-	}
-	if st == nil && tx != nil {
-		// Not prepared yet: preparing on the pool would need a second
-		// connection while tx holds one (and wait forever for it when
-		// every connection is so held). Claim prepares its statements
-		// before it begins its transaction, and prepares outbox_insert
-		// for Add.
-		return nil, nil
-	}
-	if st == nil {
-		if s.cache.closed.Load() {
-			return nil, ErrClosed
-		}
-		var err error
-		if st, err = s.db.PrepareContext(ctx, s.st.query(i).text); err != nil {
-			return nil, err
-		}
-		if !s.cache.stmts[i].CompareAndSwap(nil, st) {
-			_ = st.Close()
-			if st = s.cache.stmts[i].Load(); st == nil {
-				return nil, ErrClosed
-			}
-		}
-	}
-	if tx != nil {
-		return tx.StmtContext(ctx, st), nil
-	}
-	return st, nil
+	return s.cache.stmt(ctx, tx, i, s.st.query(i).text)
 }
 
 func (s *OutboxStore) fail(ctx context.Context, op string, err error) error {
-	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+	if s.cache.isClosed() && !errors.Is(err, ErrClosed) {
 		return fmt.Errorf("%w (outbox %s: %v)", ErrClosed, op, err)
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
@@ -258,27 +217,28 @@ func (s *OutboxStore) Add(ctx context.Context, tx *sql.Tx, msg outbox.Message) (
 		}
 		v.headers = string(h)
 	}
-	st, err := s.stmt(ctx, tx, outboxInsert)
-	if err != nil {
-		return "", s.fail(ctx, op, err)
-	}
 	args := s.st.insert.args(&v)
+	_, mysql := s.d.(mysqlDialect)
 	var id int64
-	if _, ok := s.d.(mysqlDialect); ok {
-		var res sql.Result
-		if st != nil {
-			res, err = st.ExecContext(ctx, args...)
-		} else {
-			res, err = tx.ExecContext(ctx, s.st.insert.text, args...)
+	err := s.cache.run(ctx, tx, outboxInsert, s.st.insert.text, func(st *sql.Stmt) (err error) {
+		switch {
+		case mysql:
+			var res sql.Result
+			if st != nil {
+				res, err = st.ExecContext(ctx, args...)
+			} else {
+				res, err = tx.ExecContext(ctx, s.st.insert.text, args...)
+			}
+			if err == nil {
+				id, err = res.LastInsertId()
+			}
+			return err
+		case st != nil:
+			return st.QueryRowContext(ctx, args...).Scan(&id)
+		default:
+			return tx.QueryRowContext(ctx, s.st.insert.text, args...).Scan(&id)
 		}
-		if err == nil {
-			id, err = res.LastInsertId()
-		}
-	} else if st != nil {
-		err = st.QueryRowContext(ctx, args...).Scan(&id)
-	} else {
-		err = tx.QueryRowContext(ctx, s.st.insert.text, args...).Scan(&id)
-	}
+	})
 	if err != nil {
 		return "", s.fail(ctx, op, err)
 	}
@@ -291,7 +251,7 @@ func (s *OutboxStore) id(row int64) string { return s.cfg.IDPrefix + strconv.For
 // its messages. A deadlock (MySQL) is retried.
 func (s *OutboxStore) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
 	const op = "claim"
-	if s.cache.closed.Load() {
+	if s.cache.isClosed() {
 		return nil, fmt.Errorf("%w (outbox claim)", ErrClosed)
 	}
 	if limit <= 0 {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -416,4 +417,47 @@ func TestOutboxIDPrefix(t *testing.T) {
 			t.Errorf("IDPrefix %q: ID %q: %v", p, id[0], err)
 		}
 	}
+}
+
+// TestOutboxAddOtherDB: Add works in a transaction of another *sql.DB on
+// the store's database, also once Claim has prepared and cached the
+// store's own insert statement, which database/sql refuses to bind to
+// that transaction: the message is written, and Claim returns it.
+func TestOutboxAddOtherDB(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
+		db, addr := outboxDB(t, srv)
+		var other *sql.DB
+		if srv.dialect == sqlstore.SQLite {
+			other = openDB(t, addr)
+		} else {
+			other = srv.open(t, addr)
+			other.SetMaxOpenConns(2)
+		}
+		s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: srv.dialect})
+		ctx := t.Context()
+		var want []string
+		for _, round := range []string{"cold", "warm"} {
+			ids, err := addTx(ctx, other, s, false, outbox.Message{Topic: "t", Key: round, Payload: []byte(round)})
+			if err != nil {
+				t.Fatalf("Add (%s) in a transaction of another *sql.DB: %v", round, err)
+			}
+			want = append(want, ids...)
+			// Claim prepares the insert on the store's *sql.DB for the
+			// next round.
+			b, err := s.Claim(ctx, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range b.Messages() {
+				got = append(got, m.ID)
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("Claim after the %s Add = %v, want %v", round, got, want)
+			}
+		}
+	})
 }

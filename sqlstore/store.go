@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -38,26 +37,6 @@ type Store struct {
 // ErrClosed is returned by every method of a Store after Close.
 var ErrClosed = errors.New("sqlstore: store closed")
 
-// stmtCache holds the Store's statements, prepared on first use (they
-// cannot be prepared before Migrate created the tables). database/sql
-// keeps each prepared on every connection that ran it, so a call parses
-// nothing.
-type stmtCache struct {
-	stmts  [numQueries]atomic.Pointer[sql.Stmt]
-	closed atomic.Bool
-}
-
-// close closes the cache: the statements it holds now, and any that a
-// call racing with close adds later (see Store.prepared).
-func (c *stmtCache) close() {
-	c.closed.Store(true)
-	for i := range c.stmts {
-		if st := c.stmts[i].Swap(nil); st != nil {
-			_ = st.Close()
-		}
-	}
-}
-
 var (
 	_ idem.Store       = (*Store)(nil)
 	_ idem.TxCompleter = (*Store)(nil)
@@ -76,7 +55,7 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: &stmtCache{}}
+	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: newStmtCache(db, numQueries)}
 	// A Store that is never closed closes its statements once it is
 	// garbage.
 	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
@@ -99,91 +78,33 @@ func (s *Store) Close() error {
 
 // closed returns the error of a call op made after Close, or nil.
 func (s *Store) closed(op string) error {
-	if s.cache.closed.Load() {
+	if s.cache.isClosed() {
 		return fmt.Errorf("%w (%s)", ErrClosed, op)
 	}
 	return nil
 }
 
 // prepared returns q prepared on the Store's database, preparing it on
-// first use. It takes a connection from the pool: never call it while
-// holding a transaction, which may hold the pool's only connection
-// (sqlite.Open), or the write lock the pool's other connections wait for.
+// first use (see stmtCache.prepared: never while holding a transaction).
 func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
-	if st := s.cache.stmts[q.id].Load(); st != nil {
-		return st, nil
-	}
-	// No lock is held while preparing: PrepareContext may wait for a
-	// connection (sqlite.Open's only one, held by a transaction whose owner
-	// waits for this very call to give up, as Execution.CompleteTx does
-	// for a renewal it cancels), and only ctx may end that wait. Callers
-	// racing on a cold statement each prepare it; one is kept.
-	if s.cache.closed.Load() {
-		return nil, ErrClosed
-	}
-	st, err := s.db.PrepareContext(ctx, q.text)
-	if err != nil {
-		return nil, err
-	}
-	if !s.cache.stmts[q.id].CompareAndSwap(nil, st) {
-		_ = st.Close()
-		if st = s.cache.stmts[q.id].Load(); st == nil {
-			return nil, ErrClosed // Close emptied the slot meanwhile
-		}
-		return st, nil
-	}
-	// Close may have emptied the cache between the check above and the
-	// swap: take the statement back out, unless Close took it already.
-	if s.cache.closed.Load() {
-		if s.cache.stmts[q.id].CompareAndSwap(st, nil) {
-			_ = st.Close()
-		}
-		return nil, ErrClosed
-	}
-	return st, nil
+	return s.cache.prepared(ctx, q.id, q.text)
 }
 
-// stmt returns q prepared, bound to tx when tx is not nil. Inside a
-// transaction it uses the cached statement if there is one, and otherwise
-// prepares q on tx's own connection: it never waits for a second
-// connection while tx holds the first.
-func (s *Store) stmt(ctx context.Context, tx *sql.Tx, q *query) (*sql.Stmt, error) {
-	if tx == nil {
-		return s.prepared(ctx, q)
-	}
-	if st := s.cache.stmts[q.id].Load(); st != nil {
-		return tx.StmtContext(ctx, st), nil
-	}
-	return tx.PrepareContext(ctx, q.text)
-}
-
-// run runs f on q prepared (see stmt). The cached statements belong to
-// the Store's *sql.DB, and database/sql refuses to bind them to a
-// transaction of another *sql.DB, even on the same database (the
-// caller's own pool, say): f then runs again on q prepared on tx's
-// connection. database/sql reports that refusal before it sends anything,
-// so the second run is the only one that reaches the database.
+// run runs f on q prepared, bound to tx when tx is not nil (see
+// stmtCache.run, which also serves a transaction of another *sql.DB).
+// Inside a transaction it uses the cached statement if there is one, and
+// otherwise prepares q on tx's own connection: it never waits for a
+// second connection while tx holds the first.
 func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.Stmt) error) error {
-	st, err := s.stmt(ctx, tx, q)
-	if err != nil {
-		return err
-	}
-	err = f(st)
-	if tx == nil || !foreignStmt(err) {
-		return err
-	}
-	if st, err = tx.PrepareContext(ctx, q.text); err != nil {
-		return err
-	}
-	return f(st)
-}
-
-// foreignStmt reports whether err is database/sql's refusal to bind a
-// statement prepared on one *sql.DB to a transaction of another
-// (Tx.StmtContext). database/sql has no sentinel for it: the message is
-// the only mark, and TestCompleteTxOtherDB fails if it ever changes.
-func foreignStmt(err error) bool {
-	return err != nil && err.Error() == "sql: Tx.Stmt: statement from different database used"
+	return s.cache.run(ctx, tx, q.id, q.text, func(st *sql.Stmt) error {
+		if st == nil {
+			var err error
+			if st, err = tx.PrepareContext(ctx, q.text); err != nil {
+				return err
+			}
+		}
+		return f(st)
+	})
 }
 
 func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
@@ -959,7 +880,7 @@ func lostBecause(l idem.Lease, rec idem.Record, err error) error {
 // (errors.Is(err, context.Canceled) holds); sql.ErrNoRows never gets
 // here.
 func (s *Store) fail(ctx context.Context, op string, err error) error {
-	if s.cache.closed.Load() && !errors.Is(err, ErrClosed) {
+	if s.cache.isClosed() && !errors.Is(err, ErrClosed) {
 		// The call ran into Close (a statement it held was closed).
 		return fmt.Errorf("%w (%s: %v)", ErrClosed, op, err)
 	}

@@ -25,8 +25,8 @@ type Caps struct {
 	// inbox.TxStore.
 	BeginTx func(ctx context.Context) (*sql.Tx, error)
 	// ExpiresByItself says that the store removes old records on its own
-	// (Redis key TTLs): Sweep is not checked. Otherwise the sweeping case
-	// needs a store that no one else uses while it runs.
+	// and its Sweep removes nothing: Sweep is not checked. Otherwise the
+	// sweeping cases need a store that no one else uses while they run.
 	ExpiresByItself bool
 }
 
@@ -429,40 +429,126 @@ var cases = []testCase{
 			h.Fatalf("the waiting Claim = %+v, want succeeded, not claimed", c)
 		}
 	}},
-	{name: "Sweep", serial: true, run: func(h *harness) {
-		done, dead, failed, live := h.newID(), h.newID(), h.newID(), h.newID()
-		c := h.claimed(done, long, 1, 1)
-		if err := h.store.Finish(h.ctx, h.group, done, c.Fence); err != nil {
-			h.Fatal(err)
-		}
-		c, _ = h.store.Claim(h.ctx, h.group, dead, long, 1)
-		if st, err := h.store.Fail(h.ctx, h.group, dead, c.Fence, 1, "x"); err != nil || st != inbox.StatusDead {
-			h.Fatalf("Fail = %q, %v", st, err)
-		}
-		c = h.claimed(failed, long, 1, 1)
-		if _, err := h.store.Fail(h.ctx, h.group, failed, c.Fence, maxA, "x"); err != nil {
-			h.Fatal(err)
-		}
-		h.claimed(live, short, 1, 1)
-		if n, err := h.store.Sweep(h.ctx, long, 100); err != nil || n != 0 {
-			h.Fatalf("Sweep(retention %v) = %d, %v; want 0", long, n, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-		h.sleepPast(short)
-		n, err := h.store.Sweep(h.ctx, 10*time.Millisecond, 1)
-		if err != nil || n != 1 {
-			h.Fatalf("Sweep(limit 1) = %d, %v; want 1", n, err)
-		}
-		n, err = h.store.Sweep(h.ctx, 10*time.Millisecond, 100)
-		if err != nil || n != 1 {
-			h.Fatalf("Sweep = %d, %v; want 1 more", n, err)
-		}
-		for _, id := range []string{done, dead} {
-			if _, err := h.store.Get(h.ctx, h.group, id); !errors.Is(err, inbox.ErrNotFound) {
-				h.Fatalf("Get of a swept record = %v", err)
-			}
-		}
-		h.want(failed, inbox.StatusFailed, 1, 1)
-		h.want(live, inbox.StatusProcessing, 1, 1)
-	}},
+	{name: "Sweep", serial: true, run: testSweep},
+	{name: "SweptHolderIsFenced", serial: true, run: testSweptHolder},
+}
+
+// sweepRetention is the retention of the sweeping cases: long enough that
+// a record written a moment before the sweep is young on a slow machine.
+const sweepRetention = time.Second
+
+// finish finishes the attempt of c, failing the test on an error.
+func (h *harness) finish(id string, c inbox.Claim) {
+	h.Helper()
+	if err := h.store.Finish(h.ctx, h.group, id, c.Fence); err != nil {
+		h.Fatalf("Finish(%s): %v", id, err)
+	}
+}
+
+// fail fails the attempt of c, which must leave the record st.
+func (h *harness) fail(id string, c inbox.Claim, maxAttempts int, st inbox.Status) {
+	h.Helper()
+	if got, err := h.store.Fail(h.ctx, h.group, id, c.Fence, maxAttempts, "x"); err != nil || got != st {
+		h.Fatalf("Fail(%s) = %q, %v; want %s", id, got, err, st)
+	}
+}
+
+// ended writes a record of each status that has ended: succeeded, dead
+// (after one attempt) and failed.
+func (h *harness) ended() (succeeded, dead, failed string) {
+	h.Helper()
+	succeeded, dead, failed = h.newID(), h.newID(), h.newID()
+	h.finish(succeeded, h.claimed(succeeded, long, 1, 1))
+	c := h.claim(dead, long, 1)
+	if !c.Claimed {
+		h.Fatalf("Claim(%s) = %+v", dead, c)
+	}
+	h.fail(dead, c, 1, inbox.StatusDead)
+	h.fail(failed, h.claimed(failed, long, 1, 1), maxA, inbox.StatusFailed)
+	return succeeded, dead, failed
+}
+
+func (h *harness) gone(what, id string) {
+	h.Helper()
+	if r, err := h.store.Get(h.ctx, h.group, id); !errors.Is(err, inbox.ErrNotFound) {
+		h.Fatalf("%s record %s after Sweep = %+v, %v; want inbox.ErrNotFound", what, id, r, err)
+	}
+}
+
+func (h *harness) sweep(retention time.Duration, limit, want int) {
+	h.Helper()
+	if n, err := h.store.Sweep(h.ctx, retention, limit); err != nil || n != want {
+		h.Fatalf("Sweep(retention %v, limit %d) = %d, %v; want %d", retention, limit, n, err, want)
+	}
+}
+
+// testSweep: Sweep removes the succeeded, dead and failed records last
+// updated more than the retention ago and the processing ones whose lease
+// ended more than the retention ago, at most limit at a time; it leaves
+// those of each status that are younger, and every processing record
+// whose lease is live or ended less than the retention ago — also one
+// claimed, and so last updated, long before.
+func testSweep(h *harness) {
+	const r = sweepRetention
+	oldDone, oldDead, oldFailed := h.ended()
+	abandoned := h.newID()
+	h.claimed(abandoned, 50*time.Millisecond, 1, 1)
+	live := h.newID()
+	h.claimed(live, long, 1, 1)
+	// Claimed now; its lease ends when the young records are written, a
+	// moment before the sweep: ended, but less than the retention ago.
+	endsLate := h.newID()
+	h.claimed(endsLate, r+300*time.Millisecond, 1, 1)
+	h.sweep(r, 100, 0)
+
+	time.Sleep(r + 300*time.Millisecond)
+	youngDone, youngDead, youngFailed := h.ended()
+	endedRecently := h.newID()
+	h.claimed(endedRecently, 50*time.Millisecond, 1, 1)
+	time.Sleep(200 * time.Millisecond)
+
+	h.sweep(r, 2, 2)
+	h.sweep(r, 100, 2)
+	h.sweep(r, 100, 0)
+	h.gone("an old succeeded", oldDone)
+	h.gone("an old dead", oldDead)
+	h.gone("an old failed", oldFailed)
+	h.gone("an abandoned processing", abandoned)
+	h.want(youngDone, inbox.StatusSucceeded, 1, 1)
+	h.want(youngDead, inbox.StatusDead, 1, 1)
+	h.want(youngFailed, inbox.StatusFailed, 1, 1)
+	h.want(live, inbox.StatusProcessing, 1, 1)
+	h.want(endsLate, inbox.StatusProcessing, 1, 1)
+	h.want(endedRecently, inbox.StatusProcessing, 1, 1)
+	h.notClaimed(live, inbox.StatusProcessing, 1, 1)
+}
+
+// testSweptHolder: a holder whose record was swept long after its lease
+// ended is refused by Finish, Fail and Extend, and none of them writes a
+// record; a later delivery starts a new record, attempt 1, which the old
+// holder's fence does not reach. A failed message's attempts count anew.
+func testSweptHolder(h *harness) {
+	id, poison := h.newID(), h.newID()
+	h.claimed(id, 50*time.Millisecond, 1, 1)
+	h.sleepPast(50 * time.Millisecond)
+	old := h.claimed(id, 50*time.Millisecond, 2, 2)
+	h.fail(poison, h.claimed(poison, long, 1, 1), maxA, inbox.StatusFailed)
+	h.fail(poison, h.claimed(poison, long, 2, 2), maxA, inbox.StatusFailed)
+	h.sleepPast(50 * time.Millisecond)
+	if n, err := h.store.Sweep(h.ctx, 10*time.Millisecond, 1000); err != nil || n < 2 {
+		h.Fatalf("Sweep = %d, %v; want at least the 2 records of the case", n, err)
+	}
+	h.gone("an abandoned processing", id)
+	h.gone("a failed", poison)
+
+	h.fenced("Finish of a swept record", h.store.Finish(h.ctx, h.group, id, old.Fence))
+	_, err := h.store.Fail(h.ctx, h.group, id, old.Fence, maxA, "late")
+	h.fenced("Fail of a swept record", err)
+	h.fenced("Extend of a swept record", h.store.Extend(h.ctx, h.group, id, old.Fence, long))
+	h.gone("a swept", id)
+
+	h.claimed(id, long, 1, 1)
+	h.fenced("Finish of the swept record's holder", h.store.Finish(h.ctx, h.group, id, old.Fence))
+	h.want(id, inbox.StatusProcessing, 1, 1)
+	h.claimed(poison, long, 1, 1)
 }

@@ -484,7 +484,14 @@ SELECT status, attempts, fence, lease_until, last_error, created_at, updated_at
 FROM idem_inbox WHERE message_id = ? AND consumer_group = ?;
 
 -- name: inbox_sweep
--- params: retention_ms limit
+-- params: retention_ms retention_ms limit
+-- Succeeded, failed and dead records last updated more than retention_ms
+-- ago, and processing ones whose lease ended more than retention_ms ago
+-- (claimed, so last updated, before that). The list of every status lets
+-- the index idem_inbox_finished (status, updated_at) serve: a range of
+-- updated_at under each status.
 DELETE FROM idem_inbox
-WHERE status IN ('succeeded', 'dead') AND updated_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
+WHERE status IN ('dead', 'failed', 'processing', 'succeeded')
+  AND updated_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
+  AND (status <> 'processing' OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?)
 LIMIT ?;

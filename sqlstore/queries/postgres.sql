@@ -346,10 +346,23 @@ FROM idem_inbox WHERE message_id = $1 AND consumer_group = $2;
 
 -- name: inbox_sweep
 -- params: retention_ms limit
--- Deletes up to limit succeeded and dead records last updated more than
--- retention_ms ago; SKIP LOCKED leaves rows a transaction holds.
-DELETE FROM idem_inbox WHERE (message_id, consumer_group) IN (
-    SELECT message_id, consumer_group FROM idem_inbox
-    WHERE status IN ('succeeded', 'dead') AND updated_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1
+-- Deletes up to limit records no delivery works on: succeeded, failed and
+-- dead ones last updated more than retention_ms ago, and processing ones
+-- whose lease ended more than retention_ms ago. A processing record was
+-- last updated by its claim, before its lease ended, so both are among
+-- the rows idem_inbox_updated finds; the only rows that scan passes over
+-- are processing records claimed long ago whose lease is still live or
+-- ended lately. ORDER BY updated_at keeps the planner on that index
+-- (the bound is no constant it could estimate), oldest first; the rows
+-- found are deleted by their ctid (a TID scan: a join on the key would
+-- read the whole table). SKIP LOCKED leaves rows a transaction holds (a
+-- claim deciding on it); FOR UPDATE checks the condition again on a row
+-- that changed since the statement began, and keeps the row, and so its
+-- ctid, as it is until the delete.
+DELETE FROM idem_inbox WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idem_inbox
+    WHERE updated_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1
+      AND (status <> 'processing' OR lease_until <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint - $1)
+    ORDER BY updated_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED);
+    FOR UPDATE SKIP LOCKED));

@@ -305,7 +305,11 @@ FROM idem_inbox WHERE message_id = ?1 AND consumer_group = ?2;
 
 -- name: inbox_sweep
 -- params: retention_ms limit
+-- Succeeded, failed and dead records last updated more than retention_ms
+-- ago, and processing ones whose lease ended more than retention_ms ago
+-- (claimed, so last updated, before that): a range of idem_inbox_updated.
 DELETE FROM idem_inbox WHERE rowid IN (
     SELECT rowid FROM idem_inbox
-    WHERE status IN ('succeeded', 'dead') AND updated_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
+    WHERE updated_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
+      AND (status <> 'processing' OR lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1)
     LIMIT ?2);
