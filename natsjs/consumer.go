@@ -272,8 +272,9 @@ const RestartDelay = time.Second
 // attempts ran out is closed for good, and Run returns; connect with
 // nats.MaxReconnects(-1) to ride out any outage. When Consume stops by
 // itself on a live connection (the durable was deleted: "consumer
-// deleted"), Run creates the durable again after RestartDelay and goes
-// on; a new durable delivers the stream from its start, and the inbox
+// deleted"), or its heartbeats stop and the durable is not found (it was
+// deleted while the connection was down), Run creates the durable again
+// after RestartDelay and goes on; a new durable delivers the stream from its start, and the inbox
 // acks what it handled before as duplicates.
 //
 // Handlers run with a context that ctx's end does not cancel, so that a
@@ -307,8 +308,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	cons := c.JetStreamConsumer()
 	for {
-		cc, err := cons.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		cc, err := cons.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 			c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				// A durable deleted while the connection was down gets
+				// pulls that nothing answers, and Consume pulls on
+				// forever: stop it, to create the durable again.
+				go c.probe(ctx, cons, cc)
+			}
 		}))
 		if err != nil {
 			return fmt.Errorf("natsjs: consume %s: %w", c.cfg.Durable, err)
@@ -331,6 +338,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if cons == nil { // ctx ended
 			return nil
 		}
+	}
+}
+
+// probe stops cc if the durable no longer exists.
+func (c *Consumer) probe(ctx context.Context, cons jetstream.Consumer, cc jetstream.ConsumeContext) {
+	ictx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
+	defer cancel()
+	if _, err := cons.Info(ictx); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c.log.WarnContext(ctx, "natsjs: the durable is gone", "durable", c.cfg.Durable)
+		cc.Stop()
 	}
 }
 

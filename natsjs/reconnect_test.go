@@ -264,3 +264,43 @@ func TestConsumerRecreated(t *testing.T) {
 		t.Fatalf("events of the first message %s", got)
 	}
 }
+
+// TestConsumerRecreatedAfterOutage: the durable is deleted while the
+// consumer's connection is down. After the reconnect, JetStream's pulls
+// go to a consumer that does not exist, and nothing answers them but
+// "no responders"; Consume would pull on forever. When its heartbeats
+// are missed (after 30 s, twice the default pull's heartbeat), the
+// Consumer finds the durable gone, creates it again and consumes on.
+func TestConsumerRecreatedAfterOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the pull's missed heartbeats (30 s)")
+	}
+	t.Parallel()
+	e := setup(t, 0)
+	proxy, nc, js := viaProxy(t, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	db, _, in := sqliteInbox(t, inbox.Config{})
+	ce := e
+	ce.js = js
+	var rec recorder
+	c := newConsumer(t, ce, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
+	r := start(t, c)
+	e.publish(t, "x", "first", "{}")
+	waitFor(t, "the first message", func() bool { return rec.count("first") == 1 && settled(t, c) })
+	proxy.Refuse(true)
+	proxy.Drop()
+	waitFor(t, "the cut to be noticed", func() bool { return !nc.IsConnected() })
+	if err := e.js.DeleteConsumer(t.Context(), e.stream, "loyalty"); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, "x", "second", "{}")
+	proxy.Refuse(false)
+	waitFor(t, "the second message", func() bool { return rec.count("second") == 1 })
+	waitFor(t, "the durable to settle", func() bool { return drained(t, c) })
+	r.stillRunning(t, "after the durable was deleted")
+	if all, _ := effects(t, db, sqlstore.SQLite, ""); all != 2 {
+		t.Fatalf("%d effects, want 2", all)
+	}
+	if got := fmt.Sprint(rec.of("first")); got != "[processed/acked@1 duplicate/acked@1]" {
+		t.Fatalf("events of the first message %s", got)
+	}
+}
