@@ -36,7 +36,9 @@ func ExampleConsumer() {
 		log.Fatal(err)
 	}
 
-	nc, err := nats.Connect("nats://127.0.0.1:4222")
+	// Reconnect for as long as it takes: a connection whose attempts ran
+	// out is closed for good, and Run returns.
+	nc, err := nats.Connect("nats://127.0.0.1:4222", nats.MaxReconnects(-1))
 	if err != nil {
 		log.Fatal(err)
 	}
