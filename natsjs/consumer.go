@@ -274,8 +274,8 @@ const RestartDelay = time.Second
 // itself on a live connection (the durable was deleted: "consumer
 // deleted"), or its heartbeats stop and the durable is not found (it was
 // deleted while the connection was down), Run creates the durable again
-// after RestartDelay and goes on; a new durable delivers the stream from its start, and the inbox
-// acks what it handled before as duplicates.
+// after RestartDelay and goes on; a new durable delivers the stream from
+// its start, and the inbox acks what it handled before as duplicates.
 //
 // Handlers run with a context that ctx's end does not cancel, so that a
 // shutdown does not count as a failed attempt: Run returns only after
@@ -297,7 +297,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 	stopping := make(chan struct{})
-	defer close(stopping)
 	deliver := func(msg jetstream.Msg) {
 		select {
 		case work <- msg:
@@ -308,13 +307,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	cons := c.JetStreamConsumer()
 	for {
-		cc, err := cons.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
+		cur := cons
+		cc, err := cur.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 			c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				// A durable deleted while the connection was down gets
 				// pulls that nothing answers, and Consume pulls on
 				// forever: stop it, to create the durable again.
-				go c.probe(ctx, cons, cc)
+				go c.probe(ctx, cur, cc)
 			}
 		}))
 		if err != nil {
@@ -322,6 +322,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			close(stopping)
 			cc.Stop()
 			<-cc.Closed()
 			return nil
