@@ -173,10 +173,6 @@ type Consumer struct {
 
 	mu   sync.Mutex
 	cons jetstream.Consumer // the durable; replaced when Run creates it again
-
-	// beforeSettle, set by tests, runs after the process returned and
-	// before its outcome is acted on.
-	beforeSettle func(inbox.Message, inbox.Outcome)
 }
 
 // NewConsumer creates (or updates) the durable pull consumer cfg names on
@@ -437,9 +433,6 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	o, perr := c.call(ctx, m)
 	stop()
 	ev.Outcome, ev.Err = o, perr
-	if c.beforeSettle != nil {
-		c.beforeSettle(m, o)
-	}
 
 	switch {
 	case o.Result.Ack():
