@@ -166,14 +166,13 @@ type Event struct {
 // delay, Dead published to the dead-letter subject and terminated.
 type Consumer struct {
 	js      jetstream.JetStream
-	cons    jetstream.Consumer
+	cc      jetstream.ConsumerConfig // the durable's, to create it again
 	process Process
 	cfg     Config
 	log     *slog.Logger
 
-	// beforeSettle, set by tests, runs after the process returned and
-	// before its outcome is acted on.
-	beforeSettle func(inbox.Message, inbox.Outcome)
+	mu   sync.Mutex
+	cons jetstream.Consumer // the durable; replaced when Run creates it again
 }
 
 // NewConsumer creates (or updates) the durable pull consumer cfg names on
@@ -239,22 +238,45 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %s on %s: %w", c.Durable, c.Stream, err)
 	}
-	return &Consumer{js: js, cons: cons, process: p, cfg: c, log: log}, nil
+	return &Consumer{js: js, cc: cc, cons: cons, process: p, cfg: c, log: log}, nil
 }
 
 // JetStreamConsumer returns the underlying durable consumer (for its
 // Info).
-func (c *Consumer) JetStreamConsumer() jetstream.Consumer { return c.cons }
+func (c *Consumer) JetStreamConsumer() jetstream.Consumer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cons
+}
 
 // DeadLetterSubject returns the subject dead messages are published to.
 func (c *Consumer) DeadLetterSubject() string { return c.cfg.DeadLetterSubject }
 
+// RestartDelay is how long Run waits before it consumes again after
+// JetStream's Consume stopped by itself.
+const RestartDelay = time.Second
+
 // Run consumes until ctx ends, then stops pulling, waits for the messages
 // being handled to be settled, and returns nil; or it returns the error
-// that kept it from starting. Handlers run with a context that ctx's end
-// does not cancel, so that a shutdown does not count as a failed attempt:
-// Run returns only after they return. Messages buffered and not yet
-// handled are left unacked and redelivered after AckWait.
+// that kept it from starting, or that ended it: the connection closed
+// (nats.ErrConnectionClosed), the stream deleted.
+//
+// A connection that is cut and reconnects (within the connection's
+// nats.MaxReconnects) does not end Run: JetStream pulls again after the
+// reconnect, and the messages whose acks the cut lost are redelivered
+// after AckWait and acked as duplicates. A connection whose reconnect
+// attempts ran out is closed for good, and Run returns; connect with
+// nats.MaxReconnects(-1) to ride out any outage. When Consume stops by
+// itself on a live connection (the durable was deleted: "consumer
+// deleted"), or its heartbeats stop and the durable is not found (it was
+// deleted while the connection was down), Run creates the durable again
+// after RestartDelay and goes on; a new durable delivers the stream from
+// its start, and the inbox acks what it handled before as duplicates.
+//
+// Handlers run with a context that ctx's end does not cancel, so that a
+// shutdown does not count as a failed attempt: Run returns only after
+// they return. Messages buffered and not yet handled are left unacked
+// and redelivered after AckWait.
 func (c *Consumer) Run(ctx context.Context) error {
 	work := make(chan jetstream.Msg)
 	hctx := context.WithoutCancel(ctx)
@@ -266,29 +288,105 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		})
 	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
 	stopping := make(chan struct{})
-	cc, err := c.cons.Consume(func(msg jetstream.Msg) {
+	deliver := func(msg jetstream.Msg) {
 		select {
 		case work <- msg:
 		case <-stopping:
 			// Not handled: redelivered at once, to another consumer.
 			_ = msg.Nak()
 		}
-	}, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
-	}))
-	if err != nil {
-		close(work)
-		wg.Wait()
-		return fmt.Errorf("natsjs: consume %s: %w", c.cfg.Durable, err)
 	}
-	<-ctx.Done()
-	close(stopping)
-	cc.Stop()
-	<-cc.Closed()
-	close(work)
-	wg.Wait()
+	cons := c.JetStreamConsumer()
+	for {
+		cur := cons
+		cc, err := cur.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
+			c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				// A durable deleted while the connection was down gets
+				// pulls that nothing answers, and Consume pulls on
+				// forever: stop it, to create the durable again.
+				go c.probe(ctx, cur, cc)
+			}
+		}))
+		if err != nil {
+			return fmt.Errorf("natsjs: consume %s: %w", c.cfg.Durable, err)
+		}
+		select {
+		case <-ctx.Done():
+			close(stopping)
+			cc.Stop()
+			<-cc.Closed()
+			return nil
+		case <-cc.Closed():
+		}
+		// Consume stopped by itself.
+		if err := c.closed(); err != nil {
+			return err
+		}
+		c.log.WarnContext(ctx, "natsjs: consume stopped; consuming again", "durable", c.cfg.Durable, "after", RestartDelay)
+		if cons, err = c.recreate(ctx); err != nil {
+			return err
+		}
+		if cons == nil { // ctx ended
+			return nil
+		}
+	}
+}
+
+// probe stops cc if the durable no longer exists.
+func (c *Consumer) probe(ctx context.Context, cons jetstream.Consumer, cc jetstream.ConsumeContext) {
+	ictx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
+	defer cancel()
+	if _, err := cons.Info(ictx); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c.log.WarnContext(ctx, "natsjs: the durable is gone", "durable", c.cfg.Durable)
+		cc.Stop()
+	}
+}
+
+// closed returns the error that ends Run when the connection is closed.
+func (c *Consumer) closed() error {
+	if c.js.Conn().IsClosed() {
+		return fmt.Errorf("natsjs: consume %s: %w (its reconnect attempts ran out, or it was closed)", c.cfg.Durable, nats.ErrConnectionClosed)
+	}
 	return nil
+}
+
+// recreate creates the durable again, after RestartDelay and until it
+// exists or ctx ends (nil, nil). It gives up when the connection is
+// closed or the stream is gone.
+func (c *Consumer) recreate(ctx context.Context) (jetstream.Consumer, error) {
+	for {
+		t := time.NewTimer(RestartDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil
+		case <-t.C:
+		}
+		if err := c.closed(); err != nil {
+			return nil, err
+		}
+		actx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
+		cons, err := c.js.CreateOrUpdateConsumer(actx, c.cfg.Stream, c.cc)
+		cancel()
+		switch {
+		case err == nil:
+			c.mu.Lock()
+			c.cons = cons
+			c.mu.Unlock()
+			return cons, nil
+		case ctx.Err() != nil:
+			return nil, nil
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, fmt.Errorf("natsjs: create consumer %s on %s: %w", c.cfg.Durable, c.cfg.Stream, err)
+		}
+		c.log.WarnContext(ctx, "natsjs: create consumer", "durable", c.cfg.Durable, "err", err)
+	}
 }
 
 // Message returns the inbox's view of msg: the ID from its Nats-Msg-Id
@@ -335,9 +433,6 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	o, perr := c.call(ctx, m)
 	stop()
 	ev.Outcome, ev.Err = o, perr
-	if c.beforeSettle != nil {
-		c.beforeSettle(m, o)
-	}
 
 	switch {
 	case o.Result.Ack():

@@ -66,6 +66,13 @@
 //     that died after the PubAck and before marking the message sent, a
 //     producer's retry) is dropped by the stream within its Duplicates
 //     window, and by the consumer's inbox after it.
+//   - A connection that is cut and reconnects does not end Run: JetStream
+//     pulls again after the reconnect. A connection whose reconnect
+//     attempts ran out is closed for good, and Run returns
+//     nats.ErrConnectionClosed (connect with nats.MaxReconnects(-1) to
+//     ride out any outage). A durable deleted under a running consumer is
+//     created again, and delivers the stream from its start: the inbox
+//     acks what it handled before as duplicates.
 //   - Run returns after the messages being handled are settled; handlers
 //     run with a context that Run's does not cancel, so a shutdown is not
 //     counted as a failed attempt.

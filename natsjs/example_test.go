@@ -13,7 +13,6 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/sqlstore"
 )
 
 // A loyalty consumer: order.paid events from the ORDERS stream grant
@@ -22,21 +21,21 @@ import (
 // the inbox's backoff, a poison message dead-lettered to
 // "idem.dead.ORDERS.loyalty" (which the ORDERS_DEAD stream keeps). The
 // example needs a NATS server and a database, so it is compiled but not
-// run; the package's tests run the same steps against real servers.
+// run; the tests in cmd/internal/natsjstest run the same steps against
+// real servers.
 func ExampleConsumer() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	var db *sql.DB // the shop's database (PostgreSQL here)
-	store, err := sqlstore.NewInboxStore(db, sqlstore.PostgreSQL)
-	if err != nil {
-		log.Fatal(err)
-	}
+	var db *sql.DB          // the shop's database (PostgreSQL here)
+	var store inbox.TxStore // sqlstore.NewInboxStore(db, sqlstore.PostgreSQL), migrated
 	in, err := inbox.New(store, &inbox.Config{Group: "loyalty", MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	nc, err := nats.Connect("nats://127.0.0.1:4222")
+	// Reconnect for as long as it takes: a connection whose attempts ran
+	// out is closed for good, and Run returns.
+	nc, err := nats.Connect("nats://127.0.0.1:4222", nats.MaxReconnects(-1))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -74,8 +73,8 @@ func ExampleConsumer() {
 // server and a database.)
 func ExamplePublisher() {
 	ctx := context.Background()
-	var js jetstream.JetStream      // as in ExampleConsumer
-	var store *sqlstore.OutboxStore // the shop's outbox
+	var js jetstream.JetStream // as in ExampleConsumer
+	var store outbox.Store     // the shop's outbox: sqlstore.NewOutboxStore(db, …), migrated
 	pub, err := natsjs.NewPublisher(js, &natsjs.PublisherConfig{Stream: "ORDERS"})
 	if err != nil {
 		log.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/rabbitmq"
-	"github.com/idemkit/idem/sqlstore"
 )
 
 // A loyalty consumer of the queue order.paid: each delivery runs in
@@ -24,7 +23,7 @@ import (
 func ExampleConsumer() {
 	var (
 		db    *sql.DB                // the shop's database
-		store *sqlstore.InboxStore   // sqlstore.NewInboxStore(db, …), migrated
+		store inbox.TxStore          // sqlstore.NewInboxStore(db, …), migrated
 		grant inbox.TxHandler        // writes the points in tx
 		ctx   = context.Background() // the process's lifetime
 	)
@@ -62,7 +61,7 @@ func ExampleConsumer() {
 // a broker.)
 func ExamplePublisher() {
 	var (
-		outboxStore *sqlstore.OutboxStore // sqlstore.NewOutboxStore(db, …), migrated
+		outboxStore outbox.Store // sqlstore.NewOutboxStore(db, …), migrated
 		ctx         = context.Background()
 	)
 	p, err := rabbitmq.NewPublisher(&rabbitmq.PublisherConfig{

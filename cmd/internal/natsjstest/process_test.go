@@ -1,4 +1,4 @@
-package natsjs_test
+package natsjstest
 
 import (
 	"bufio"
@@ -137,13 +137,15 @@ func killChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, in := inboxOn(t, db, sqlstore.SQLite, inbox.Config{})
-	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "child")), natsjs.Config{AckWait: time.Second})
-	natsjs.SetBeforeSettle(c, func(m inbox.Message, o inbox.Outcome) {
+	process := natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "child"))
+	c := newConsumer(t, e, func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
+		o, err := process(ctx, m)
 		if o.Result == inbox.Processed {
 			fmt.Printf("committed %s\n", m.ID)
 			select {} // killed here: committed, not acked
 		}
-	})
+		return o, err
+	}, natsjs.Config{AckWait: time.Second})
 	_ = c.Run(t.Context())
 }
 
