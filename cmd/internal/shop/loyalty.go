@@ -20,8 +20,10 @@ import (
 // (a lost ack, a relay that published twice) is a duplicate and changes
 // nothing.
 
-// LoyaltyGroup is the loyalty consumer's inbox group, and its durable
-// consumer's (NATS) or queue's (AMQP) name.
+// LoyaltyGroup is the loyalty consumer's inbox group (in the shop's
+// database, whatever -events is: renaming the broker's names keeps the
+// consume records that de-duplicate redeliveries). Its durable consumer
+// (NATS) and its queue (AMQP) are named after -events: NAME-loyalty.
 const LoyaltyGroup = "shop-loyalty"
 
 // PointsPerUnit is how many points a whole currency unit (100 cents) of
