@@ -50,10 +50,10 @@ const DefaultEvents = "shop"
 // (NAME_ORDERS_DEAD, idem.dead.NAME_ORDERS.NAME-loyalty) stays short.
 const maxEventsLen = 32
 
-// CheckEvents reports whether name may be -events: 1 to 32 of a-z, 0-9 and
+// checkEvents reports whether name may be -events: 1 to 32 of a-z, 0-9 and
 // '-', starting with a letter, a token that is safe in NATS subjects and
 // stream names and in AMQP exchange and queue names.
-func CheckEvents(name string) error {
+func checkEvents(name string) error {
 	ok := len(name) > 0 && len(name) <= maxEventsLen && name[0] >= 'a' && name[0] <= 'z'
 	for _, c := range []byte(name) {
 		ok = ok && (c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-')
@@ -75,7 +75,7 @@ type topology struct {
 	exchange, binding, queue, deadQueue string
 }
 
-// newTopology derives every broker name from name, which CheckEvents
+// newTopology derives every broker name from name, which checkEvents
 // accepted.
 func newTopology(name string) topology {
 	stream := strings.ToUpper(strings.ReplaceAll(name, "-", "_")) + "_ORDERS"

@@ -27,7 +27,7 @@ func TestTopologyNames(t *testing.T) {
 			exchange: "shop-eu2.events", binding: "shop-eu2.order.*", queue: "shop-eu2-loyalty", deadQueue: "shop-eu2-loyalty.dead",
 		}},
 	} {
-		if err := CheckEvents(c.name); err != nil {
+		if err := checkEvents(c.name); err != nil {
 			t.Fatal(err)
 		}
 		if got := newTopology(c.name); got != c.want {
@@ -35,8 +35,8 @@ func TestTopologyNames(t *testing.T) {
 		}
 	}
 	for _, ok := range []string{"a", "shop", "s-1", strings.Repeat("s", 32)} {
-		if err := CheckEvents(ok); err != nil {
-			t.Errorf("CheckEvents(%q): %v", ok, err)
+		if err := checkEvents(ok); err != nil {
+			t.Errorf("checkEvents(%q): %v", ok, err)
 		}
 	}
 }

@@ -27,6 +27,9 @@ import (
 // never closes a paid order: whoever moves the order first wins, and the
 // loser's transition changes nothing.
 //
+// A pass also sweeps expired submit tokens, and the sent events and
+// finished consume records older than CloserConfig.Retention.
+//
 // The lock is taken for one pass (TryAcquire) and released at its end,
 // rather than held across passes: an instance that stops or hangs holds
 // nothing between passes, any instance may run the next one, and the

@@ -212,7 +212,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if set["broker"] && *brokerFlag == "" {
 		return errors.New("shopd: -broker must not be empty (leave it out for the embedded NATS server)")
 	}
-	if err := CheckEvents(*eventsFlag); err != nil {
+	if err := checkEvents(*eventsFlag); err != nil {
 		return fmt.Errorf("shopd: %w", err)
 	}
 	if *eventPrefix == "" {
