@@ -2,13 +2,20 @@
 //
 //	go run ./cmd/shopd [-addr 127.0.0.1:8080] [-data ./shopdata | -db DATABASE] [-redis redis://host:port/db] [-wait 0]
 //	                   [-read-timeout 30s] [-write-timeout 1m] [-idle-timeout 1m] [-log-level info]
-//	                   [-pay-secret SECRET]
+//	                   [-pay-secret SECRET] [-pay-timeout 30m]
+//	                   [-broker nats://host:port | -broker amqp://user:pass@host:port/vhost] [-nats-store DIR]
+//	                   [-events shop] [-event-prefix shop-] [-event-retention 168h]
 //
 // DATABASE is sqlite:PATH, postgres://user:pass@host:port/db (or
 // postgresql://), mysql://user:pass@host:port/db (its query holds
 // go-sql-driver parameters) or mysql:DSN (a raw go-sql-driver DSN).
 // SECRET signs payment callbacks; without it shopd reads SHOPD_PAY_SECRET,
-// else uses dev-pay-secret and warns.
+// else uses dev-pay-secret and warns. Without -broker the order events go
+// through a NATS server embedded in shopd. -events NAME names everything
+// shopd declares on the broker (stream NAME_ORDERS, subjects
+// NAME.order.>, exchange NAME.events, queue NAME-loyalty, …): two shops
+// on one broker need different ones. Sent events and the loyalty
+// consumer's finished records are deleted after -event-retention.
 //
 // Bad flags, or an address shopd cannot listen on, exit with status 2
 // before any data is touched. The first SIGINT or SIGTERM lets in-flight

@@ -38,6 +38,7 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"-db", "nosuch://x"},
 		{"-db", "mysql://app@db:3306/"},
 		{"-redis", "http://cache:6379"},
+		{"-events", "Shop.EU"},
 		{"-nosuchflag"},
 		{"-addr", "nonsense"},
 		{"-addr", busy.Addr().String()}, // a port in use

@@ -28,26 +28,113 @@ import (
 // and the loyalty consumer reads order.paid and order.refunded back from
 // it into the shop's database (HandleLoyalty under inbox.HandleTx).
 //
-// Broker topology. NATS JetStream: the stream SHOP_ORDERS captures
-// "shop.order.>" (de-duplicating by Nats-Msg-Id for 2 minutes), the
-// durable pull consumer shop-loyalty reads all of it (the consumer ignores
-// the events it has no use for), and its dead letters go to
-// "idem.dead.SHOP_ORDERS.shop-loyalty", kept by the stream
-// SHOP_ORDERS_DEAD. RabbitMQ: the durable topic exchange shop.events, the
-// durable queue shop-loyalty bound to "shop.order.*" (the consumer ignores
-// the events it has no use for; every event is routed, so the publisher's
-// mandatory flag holds), and the queue shop-loyalty.dead for dead letters.
-// shopd declares all of these at start-up; declaring them again is
-// harmless.
-const (
-	natsStream      = "SHOP_ORDERS"
-	natsDeadStream  = "SHOP_ORDERS_DEAD"
-	natsSubjects    = "shop.order.>"
-	amqpExchange    = "shop.events"
-	amqpBinding     = "shop.order.*"
-	amqpQueue       = LoyaltyGroup
-	amqpDeadQueue   = LoyaltyGroup + ".dead"
-	loyaltyAttempts = 5
+// Broker topology. Every name derives from one namespace, -events NAME
+// (default "shop"; see topology). NATS JetStream: the stream NAME_ORDERS
+// (NAME in capitals, '-' as '_') captures "NAME.order.>" (de-duplicating
+// by Nats-Msg-Id for 2 minutes), the durable pull consumer NAME-loyalty
+// reads all of it (the consumer ignores the events it has no use for), and
+// its dead letters go to "idem.dead.NAME_ORDERS.NAME-loyalty", kept by the
+// stream NAME_ORDERS_DEAD. RabbitMQ: the durable topic exchange
+// NAME.events, the durable queue NAME-loyalty bound to "NAME.order.*" (the
+// consumer ignores the events it has no use for; every event is routed, so
+// the publisher's mandatory flag holds), and the queue NAME-loyalty.dead
+// for dead letters. shopd declares all of these at start-up; declaring
+// them again is harmless.
+const loyaltyAttempts = 5
+
+// DefaultEvents is -events' default: the namespace of shopd's names on the
+// broker, SHOP_ORDERS, shop.order.>, shop.events, shop-loyalty.
+const DefaultEvents = "shop"
+
+// maxEventsLen bounds -events: the longest name it derives
+// (NAME_ORDERS_DEAD, idem.dead.NAME_ORDERS.NAME-loyalty) stays short.
+const maxEventsLen = 32
+
+// checkEvents reports whether name may be -events: 1 to 32 of a-z, 0-9 and
+// '-', starting with a letter, a token that is safe in NATS subjects and
+// stream names and in AMQP exchange and queue names.
+func checkEvents(name string) error {
+	ok := len(name) > 0 && len(name) <= maxEventsLen && name[0] >= 'a' && name[0] <= 'z'
+	for _, c := range []byte(name) {
+		ok = ok && (c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-')
+	}
+	if !ok {
+		return fmt.Errorf("-events %q: want 1 to %d of a-z, 0-9 and '-', starting with a letter (e.g. %s, shop-eu)", name, maxEventsLen, DefaultEvents)
+	}
+	return nil
+}
+
+// topology is the broker names of the namespace name (-events).
+type topology struct {
+	name string
+	// NATS: the stream and the dead letters' stream, their subjects, and
+	// the durable consumer.
+	stream, deadStream, subjects, deadSubjects, durable string
+	// AMQP: the topic exchange, the queue's binding, the queue and the
+	// dead-letter queue.
+	exchange, binding, queue, deadQueue string
+}
+
+// newTopology derives every broker name from name, which checkEvents
+// accepted.
+func newTopology(name string) topology {
+	stream := strings.ToUpper(strings.ReplaceAll(name, "-", "_")) + "_ORDERS"
+	consumer := name + "-loyalty"
+	return topology{
+		name:         name,
+		stream:       stream,
+		deadStream:   stream + "_DEAD",
+		subjects:     name + ".order.>",
+		deadSubjects: "idem.dead." + stream + ".>",
+		durable:      consumer,
+		exchange:     name + ".events",
+		binding:      name + ".order.*",
+		queue:        consumer,
+		deadQueue:    consumer + ".dead",
+	}
+}
+
+// namedPublisher publishes the outbox's events in a namespace: a row's
+// topic is the event's name ("order.paid"), published on NAME.order.paid
+// (EventTopic). A row written before the topic was the event's name holds
+// "shop.order.paid"; it is published in the namespace too.
+type namedPublisher struct {
+	ns   string
+	next outbox.Publisher
+}
+
+func (p namedPublisher) Publish(ctx context.Context, m outbox.Message) error {
+	m.Topic = EventTopic(p.ns, eventOfTopic(m.Topic))
+	if err := p.next.Publish(ctx, m); err != nil {
+		return err
+	}
+	if h := afterPublishHook; h != nil {
+		h(m)
+	}
+	return nil
+}
+
+// legacyTopicPrefix starts the topic of the rows that shopd wrote before
+// the row's topic was the event's name: "shop.order.paid".
+const legacyTopicPrefix = "shop."
+
+// eventOfTopic is the event an outbox row's topic names.
+func eventOfTopic(topic string) string {
+	if rest, ok := strings.CutPrefix(topic, legacyTopicPrefix); ok && strings.HasPrefix(rest, "order.") {
+		return rest
+	}
+	return topic
+}
+
+// Hooks of the tests (export_test.go), nil in shopd. afterPublishHook
+// runs after the broker confirmed an event and before the relay marks it
+// sent; loyaltyHook after the loyalty consumer handled a message (its
+// effect committed when the result is Processed) and before it is acked.
+var (
+	afterPublishHook func(outbox.Message)
+	loyaltyHook      func(inbox.Message, inbox.Outcome)
+	// natsAckWait is the loyalty durable's AckWait; 0: natsjs's default.
+	natsAckWait time.Duration
 )
 
 // brokerTarget is a parsed -broker value.
@@ -89,6 +176,8 @@ func redactURL(raw string) string {
 // eventsConfig is what startEvents needs.
 type eventsConfig struct {
 	target brokerTarget
+	// names is the broker topology (-events).
+	names topology
 	// storeDir is the embedded NATS server's JetStream directory.
 	storeDir string
 	// storeExplicit: storeDir is -nats-store's, not a default.
@@ -144,6 +233,14 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 	if err != nil {
 		return nil, err
 	}
+	handle := func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
+		o, err := in.HandleTx(ctx, cfg.db, m, cfg.shop.HandleLoyalty)
+		if h := loyaltyHook; h != nil && err == nil {
+			h(m, o)
+		}
+		return o, err
+	}
+	names := cfg.names
 
 	var pub outbox.Publisher
 	var consume func(context.Context) error
@@ -176,47 +273,47 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 		defer scancel()
 		for _, sc := range []jetstream.StreamConfig{
-			{Name: natsStream, Subjects: []string{natsSubjects}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute},
-			{Name: natsDeadStream, Subjects: []string{"idem.dead." + natsStream + ".>"}, Storage: jetstream.FileStorage},
+			{Name: names.stream, Subjects: []string{names.subjects}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute},
+			{Name: names.deadStream, Subjects: []string{names.deadSubjects}, Storage: jetstream.FileStorage},
 		} {
 			if _, err := js.CreateOrUpdateStream(sctx, sc); err != nil {
 				return nil, fmt.Errorf("NATS stream %s: %w", sc.Name, err)
 			}
 		}
-		if pub, err = natsjs.NewPublisher(js, &natsjs.PublisherConfig{Stream: natsStream}); err != nil {
+		if pub, err = natsjs.NewPublisher(js, &natsjs.PublisherConfig{Stream: names.stream}); err != nil {
 			return nil, err
 		}
 		// The whole stream (one filter subject: servers before 2.10 take
 		// no more); HandleLoyalty ignores the events it has no use for.
-		c, err := natsjs.NewConsumer(sctx, js, natsjs.HandleTx(in, cfg.db, cfg.shop.HandleLoyalty), &natsjs.Config{
-			Stream: natsStream, Durable: LoyaltyGroup, Workers: 4, Logger: cfg.log,
+		c, err := natsjs.NewConsumer(sctx, js, handle, &natsjs.Config{
+			Stream: names.stream, Durable: names.durable, Workers: 4, AckWait: natsAckWait, Logger: cfg.log,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("NATS consumer %s: %w", LoyaltyGroup, err)
+			return nil, fmt.Errorf("NATS consumer %s: %w", names.durable, err)
 		}
 		consume = c.Run
 	case "amqp":
 		setup := func(ch *amqp.Channel) error {
-			if err := ch.ExchangeDeclare(amqpExchange, "topic", true, false, false, false, nil); err != nil {
+			if err := ch.ExchangeDeclare(names.exchange, "topic", true, false, false, false, nil); err != nil {
 				return err
 			}
-			for _, q := range []string{amqpQueue, amqpDeadQueue} {
+			for _, q := range []string{names.queue, names.deadQueue} {
 				if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 					return err
 				}
 			}
-			return ch.QueueBind(amqpQueue, amqpBinding, amqpExchange, false, nil)
+			return ch.QueueBind(names.queue, names.binding, names.exchange, false, nil)
 		}
-		p, err := rabbitmq.NewPublisher(&rabbitmq.PublisherConfig{URL: cfg.target.url, Exchange: amqpExchange, Setup: setup})
+		p, err := rabbitmq.NewPublisher(&rabbitmq.PublisherConfig{URL: cfg.target.url, Exchange: names.exchange, Setup: setup})
 		if err != nil {
 			return nil, err
 		}
 		r.closers = append(r.closers, func() { p.Close() })
 		pub = p
 		c, err := rabbitmq.NewConsumer(&rabbitmq.ConsumerConfig{
-			URL: cfg.target.url, Queue: amqpQueue, Setup: setup, Workers: 4,
-			DeadLetterRoutingKey: amqpDeadQueue, Logger: cfg.log,
-		}, rabbitmq.HandleTx(in, cfg.db, cfg.shop.HandleLoyalty))
+			URL: cfg.target.url, Queue: names.queue, Setup: setup, Workers: 4,
+			DeadLetterRoutingKey: names.deadQueue, Logger: cfg.log,
+		}, handle)
 		if err != nil {
 			return nil, err
 		}
@@ -225,13 +322,22 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 		return nil, fmt.Errorf("shop: unknown broker kind %q", cfg.target.kind)
 	}
 
+	if cfg.target.kind == "amqp" {
+		r.display += fmt.Sprintf(", names %s (exchange %s, queue %s)", names.name, names.exchange, names.queue)
+	} else {
+		r.display += fmt.Sprintf(", names %s (stream %s, consumer %s)", names.name, names.stream, names.durable)
+	}
+
 	// On PostgreSQL a commit that added events wakes the relay (NOTIFY);
 	// elsewhere it polls.
 	var events outbox.Store = cfg.shop.Outbox()
 	if cfg.dialect == sqlstore.PostgreSQL {
 		events = pgnotify.Outbox(cfg.shop.Outbox(), cfg.db)
 	}
-	relay, err := outbox.NewRelay(events, pub, &outbox.RelayConfig{PollInterval: relayPollInterval, Logger: cfg.log})
+	// The close job sweeps sent events (-event-retention), not the relay.
+	relay, err := outbox.NewRelay(events, namedPublisher{ns: names.name, next: pub}, &outbox.RelayConfig{
+		PollInterval: relayPollInterval, Retention: -1, Logger: cfg.log,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,9 @@ import (
 // never closes a paid order: whoever moves the order first wins, and the
 // loser's transition changes nothing.
 //
+// A pass also sweeps expired submit tokens, and the sent events and
+// finished consume records older than CloserConfig.Retention.
+//
 // The lock is taken for one pass (TryAcquire) and released at its end,
 // rather than held across passes: an instance that stops or hangs holds
 // nothing between passes, any instance may run the next one, and the
@@ -39,8 +42,16 @@ const (
 	// MaxPayTimeout bounds -pay-timeout: a week.
 	MaxPayTimeout     = 7 * 24 * time.Hour
 	DefaultCloseBatch = 100
-	minCloseInterval  = time.Second
-	maxCloseInterval  = time.Minute
+	// DefaultRetention is how long sent events and finished consume
+	// records are kept: a week, longer than any redelivery (see
+	// CloserConfig.Retention).
+	DefaultRetention = 7 * 24 * time.Hour
+	// sweepLimit bounds the rows one statement of a sweep deletes, and
+	// maxSweepBatches the statements of a pass per table.
+	sweepLimit       = 1000
+	maxSweepBatches  = 10
+	minCloseInterval = time.Second
+	maxCloseInterval = time.Minute
 	// releaseTimeout bounds the release of the lock after a pass.
 	releaseTimeout = 5 * time.Second
 )
@@ -59,6 +70,15 @@ type CloserConfig struct {
 	Interval time.Duration
 	// Batch bounds the orders one pass closes. Default DefaultCloseBatch.
 	Batch int
+	// Retention is how long a sent event (a row of idem_outbox) and a
+	// finished consume record (succeeded or dead, a row of idem_inbox)
+	// are kept before a pass deletes them; on the database's clock, from
+	// the row's sent_at or updated_at. Default DefaultRetention; negative:
+	// never deleted. A consume record must outlive every redelivery of
+	// its message: a duplicate delivered after its record went is handled
+	// again. Sent events are kept for inspection only: the relay never
+	// publishes a sent row again.
+	Retention time.Duration
 	// Lock is the lock a pass is taken under (CloseJobName). Default: a
 	// lock.Locker with lock's defaults (a 30 s lease, renewed by its
 	// watchdog while a pass runs, held at most 10 min) over
@@ -112,6 +132,7 @@ type Closer struct {
 	s       *Shop
 	cfg     CloserConfig
 	backend *sqlstore.LockBackend // the default lock's, closed by Close
+	inbox   *sqlstore.InboxStore  // swept; closed by Close
 	stop    context.CancelFunc
 	done    chan struct{}
 	closed  sync.Once
@@ -149,15 +170,24 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	case c.Batch < 0:
 		return nil, errors.New("shop: the close job's batch must be positive")
 	}
-	closer := &Closer{s: s, cfg: c}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	in, err := sqlstore.NewInboxStore(s.db, s.dialect)
+	if err != nil {
+		return nil, err
+	}
+	closer := &Closer{s: s, cfg: c, inbox: in}
 	if c.Lock == nil {
 		b, err := sqlstore.NewLockBackend(s.db, s.dialect)
 		if err != nil {
+			in.Close()
 			return nil, err
 		}
 		l, err := lock.New(b, &lock.Config{Logger: s.log})
 		if err != nil {
 			b.Close()
+			in.Close()
 			return nil, err
 		}
 		closer.cfg.Lock, closer.backend = NewJobLock(l), b
@@ -198,13 +228,15 @@ func (c *Closer) Close() error {
 		if c.backend != nil {
 			c.backend.Close()
 		}
+		c.inbox.Close()
 	})
 	return nil
 }
 
 // RunOnce runs one pass: it takes the job's lock (and returns 0, nil when
 // another instance holds it), closes up to Batch orders that have waited
-// for their payment longer than PayTimeout, sweeps expired submit tokens,
+// for their payment longer than PayTimeout, sweeps expired submit tokens
+// and the sent events and finished consume records older than Retention,
 // releases the lock, and returns how many orders it closed. It stops
 // early, with an error, when the lease is lost (the cause is lock's) or a
 // close transaction finds a newer fence (ErrFenced).
@@ -270,7 +302,37 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 	if swept > 0 {
 		c.s.log.DebugContext(ctx, "shop: swept expired submit tokens", "swept", swept)
 	}
+	if c.cfg.Retention < 0 {
+		return closed, nil
+	}
+	for _, t := range []struct {
+		what  string
+		sweep func(context.Context, time.Duration, int) (int, error)
+	}{{"sent events", c.s.events.Sweep}, {"finished consume records", c.inbox.Sweep}} {
+		n, err := sweepAll(ctx, t.sweep, c.cfg.Retention)
+		if err != nil {
+			return closed, fmt.Errorf("sweep %s: %w", t.what, stopCause(ctx, err))
+		}
+		if n > 0 {
+			c.s.log.DebugContext(ctx, "shop: swept "+t.what, "swept", n, "retention", c.cfg.Retention)
+		}
+	}
 	return closed, nil
+}
+
+// sweepAll runs sweep until it deletes fewer than sweepLimit rows, at most
+// maxSweepBatches times (the next pass goes on), and returns how many it
+// deleted.
+func sweepAll(ctx context.Context, sweep func(context.Context, time.Duration, int) (int, error), retention time.Duration) (int, error) {
+	total := 0
+	for range maxSweepBatches {
+		n, err := sweep(ctx, retention, sweepLimit)
+		total += n
+		if err != nil || n < sweepLimit {
+			return total, err
+		}
+	}
+	return total, nil
 }
 
 // stopCause adds to err why ctx ended (the lease lost, Close), if it did.

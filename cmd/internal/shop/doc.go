@@ -77,19 +77,20 @@
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
 // (from 1 s to 1 min) closes up to 100 expired orders and deletes expired
-// submit tokens. An order expires when it has waited -pay-timeout on the
-// database's clock (its created_ms is the database's time too), never a
-// shopd process's: an instance whose clock is off closes no order early
-// or late. A pass works only in the instance holding the lock
-// "shop.close-unpaid" (package lock over sqlstore's LockBackend, in the
-// shop's database), taken for the pass and released after it, and works
-// under the lease's context, so it stops when the lease is lost. The
-// lock's fence is checked by the rows it protects: each close
-// transaction first raises shop_jobs.last_fence to its fence, only if no
-// higher fence is there (0 rows: ErrFenced, the transaction rolls back
-// and the pass ends), so an instance paused past its lease cannot close
-// anything after another instance took the lock and wrote. A crashed
-// holder's lease runs out after 30 s.
+// submit tokens, and the sent events and finished consume records older
+// than -event-retention (see Events and loyalty points). An order expires
+// when it has waited -pay-timeout on the database's clock (its created_ms
+// is the database's time too), never a shopd process's: an instance whose
+// clock is off closes no order early or late. A pass works only in the
+// instance holding the lock "shop.close-unpaid" (package lock over
+// sqlstore's LockBackend, in the shop's database), taken for the pass and
+// released after it, and works under the lease's context, so it stops
+// when the lease is lost. The lock's fence is checked by the rows it
+// protects: each close transaction first raises shop_jobs.last_fence to
+// its fence, only if no higher fence is there (0 rows: ErrFenced, the
+// transaction rolls back and the pass ends), so an instance paused past
+// its lease cannot close anything after another instance took the lock
+// and wrote. A crashed holder's lease runs out after 30 s.
 //
 // The caller is identified by the X-User-ID header (a positive integer; a
 // stand-in for real authentication) and that identity is the idempotency
@@ -195,27 +196,56 @@
 // transition, and only when the transition moved the order: thirty
 // repeats of a payment callback write one order.paid, and a transition
 // that rolls back writes none. The payload is OrderEvent's JSON
-// (order_no, user_id, amount_cents, event, at); the topic is
-// "shop.<event>" (shop.order.paid), the key the order number (one order's
-// events are published in order), the message ID -event-prefix (default
-// "shop-") and the outbox row's id.
+// (order_no, user_id, amount_cents, event, at); the row's topic is the
+// event's name (order.paid), the key the order number (one order's events
+// are published in order), the message ID -event-prefix (default "shop-")
+// and the outbox row's id.
 //
-// shopd runs the outbox relay, which publishes them to the broker, and
-// the loyalty consumer, which reads them back and, with inbox.HandleTx on
-// the shop's database (group shop-loyalty), writes a row of shop_points
-// per event in the transaction of its consume record: PointsFor(amount)
+// shopd runs the outbox relay, which publishes them to the broker on
+// "NAME.<event>" (shop.order.paid; NAME is -events, see below), and the
+// loyalty consumer, which reads them back and, with inbox.HandleTx on the
+// shop's database (group shop-loyalty), writes a row of shop_points per
+// event in the transaction of its consume record: PointsFor(amount)
 // points (10 per whole currency unit: 1299 cents → 120) for order.paid,
 // as many taken back for order.refunded; other events change nothing. A
 // redelivery is a duplicate, and (order_no, event) is unique in the
 // ledger. The balance is the sum of the user's rows. Both stop, after the
 // HTTP server drained, before the database closes.
 //
-// -broker chooses the broker: nats://host:port (NATS JetStream: the
-// stream SHOP_ORDERS on shop.order.>, its durable consumer shop-loyalty,
-// dead letters in SHOP_ORDERS_DEAD) or amqp://user:pass@host:port/vhost
-// (RabbitMQ: the topic exchange shop.events, the queue shop-loyalty bound
-// to shop.order.*, dead letters in shop-loyalty.dead); shopd declares
-// them. Without -broker shopd starts a NATS server with JetStream in its
+// -broker chooses the broker: nats://host:port (NATS JetStream) or
+// amqp://user:pass@host:port/vhost (RabbitMQ). -events NAME (default
+// "shop"; 1 to 32 of a-z, 0-9 and '-', starting with a letter) names
+// everything shopd declares there, and shopd declares it at start-up:
+//
+//	NATS JetStream  the stream NAME_ORDERS (NAME in capitals, '-' as '_') on NAME.order.>,
+//	                its durable consumer NAME-loyalty, dead letters in NAME_ORDERS_DEAD
+//	RabbitMQ        the topic exchange NAME.events, the queue NAME-loyalty bound to
+//	                NAME.order.*, dead letters in the queue NAME-loyalty.dead
+//
+// so the default is SHOP_ORDERS, shop.order.>, shop.events and
+// shop-loyalty, the names of shopd before the flag. Two shops (two
+// databases) on one broker must set different -events: on the same names
+// their consumers would take each other's events and grant the points in
+// the wrong database. The instances of one shop (one database) share
+// -events, so they share the stream or the queue, and each event's points
+// are granted once. They need not change -event-prefix: each namespace
+// has its own stream (NATS de-duplicates Nats-Msg-Id per stream) and
+// queue, and each shop its own inbox.
+//
+// The outbox row holds the event's name, not the topic: the relay adds
+// NAME when it publishes, so the rows pending when -events changes are
+// published under the new name (rows of a shopd from before this rule
+// hold shop.order.paid and are published as NAME.order.paid too). A
+// rename moves the shop to a new stream or queue, and what was published
+// under the old name and not yet consumed stays there: rename every
+// instance at once, after the loyalty consumer caught up (the old
+// durable or queue empty). -event-prefix does not
+// follow -events: a message's ID is what the consume records
+// de-duplicate, so it must stay the same for as long as the database
+// lives (an event republished under another ID after a rename would
+// count twice).
+//
+// Without -broker shopd starts a NATS server with JetStream in its
 // own process, on a free loopback port, storing under -nats-store
 // (default: nats next to the SQLite file, <-data>/nats; ./shopdata/nats
 // with a server -db): the default is the production path with nothing to
@@ -224,12 +254,30 @@
 // nats.3, … (a -nats-store in use is an error). Each instance then has a
 // broker of its own; the outbox and the inbox are the database's, so every
 // event is still published and its points granted once. shopd prints
-// which broker it uses.
+// which broker it uses and the names.
 //
 // The points appear after the relay and the consumer ran: a moment after
-// the payment, not in its answer. Shops that share a broker need
-// different -event-prefix values; all the shopd instances of one shop
-// share the consumer, and each event's points are granted once.
+// the payment, not in its answer.
+//
+// The close job's passes (see above) sweep what is done with: sent events
+// (idem_outbox rows whose sent_at is older) and finished consume records
+// (idem_inbox rows succeeded or dead, updated_at older) after
+// -event-retention, by default 7 days, at least 1 hour. A consume record
+// must outlive every redelivery of its message, or the redelivery is
+// handled again: 7 days is far longer than the broker redelivers a
+// message that is being handled (the durable's AckWait, 30 s; RabbitMQ
+// at once when a consumer's connection drops) and than NATS's 2-minute
+// de-duplication window, and covers a loyalty consumer that is down for
+// up to a week with a message handled and not acked. Keep it longer than any
+// outage you may have to recover from. A sent event is never published
+// again; it is kept for inspection. The relay itself sweeps nothing.
+//
+// Tested by killing shopd processes with SIGKILL (the embedded NATS
+// server, the machine's NATS and RabbitMQ): between the broker's confirm
+// and the relay's mark, the row stays pending and the next shopd
+// publishes it again; between the loyalty consumer's commit and its ack,
+// the broker redelivers and the consumer acks a duplicate; either way the
+// points are granted once.
 //
 // # Databases
 //

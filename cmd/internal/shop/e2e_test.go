@@ -19,16 +19,23 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // The test binary doubles as shopd: with SHOPD_CHILD_ARGS set it runs
 // shop.Main, as shopd does, with those arguments (a JSON array) and exits, so the end-to-end
-// tests drive a real shopd process over real HTTP.
+// tests drive a real shopd process over real HTTP. The test hooks of the
+// child come from its environment (childHooks).
 func TestMain(m *testing.M) {
 	if raw := os.Getenv("SHOPD_CHILD_ARGS"); raw != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if err := childHooks(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
@@ -39,12 +46,67 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// Environment of a shopd child's test hooks (the test binary's, never
+// shopd's).
+const (
+	// envTrace: "1" prints "published <id> <topic>" after the broker
+	// confirmed an event (before the relay marks it sent) and "handled
+	// <id> <result>" after the loyalty consumer handled a message (before
+	// the ack).
+	envTrace = "SHOPD_CHILD_TRACE"
+	// envHang: "publish" hangs the relay after it printed the first
+	// order.paid's "published" line; "commit" hangs the consumer after it
+	// printed the first "handled … processed" line: the test kills the
+	// child there.
+	envHang = "SHOPD_CHILD_HANG"
+	// envAckWait is the loyalty durable's AckWait (a Go duration).
+	envAckWait = "SHOPD_CHILD_ACKWAIT"
+)
+
+// childHooks sets the hooks of a shopd child from its environment.
+func childHooks() error {
+	if v := os.Getenv(envAckWait); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		shop.SetNATSAckWait(d)
+	}
+	if os.Getenv(envTrace) == "" {
+		return nil
+	}
+	hang := os.Getenv(envHang)
+	var once sync.Once
+	hangOnce := func() {
+		hung := false
+		once.Do(func() { hung = true })
+		if hung {
+			select {} // killed here
+		}
+	}
+	shop.SetAfterPublish(func(m outbox.Message) {
+		fmt.Printf("published %s %s\n", m.ID, m.Topic)
+		if hang == "publish" && strings.HasSuffix(m.Topic, "."+shop.EventOrderPaid) {
+			hangOnce()
+		}
+	})
+	shop.SetLoyaltyHook(func(m inbox.Message, o inbox.Outcome) {
+		fmt.Printf("handled %s %s\n", m.ID, o.Result)
+		if hang == "commit" && o.Result == inbox.Processed {
+			hangOnce()
+		}
+	})
+	return nil
+}
+
 type shopd struct {
 	t     *testing.T
 	cmd   *exec.Cmd
 	base  string
 	done  chan error
 	found chan string
+	// out is all the child printed on stdout.
+	out *syncBuffer
 }
 
 // startShopd starts shopd on dataDir (-data) and waits until it listens.
@@ -59,13 +121,19 @@ func startShopd(t *testing.T, dataDir string, extra ...string) *shopd {
 // waits until it listens.
 func spawnShopd(t *testing.T, args ...string) *shopd {
 	t.Helper()
+	return spawnShopdEnv(t, nil, args...)
+}
+
+// spawnShopdEnv is spawnShopd with env added to the child's environment.
+func spawnShopdEnv(t *testing.T, env []string, args ...string) *shopd {
+	t.Helper()
 	if !hasFlag(args, "-data") && !hasFlag(args, "-nats-store") {
 		// Not ./shopdata/nats in the package's directory.
 		args = append(args, "-nats-store", filepath.Join(t.TempDir(), "nats"))
 	}
 	raw, _ := json.Marshal(append([]string{"-addr", "127.0.0.1:0", "-log-level", "warn"}, args...))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "SHOPD_CHILD_ARGS="+string(raw))
+	cmd.Env = append(append(os.Environ(), "SHOPD_CHILD_ARGS="+string(raw)), env...)
 	cmd.Stderr = &lockedWriter{w: os.Stderr}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -74,10 +142,11 @@ func spawnShopd(t *testing.T, args ...string) *shopd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1), found: make(chan string, 1)}
+	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1), found: make(chan string, 1), out: &syncBuffer{}}
 	lines := bufio.NewScanner(out)
 	go func() {
 		for lines.Scan() {
+			fmt.Fprintln(s.out, lines.Text())
 			if rest, ok := strings.CutPrefix(lines.Text(), "shopd listening on "); ok {
 				s.found <- strings.Fields(rest)[0]
 			}

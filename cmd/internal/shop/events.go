@@ -15,7 +15,8 @@ import (
 // transition it reports, and only when the transition moved the order (not
 // when it was AlreadyApplied): a transition that commits has its event,
 // one that rolls back has none, and thirty repeats of a payment callback
-// write one order.paid. The relay (shopd) publishes them to the broker.
+// write one order.paid. The outbox row's topic is the event's name; the
+// relay (shopd) publishes it to the broker on EventTopic(-events, event).
 const (
 	EventOrderPaid      = "order.paid"
 	EventOrderCancelled = "order.cancelled"
@@ -23,12 +24,10 @@ const (
 	EventOrderRefunded  = "order.refunded"
 )
 
-// TopicPrefix starts every event's topic (a NATS subject, an AMQP routing
-// key): the topic of order.paid is "shop.order.paid".
-const TopicPrefix = "shop."
-
-// EventTopic is the topic an event is published on: TopicPrefix + event.
-func EventTopic(event string) string { return TopicPrefix + event }
+// EventTopic is the topic (a NATS subject, an AMQP routing key) event is
+// published on in the namespace ns (-events): ns + "." + event, so that
+// order.paid is "shop.order.paid" by default.
+func EventTopic(ns, event string) string { return ns + "." + event }
 
 // DefaultEventIDPrefix starts the ID of every event the shop writes (the
 // outbox row's id follows): Config.EventIDPrefix's default.
@@ -64,7 +63,7 @@ func (s *Shop) addEvent(ctx context.Context, tx *sql.Tx, event, orderNo string) 
 	if err != nil {
 		return err
 	}
-	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: EventTopic(event), Key: orderNo, Payload: payload}); err != nil {
+	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: payload}); err != nil {
 		return fmt.Errorf("event %s: %w", event, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -11,9 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/internal/testenv"
@@ -126,22 +130,65 @@ func TestRunEmbeddedNATSGrantsPoints(t *testing.T) {
 	payAndSeePoints(t, base, 42)
 }
 
-// brokerMu serialises the tests that run shopd against the machine's
-// NATS or RabbitMQ: shopd's stream, durable consumer and queues have fixed
-// names, so two such tests at once would consume each other's events into
-// the wrong database (a CI run saw 4 of 6 orders' points arrive).
-var brokerMu = map[string]*sync.Mutex{testenv.NATS.Name: new(sync.Mutex), testenv.RabbitMQ.Name: new(sync.Mutex)}
-
-// holdBroker holds svc for t's other tests until t ends.
-func holdBroker(t *testing.T, svc testenv.Service) {
-	mu := brokerMu[svc.Name]
-	mu.Lock()
-	t.Cleanup(mu.Unlock)
+// brokerNamespace returns an -events name of t's own on the broker svc at
+// url, and deletes what shopd declares under it (streams, or exchange and
+// queues) when t ends: tests on the machine's broker run at once, each in
+// its namespace, and leave nothing behind.
+func brokerNamespace(t *testing.T, svc testenv.Service, url string) string {
+	t.Helper()
+	name := fmt.Sprintf("t%x", rand.Uint64())
+	streams, exchange, queues := shop.BrokerNames(name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		switch svc.Name {
+		case testenv.NATS.Name:
+			nc, err := nats.Connect(url)
+			if err != nil {
+				t.Logf("clean up %s: %v", name, err)
+				return
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Logf("clean up %s: %v", name, err)
+				return
+			}
+			for _, st := range streams {
+				if err := js.DeleteStream(ctx, st); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+					t.Logf("delete stream %s: %v", st, err)
+				}
+			}
+		case testenv.RabbitMQ.Name:
+			conn, err := amqp.Dial(url)
+			if err != nil {
+				t.Logf("clean up %s: %v", name, err)
+				return
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Logf("clean up %s: %v", name, err)
+				return
+			}
+			defer ch.Close()
+			for _, q := range queues {
+				if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+					t.Logf("delete queue %s: %v", q, err)
+					return // the channel is closed
+				}
+			}
+			if err := ch.ExchangeDelete(exchange, false, false); err != nil {
+				t.Logf("delete exchange %s: %v", exchange, err)
+			}
+		}
+	})
+	return name
 }
 
 // The same against the NATS server and the RabbitMQ broker of the
-// machine. The IDs' prefix and the user are the test's own: the stream
-// and the queue outlive the test.
+// machine, each in an -events namespace of its own, so that the subtests
+// and the other tests on these brokers run at once.
 func TestRunBrokersGrantPoints(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -155,12 +202,11 @@ func TestRunBrokersGrantPoints(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			url := c.svc.Need(t)
-			holdBroker(t, c.svc)
-			prefix := fmt.Sprintf("shop-test-%d-%d/", time.Now().UnixNano(), rand.Uint32())
+			ns := brokerNamespace(t, c.svc, url)
 			base, stdout := runShopd(t, "-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "data"),
-				"-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix)
-			if !strings.Contains(stdout.String(), c.want) {
-				t.Errorf("shopd's output does not say %q:\n%s", c.want, stdout.String())
+				"-pay-secret", testPaySecret, "-broker", url, "-events", ns)
+			if !strings.Contains(stdout.String(), c.want) || !strings.Contains(stdout.String(), ", names "+ns+" (") {
+				t.Errorf("shopd's output does not say %q and the names %s:\n%s", c.want, ns, stdout.String())
 			}
 			payAndSeePoints(t, base, 1+rand.Int64N(1<<40))
 		})
@@ -208,10 +254,8 @@ func TestShopdTwoProcessesOneBrokerGrantOnce(t *testing.T) {
 		t.Run(svc.Name, func(t *testing.T) {
 			t.Parallel()
 			url := svc.Need(t)
-			holdBroker(t, svc)
 			db, dbArg := postgresBackend.fresh(t)
-			prefix := fmt.Sprintf("shop-two-%d-%d/", time.Now().UnixNano(), rand.Uint32())
-			args := []string{"-db", dbArg, "-pay-secret", testPaySecret, "-broker", url, "-event-prefix", prefix}
+			args := []string{"-db", dbArg, "-pay-secret", testPaySecret, "-broker", url, "-events", brokerNamespace(t, svc, url)}
 			procs := []*shopd{spawnShopd(t, args...), spawnShopd(t, args...)}
 			for _, p := range procs {
 				p.ready()
@@ -252,7 +296,7 @@ func TestShopdTwoProcessesOneBrokerGrantOnce(t *testing.T) {
 			if rows != orders || balance != orders*shop.PointsFor(1299) || p.Balance != balance {
 				t.Fatalf("%d ledger rows, balance %d (API %d); want %d rows, %d points", rows, balance, p.Balance, orders, orders*shop.PointsFor(1299))
 			}
-			if n := payCount(t, db, postgresBackend, `SELECT COUNT(*) FROM idem_outbox WHERE topic = 'shop.order.paid'`); n != orders {
+			if n := payCount(t, db, postgresBackend, `SELECT COUNT(*) FROM idem_outbox WHERE topic = 'order.paid'`); n != orders {
 				t.Errorf("%d order.paid events in the outbox, want %d", n, orders)
 			}
 			for _, p := range procs {

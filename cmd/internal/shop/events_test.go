@@ -36,8 +36,8 @@ func outboxEvents(t *testing.T, db *sql.DB, b backend, orderNo string) []shop.Or
 		if err := json.Unmarshal(payload, &ev); err != nil {
 			t.Fatalf("payload %s: %v", payload, err)
 		}
-		if topic != shop.EventTopic(ev.Event) {
-			t.Errorf("event %s on topic %q, want %q", ev.Event, topic, shop.EventTopic(ev.Event))
+		if topic != ev.Event { // the relay adds the namespace when it publishes
+			t.Errorf("event %s stored with the topic %q, want the event's name", ev.Event, topic)
 		}
 		if _, err := time.Parse(time.RFC3339, ev.At); err != nil {
 			t.Errorf("event at %q: %v", ev.At, err)

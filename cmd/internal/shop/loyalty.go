@@ -20,8 +20,10 @@ import (
 // (a lost ack, a relay that published twice) is a duplicate and changes
 // nothing.
 
-// LoyaltyGroup is the loyalty consumer's inbox group, and its durable
-// consumer's (NATS) or queue's (AMQP) name.
+// LoyaltyGroup is the loyalty consumer's inbox group (in the shop's
+// database, whatever -events is: renaming the broker's names keeps the
+// consume records that de-duplicate redeliveries). Its durable consumer
+// (NATS) and its queue (AMQP) are named after -events: NAME-loyalty.
 const LoyaltyGroup = "shop-loyalty"
 
 // PointsPerUnit is how many points a whole currency unit (100 cents) of
@@ -39,7 +41,7 @@ var LoyaltyEvents = []string{EventOrderPaid, EventOrderRefunded}
 var errBadEvent = errors.New("shop: malformed order event")
 
 type pointsQueries struct {
-	insert, ledger, balance string
+	insert, ledger string
 }
 
 func newPointsQueries(d sqlstore.Dialect) pointsQueries {
@@ -50,9 +52,10 @@ func newPointsQueries(d sqlstore.Dialect) pointsQueries {
 		insert += ` ON CONFLICT (order_no, event) DO NOTHING`
 	}
 	return pointsQueries{
-		insert:  rebind(d, insert),
-		ledger:  rebind(d, `SELECT order_no, event, points, at_ms FROM shop_points WHERE user_id = ? ORDER BY id LIMIT ?`),
-		balance: rebind(d, `SELECT COALESCE(SUM(points), 0) FROM shop_points WHERE user_id = ?`),
+		insert: rebind(d, insert),
+		// One statement, so the balance is the sum of the rows it reads
+		// (the window's sum is over all of them, before the LIMIT).
+		ledger: rebind(d, `SELECT order_no, event, points, at_ms, SUM(points) OVER () FROM shop_points WHERE user_id = ? ORDER BY id LIMIT ?`),
 	}
 }
 
@@ -107,12 +110,10 @@ type Points struct {
 // oldest first).
 const maxLedger = 1000
 
-// pointsOf reads user's balance and ledger.
+// pointsOf reads user's balance and ledger, in one statement: a grant
+// committed meanwhile is in both or in neither.
 func (s *Shop) pointsOf(ctx context.Context, user int64) (Points, error) {
 	p := Points{Ledger: []PointsEntry{}}
-	if err := s.db.QueryRowContext(ctx, s.points.balance, user).Scan(&p.Balance); err != nil {
-		return Points{}, fmt.Errorf("read balance: %w", err)
-	}
 	rows, err := s.db.QueryContext(ctx, s.points.ledger, user, maxLedger)
 	if err != nil {
 		return Points{}, fmt.Errorf("read ledger: %w", err)
@@ -121,7 +122,7 @@ func (s *Shop) pointsOf(ctx context.Context, user int64) (Points, error) {
 	for rows.Next() {
 		var e PointsEntry
 		var ms int64
-		if err := rows.Scan(&e.OrderNo, &e.Event, &e.Points, &ms); err != nil {
+		if err := rows.Scan(&e.OrderNo, &e.Event, &e.Points, &ms, &p.Balance); err != nil {
 			return Points{}, fmt.Errorf("read ledger: %w", err)
 		}
 		e.At = time.UnixMilli(ms).UTC().Format(eventTimeLayout)

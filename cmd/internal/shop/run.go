@@ -146,7 +146,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"(default: a NATS server with JetStream embedded in shopd, on a free loopback port, storing under -nats-store)")
 	natsStore := fs.String("nats-store", "", "directory of the embedded NATS server's streams (default: nats next to the SQLite file, DATA/nats; for a server -db, ./shopdata/nats); "+
 		"when another shopd on this host holds the default one, the first free of nats.2, nats.3, …")
-	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs; shops whose events meet in one broker need different ones")
+	eventsFlag := fs.String("events", DefaultEvents, "namespace `NAME` of the order events' names on the broker (a-z, 0-9 and '-', starting with a letter, at most 32): "+
+		"NATS stream NAME_ORDERS on NAME.order.>, consumer NAME-loyalty; RabbitMQ exchange NAME.events, queue NAME-loyalty; dead letters NAME_ORDERS_DEAD, NAME-loyalty.dead. "+
+		"Shops that share a broker need different ones")
+	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs (the inbox de-duplicates by them: keep it for the database's life)")
+	eventRetention := fs.Duration("event-retention", DefaultRetention, "how long sent events (idem_outbox) and the loyalty consumer's finished records (idem_inbox) are kept; "+
+		"at least 1h, and longer than the broker may redeliver a message (a redelivery after its record went is handled again)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -207,8 +212,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if set["broker"] && *brokerFlag == "" {
 		return errors.New("shopd: -broker must not be empty (leave it out for the embedded NATS server)")
 	}
+	if err := checkEvents(*eventsFlag); err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
 	if *eventPrefix == "" {
 		return errors.New("shopd: -event-prefix must not be empty")
+	}
+	if *eventRetention < minEventRetention {
+		return fmt.Errorf("shopd: -event-retention must be at least %v (longer than the broker may redeliver a message)", minEventRetention)
 	}
 	if set["nats-store"] && *natsStore == "" {
 		return errors.New("shopd: -nats-store must not be empty")
@@ -332,7 +343,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer shop.Close()
 	// The close job runs in every instance; it stops before the database
 	// closes.
-	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout})
+	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout, Retention: *eventRetention})
 	if err != nil {
 		return fmt.Errorf("shopd: %w", err)
 	}
@@ -341,7 +352,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The outbox relay and the loyalty consumer stop (deferred) after the
 	// HTTP server drained and before the database closes.
-	events, err := startEvents(ctx, eventsConfig{target: broker, storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.dialect, log: log})
+	events, err := startEvents(ctx, eventsConfig{target: broker, names: newTopology(*eventsFlag), storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.dialect, log: log})
 	if err != nil {
 		return stopped(fmt.Errorf("shopd: events: %w", err))
 	}
@@ -391,6 +402,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log.Info("shopd: stopped")
 	return nil
 }
+
+// minEventRetention bounds -event-retention from below: an hour, far
+// longer than NATS's 2-minute de-duplication window and the consumer's
+// 30 s AckWait.
+const minEventRetention = time.Hour
 
 // paySecretEnv is the environment variable of the payment callbacks'
 // secret, read when -pay-secret is not given.

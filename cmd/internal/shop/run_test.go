@@ -52,6 +52,20 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"-broker", "nats:mq:4222"}, "-broker"},
 		{[]string{"-broker", ""}, "-broker"},
 		{[]string{"-event-prefix", ""}, "-event-prefix"},
+		// -events names streams, subjects, exchanges and queues: a token
+		// safe in all of them, or nothing starts.
+		{[]string{"-events", ""}, "-events"},
+		{[]string{"-events", "Shop"}, "-events"},
+		{[]string{"-events", "1shop"}, "-events"},
+		{[]string{"-events", "-shop"}, "-events"},
+		{[]string{"-events", "shop.eu"}, "-events"},
+		{[]string{"-events", "shop_eu"}, "-events"},
+		{[]string{"-events", "shop>"}, "-events"},
+		{[]string{"-events", "shop*"}, "-events"},
+		{[]string{"-events", "shop eu"}, "-events"},
+		{[]string{"-events", strings.Repeat("s", 33)}, "-events"},
+		{[]string{"-event-retention", "59m"}, "-event-retention"},
+		{[]string{"-event-retention", "-168h"}, "-event-retention"},
 		{[]string{"-nats-store", ""}, "-nats-store"},
 		{[]string{"extra"}, "unexpected"},
 		// Empty, net.Listen would take every interface and a random port.
