@@ -277,7 +277,9 @@ func TestRewindsBody(t *testing.T) {
 		body func() io.Reader
 	}{
 		{"GetBody", func() io.Reader { return bytes.NewReader(payload) }},
-		{"buffered", func() io.Reader { return io.MultiReader(bytes.NewReader(payload[:1000]), bytes.NewReader(payload[1000:])) }},
+		{"buffered", func() io.Reader {
+			return io.MultiReader(bytes.NewReader(payload[:1000]), bytes.NewReader(payload[1000:]))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
