@@ -43,7 +43,10 @@
 //     record. Between the effect and [Execution.Complete] a crash leaves a
 //     processing record whose lease runs out; the retry then runs the work
 //     again. Put the effect and the completion in one transaction with
-//     [Execution.CompleteTx] (sqlstore), or make the effect itself idempotent.
+//     [Execution.CompleteTx] (sqlstore), or make the effect itself idempotent:
+//     a call to a service that takes an idempotency key (a payment
+//     provider) carries a key derived from the lease, [Lease.DeriveKey],
+//     the same in every execution of the request.
 //   - Scopes are the caller's identity. Two callers in one scope share a key
 //     space: derive the scope from authenticated identity, never from input
 //     the caller chooses freely.

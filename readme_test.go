@@ -14,7 +14,7 @@ import (
 
 // docFiles are the package docs whose code blocks must be excerpts of
 // examples, like the README's Go blocks.
-var docFiles = []string{"idemhttp/doc.go", "idemgrpc/doc.go"}
+var docFiles = []string{"idemhttp/doc.go", "idemgrpc/doc.go", "idemclient/doc.go"}
 
 // Every ```go block of README.md, and every code block of the package
 // comments in docFiles, is a verbatim excerpt of a compiled example: a run

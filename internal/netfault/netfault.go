@@ -1,6 +1,7 @@
 // Package netfault is a TCP proxy for tests that need a server to fail on
-// cue: refuse connections, drop the open ones, or stall them. Tests put it
-// between a client and a real server on loopback.
+// cue: refuse connections, drop the open ones, stall them, or lose a
+// response the server has sent. Tests put it between a client and a real
+// server on loopback.
 package netfault
 
 import (
@@ -18,6 +19,7 @@ type Proxy struct {
 	refuse  bool
 	stalled bool
 	resume  chan struct{} // closed when a stall ends
+	dropIf  func(request []byte) bool
 	conns   map[net.Conn]struct{}
 	closed  bool
 	wg      sync.WaitGroup
@@ -54,6 +56,26 @@ func (p *Proxy) Drop() {
 	for c := range p.conns {
 		c.Close()
 	}
+}
+
+// maxRequest bounds the bytes of a request kept for DropResponsesIf's
+// function: its start, where the request line and headers are.
+const maxRequest = 64 << 10
+
+// DropResponsesIf makes the proxy lose responses: when the server starts
+// to answer on a connection, f gets what the client sent on it since the
+// server last answered (the request, or its first 64 KiB), and if it
+// reports true the answer is not forwarded and the connection is closed,
+// both sides. The server has received the whole request and acted on it
+// (it answers after reading it); the client sees its connection closed
+// with no response, or a part of one if an earlier chunk got through (f
+// is asked at the first chunk of each answer only). f is called from the
+// proxy's goroutines, concurrently for different connections. A nil f
+// forwards every response again.
+func (p *Proxy) DropResponsesIf(f func(request []byte) bool) {
+	p.mu.Lock()
+	p.dropIf = f
+	p.mu.Unlock()
 }
 
 // Stall stops forwarding bytes on every connection, open or new, until
@@ -136,25 +158,55 @@ func (p *Proxy) serve(client net.Conn) {
 	}
 	defer p.track(client, false)
 	defer p.track(server, false)
+	l := &link{client: client, server: server}
 	done := make(chan struct{}, 2)
-	go func() { p.pipe(server, client); done <- struct{}{} }()
-	go func() { p.pipe(client, server); done <- struct{}{} }()
+	go func() { p.pipe(l, server, client, true); done <- struct{}{} }()
+	go func() { p.pipe(l, client, server, false); done <- struct{}{} }()
 	<-done
 	client.Close()
 	server.Close()
 	<-done
 }
 
+// link is one proxied connection: the client's side, the server's, and
+// what the client sent since the server last answered.
+type link struct {
+	client, server net.Conn
+
+	mu      sync.Mutex
+	request []byte
+}
+
 // pipe copies src to dst, holding every chunk while the proxy is stalled.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// toServer: src is the client; its bytes are kept for DropResponsesIf
+// before they are forwarded, so the server cannot answer a request before
+// it is kept.
+func (p *Proxy) pipe(l *link, dst, src net.Conn, toServer bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			resume := p.resume
+			resume, dropIf := p.resume, p.dropIf
 			p.mu.Unlock()
 			<-resume
+			if toServer {
+				l.mu.Lock()
+				if room := maxRequest - len(l.request); room > 0 {
+					l.request = append(l.request, buf[:min(n, room)]...)
+				}
+				l.mu.Unlock()
+			} else {
+				l.mu.Lock()
+				request := l.request
+				l.request = nil
+				l.mu.Unlock()
+				if request != nil && dropIf != nil && dropIf(request) {
+					l.client.Close()
+					l.server.Close()
+					return
+				}
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

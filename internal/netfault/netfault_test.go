@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -97,5 +98,83 @@ func TestProxy(t *testing.T) {
 	defer c3.Close()
 	if got, err := roundTrip(c3, bufio.NewReader(c3), "back", time.Second); err != nil || got != "back" {
 		t.Fatalf("after Refuse(false): %q, %v", got, err)
+	}
+}
+
+// DropResponsesIf: the server gets the request, the client never gets the
+// answer, and the connection closes; other requests pass.
+func TestDropResponsesIf(t *testing.T) {
+	got := make(chan string, 10)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					got <- strings.TrimSpace(line) // handled, then answered
+					c.Write([]byte("re: " + line))
+				}
+			}()
+		}
+	}()
+	p, err := New(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var mu sync.Mutex
+	var asked []string
+	p.DropResponsesIf(func(request []byte) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, string(request))
+		return strings.HasPrefix(string(request), "lose")
+	})
+
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if line, err := roundTrip(c, r, "keep 1", time.Second); err != nil || line != "re: keep 1" {
+		t.Fatalf("kept answer: %q, %v", line, err)
+	}
+	if line, err := roundTrip(c, r, "lose 2", 5*time.Second); err == nil {
+		t.Fatalf("a dropped answer arrived: %q", line)
+	}
+	for _, want := range []string{"keep 1", "lose 2"} {
+		if line := <-got; line != want {
+			t.Fatalf("server got %q, want %q", line, want)
+		}
+	}
+	// Each answer was judged by its own request.
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 2 || asked[0] != "keep 1\n" || asked[1] != "lose 2\n" {
+		t.Fatalf("asked about %q", asked)
+	}
+
+	p.DropResponsesIf(nil)
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if line, err := roundTrip(c2, bufio.NewReader(c2), "lose 3", time.Second); err != nil || line != "re: lose 3" {
+		t.Fatalf("after DropResponsesIf(nil): %q, %v", line, err)
 	}
 }
