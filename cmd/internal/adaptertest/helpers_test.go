@@ -86,6 +86,32 @@ func (r *outcomes) of(id string) string {
 	return fmt.Sprint(r.byID[id])
 }
 
+// acked counts the outcomes of id that ack the delivery.
+func (r *outcomes) acked(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, res := range r.byID[id] {
+		if res.Ack() {
+			n++
+		}
+	}
+	return n
+}
+
+// n counts the outcomes of id that are res.
+func (r *outcomes) n(id string, res inbox.Result) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, x := range r.byID[id] {
+		if x == res {
+			n++
+		}
+	}
+	return n
+}
+
 func (r *outcomes) count(id string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
