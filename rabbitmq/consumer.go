@@ -131,7 +131,8 @@ type ConsumerConfig struct {
 // Outcome to the broker: Processed and Duplicate → ack; Retry and
 // InProgress → nack with requeue after the Outcome's Delay (bounded);
 // Dead → dead-letter, then ack. It reconnects when the connection or the
-// channel drops.
+// channel drops, and when the broker cancels its consumer (the queue was
+// deleted: Setup may declare it again).
 type Consumer struct {
 	cfg    ConsumerConfig
 	handle HandleFunc
@@ -240,6 +241,11 @@ func (c *Consumer) session(ctx context.Context) error {
 		slog.Int("prefetch", c.cfg.Prefetch), slog.Int("workers", c.cfg.Workers))
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	// The broker cancels the consumer (basic.cancel) and keeps the
+	// channel open when the queue is deleted: deliveries then end, and
+	// only a new session (whose Setup may declare the queue again)
+	// consumes again.
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 
 	// sctx ends with the session; handlers run without its cancellation.
 	sctx, cancel := context.WithCancel(ctx)
@@ -267,6 +273,12 @@ func (c *Consumer) session(ctx context.Context) error {
 		cause = fmt.Errorf("rabbitmq: connection closed: %w", amqpErr(e))
 	case e := <-chClosed:
 		cause = fmt.Errorf("rabbitmq: channel closed: %w", amqpErr(e))
+	case tag, ok := <-cancelled:
+		if !ok { // closed with the channel
+			cause = fmt.Errorf("rabbitmq: channel closed: %w", amqp.ErrClosed)
+			break
+		}
+		cause = fmt.Errorf("rabbitmq: the broker cancelled consumer %q of %s (queue deleted?)", tag, c.cfg.Queue)
 	}
 	cancel()
 	wg.Wait() // handlers in flight finish; their acks go out if the channel lives

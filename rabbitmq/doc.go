@@ -30,7 +30,8 @@
 // producer published twice. Only the inbox's record decides.
 //
 // The Consumer reconnects (with a doubling delay) whenever the connection
-// or the channel drops; the broker requeues the deliveries that were not
+// or the channel drops, or the broker cancels its consumer (the queue was
+// deleted; ConsumerConfig.Setup declares it again); the broker requeues the deliveries that were not
 // acked, and the inbox answers Duplicate for those whose effect had
 // committed.
 //
