@@ -58,3 +58,27 @@ func (r *recorder) settledIDs() []string {
 	}
 	return out
 }
+
+// The durable consumer is deleted under a running Consumer (an operator,
+// a redeploy that recreates the topology): the server ends the pulls
+// with "consumer deleted" and the client stops consuming. Run must
+// create the consumer again and go on: a message published after the
+// deletion has its effect, without restarting the process.
+func TestConsumerDeletedUnderRun(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	db, _, in := sqliteInbox(t, inbox.Config{})
+	var rec recorder
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
+	run(t, c)
+	e.publish(t, "x", "before", "a")
+	waitFor(t, "the first message", func() bool { _, of := effects(t, db, sqlstore.SQLite, "before"); return of == 1 })
+	if err := e.js.DeleteConsumer(context.Background(), e.stream, "loyalty"); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(t, "x", "after", "b")
+	waitFor(t, "the message published after the consumer was deleted", func() bool {
+		_, of := effects(t, db, sqlstore.SQLite, "after")
+		return of == 1
+	})
+}

@@ -168,6 +168,7 @@ type Event struct {
 type Consumer struct {
 	js      jetstream.JetStream
 	cons    jetstream.Consumer
+	cc      jetstream.ConsumerConfig
 	process Process
 	cfg     Config
 	log     *slog.Logger
@@ -240,7 +241,7 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %s on %s: %w", c.Durable, c.Stream, err)
 	}
-	return &Consumer{js: js, cons: cons, process: p, cfg: c, log: log}, nil
+	return &Consumer{js: js, cons: cons, cc: cc, process: p, cfg: c, log: log}, nil
 }
 
 // JetStreamConsumer returns the underlying durable consumer (for its
@@ -250,12 +251,20 @@ func (c *Consumer) JetStreamConsumer() jetstream.Consumer { return c.cons }
 // DeadLetterSubject returns the subject dead messages are published to.
 func (c *Consumer) DeadLetterSubject() string { return c.cfg.DeadLetterSubject }
 
+// restartDelay is how long Run waits before it creates its consumer
+// again after the server or the connection ended its consumption.
+const restartDelay = time.Second
+
 // Run consumes until ctx ends, then stops pulling, waits for the messages
 // being handled to be settled, and returns nil; or it returns the error
 // that kept it from starting. Handlers run with a context that ctx's end
 // does not cancel, so that a shutdown does not count as a failed attempt:
 // Run returns only after they return. Messages buffered and not yet
 // handled are left unacked and redelivered after AckWait.
+//
+// If the consumption ends by itself (the durable consumer was deleted, or
+// the connection closed), Run creates the consumer again (as NewConsumer
+// did) and consumes again, retrying every second while that fails.
 func (c *Consumer) Run(ctx context.Context) error {
 	work := make(chan jetstream.Msg)
 	hctx := context.WithoutCancel(ctx)
@@ -267,29 +276,52 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		})
 	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
 	stopping := make(chan struct{})
-	cc, err := c.cons.Consume(func(msg jetstream.Msg) {
+	deliver := func(msg jetstream.Msg) {
 		select {
 		case work <- msg:
 		case <-stopping:
 			// Not handled: redelivered at once, to another consumer.
 			_ = msg.Nak()
 		}
-	}, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
-	}))
-	if err != nil {
-		close(work)
-		wg.Wait()
-		return fmt.Errorf("natsjs: consume %s: %w", c.cfg.Durable, err)
 	}
-	<-ctx.Done()
-	close(stopping)
-	cc.Stop()
-	<-cc.Closed()
-	close(work)
-	wg.Wait()
-	return nil
+	for started := false; ; started = true {
+		cc, err := c.cons.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
+		}))
+		if err != nil && !started {
+			return fmt.Errorf("natsjs: consume %s: %w", c.cfg.Durable, err)
+		}
+		if err == nil {
+			select {
+			case <-ctx.Done():
+				close(stopping)
+				cc.Stop()
+				<-cc.Closed()
+				return nil
+			case <-cc.Closed():
+			}
+		}
+		// The server or the connection ended the consumption: the
+		// consumer was deleted, or the connection closed.
+		for {
+			c.log.WarnContext(ctx, "natsjs: consumption ended; creating the consumer again", "durable", c.cfg.Durable, "err", err)
+			t := time.NewTimer(restartDelay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			if _, err = c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.cc); err == nil {
+				break
+			}
+		}
+	}
 }
 
 // Message returns the inbox's view of msg: the ID from its Nats-Msg-Id

@@ -44,6 +44,11 @@
 // Config.AckWait, so that a long handler does not get its message
 // redelivered to another consumer meanwhile.
 //
+// If its consumption ends by itself — the durable consumer was deleted
+// under it, or the connection closed — Run creates the consumer again
+// and consumes again (every second until that succeeds), until its
+// context ends.
+//
 // # Publisher
 //
 // Publisher.Publish sends an outbox.Message on its Topic (or
