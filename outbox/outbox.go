@@ -152,6 +152,19 @@ type Batch interface {
 	Release(ctx context.Context) error
 }
 
+// Deadliner is implemented by a Batch whose claim ends at a known time,
+// its lease (sqlstore's OutboxStore): the relay publishes the batch's
+// messages only while enough of the lease is left to mark them, and
+// claims the rest again after the mark. Without it, a broker slow enough
+// that publishing a whole batch outlasts the lease would cost every mark
+// of every batch (ErrLeaseLost), and the relay would publish the same
+// messages forever.
+type Deadliner interface {
+	// Deadline returns when the batch's claim ends, on the relay's
+	// clock; zero if it has none.
+	Deadline() time.Time
+}
+
 // Notifier is implemented by stores that can wake a relay when messages
 // are added, so that it need not poll often (PostgreSQL's LISTEN/NOTIFY).
 type Notifier interface {
