@@ -54,3 +54,39 @@ func TestConsumerQueueDeleted(t *testing.T) {
 		return st.effectsOf(t, "after") == 1
 	})
 }
+
+// The dead-letter queue is missing (not declared yet, deleted): the dead
+// message's publish is returned unroutable, and the delivery is requeued,
+// not acked and lost. It must be requeued after a delay, as a Retry is,
+// not at once: an immediate requeue redelivers it at once, and the
+// consumer spins on it — an inbox claim, a publish and a log line each
+// time — as fast as the broker and the database answer, until the queue
+// appears. Once the queue is declared, the message is dead-lettered.
+func TestConsumerDeadLetterQueueMissing(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	if _, err := b.ch.QueueDelete(b.dlq, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	st := sqliteStore(t)
+	in := st.inbox(t, inbox.Config{})
+	b.publish(t, "", "no id") // dead at once: inbox.ErrNoID
+	cfg := b.consumerConfig()
+	cfg.MaxRetryDelay = 500 * time.Millisecond
+	var s seen
+	run(t, cfg, s.wrap(rabbitmq.HandleTx(in, st.db, st.effect("p"))))
+	eventually(t, 30*time.Second, "the first delivery", func() bool { return len(s.all()) >= 1 })
+	first := time.Now()
+	time.Sleep(2 * time.Second) // the window in which deliveries are counted
+	n := len(s.all())
+	// With a requeue after MaxRetryDelay (500 ms): at most about 5 in 2 s;
+	// an immediate requeue gives hundreds or thousands.
+	if limit := 2*int(time.Since(first)/cfg.MaxRetryDelay) + 2; n > limit {
+		t.Errorf("%d deliveries of the dead message in %v while its dead-letter queue was missing, want at most %d (one per MaxRetryDelay)", n, time.Since(first).Round(time.Millisecond), limit)
+	}
+	if _, err := b.ch.QueueDeclare(b.dlq, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the message in the dead-letter queue", func() bool { m, _ := b.depth(t, b.dlq); return m == 1 })
+	eventually(t, 10*time.Second, "the queue to be empty", func() bool { m, _ := b.depth(t, b.queue); return m == 0 })
+}
