@@ -1,6 +1,8 @@
 package rabbitmq_test
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,4 +91,39 @@ func TestConsumerDeadLetterQueueMissing(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the message in the dead-letter queue", func() bool { m, _ := b.depth(t, b.dlq); return m == 1 })
 	eventually(t, 10*time.Second, "the queue to be empty", func() bool { m, _ := b.depth(t, b.queue); return m == 0 })
+}
+
+// Message IDs from another producer that the inbox refuses (not UTF-8, a
+// control character) are
+// dead-lettered with the reason, not acked and lost, nor spun on; the
+// longest that AMQP carries (255 bytes) is handled.
+func TestConsumerHostileMessageIDs(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	st := sqliteStore(t)
+	in := st.inbox(t, inbox.Config{})
+	long := strings.Repeat("é", 127) + "x" // 255 bytes
+	bad := []string{"\xff\xfe", "a\x00b", "line\nbreak", "\x1b[31m"}
+	for _, id := range bad {
+		b.publish(t, id, "x")
+	}
+	b.publish(t, long, "x")
+	run(t, b.consumerConfig(), rabbitmq.HandleTx(in, st.db, st.effect("p")))
+	eventually(t, 30*time.Second, "the refused IDs dead-lettered", func() bool { n, _ := b.depth(t, b.dlq); return n == len(bad) })
+	eventually(t, 30*time.Second, "the 255-byte ID handled", func() bool { return st.effectsOf(t, long) == 1 })
+	got := map[string]bool{}
+	for _, d := range b.drain(t, b.dlq) {
+		got[d.MessageId] = true
+		if r := fmt.Sprint(d.Headers[rabbitmq.HeaderDeadReason]); !strings.Contains(r, "invalid") {
+			t.Errorf("dead %q: reason %q", d.MessageId, r)
+		}
+	}
+	for _, id := range bad {
+		if !got[id] {
+			t.Errorf("%q not dead-lettered under its ID (got %v)", id, got)
+		}
+	}
+	if rows, _ := st.effects(t); rows != 1 {
+		t.Errorf("%d effects, want 1", rows)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -196,5 +197,29 @@ func testLoyaltyForeignEvents(t *testing.T, b backend) {
 	}
 	if p, want := getPoints(t, s, user), shop.PointsFor(paidOrder.AmountCents); p.Balance != want || len(p.Ledger) != 1 {
 		t.Errorf("user %d after the genuine order.paid: %+v, want %d points in one row", user, p, want)
+	}
+}
+
+// GET /users/me/points with a hostile X-User-ID answers 401 and shows no
+// one's points: not a user whose decimal form the value resembles (a
+// sign, a leading zero, spaces, an overflow, a list).
+func TestPointsHostileUserIDs(t *testing.T) {
+	t.Parallel()
+	s, db := newPayShop(t, sqliteBackend)
+	in := loyaltyInbox(t, db, sqlstore.SQLite)
+	o := placeOrder(t, s, 1, 1)
+	wantSuccess(t, callback(s, callbackBody(o.OrderNo, "T-"+o.OrderNo, o.AmountCents, "SUCCESS")))
+	m := orderEvents(t, db, sqliteBackend, o.OrderNo)[shop.EventOrderPaid]
+	if out, err := in.HandleTx(context.Background(), db, m, s.HandleLoyalty); err != nil || out.Result != inbox.Processed {
+		t.Fatalf("order.paid: %v %v (%v)", out.Result, err, out.Err)
+	}
+	if p := getPoints(t, s, 1); p.Balance != shop.PointsFor(o.AmountCents) {
+		t.Fatalf("user 1's points: %+v", p)
+	}
+	for _, id := range []string{"", "0", "-1", "+1", "01", " 1", "1 ", "1,2", "0x1", "1e0", "9223372036854775808", "18446744073709551617", "1\x00", "١"} {
+		rec := serve(s, "GET", "/users/me/points", map[string]string{"X-User-ID": id}, "")
+		if rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), o.OrderNo) {
+			t.Errorf("X-User-ID %q: %d %s, want 401 without the ledger", id, rec.Code, rec.Body)
+		}
 	}
 }
