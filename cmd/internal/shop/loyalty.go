@@ -42,9 +42,14 @@ var errBadEvent = errors.New("shop: malformed order event")
 type pointsQueries struct {
 	insert, ledger, balance string
 	// order reads and locks the order an event is about; orderRows reads
-	// the ledger rows of an order (with a locking read: on MySQL a plain
-	// read would see the transaction's snapshot, not the row another
-	// event's transaction committed while this one waited for the order).
+	// the ledger rows of an order, after that lock: it sees the rows of
+	// the order's other event committed while this transaction waited
+	// for the lock (PostgreSQL at READ COMMITTED reads at the statement;
+	// MySQL at REPEATABLE READ takes its snapshot at the transaction's
+	// first plain read, which this is: the inbox's claim and the order's
+	// read lock rows). A locking read would take gap locks on MySQL, and
+	// two events of different orders, whose ledger rows fall in one gap,
+	// deadlocked at their inserts.
 	order, orderRows string
 }
 
@@ -60,7 +65,7 @@ func newPointsQueries(d sqlstore.Dialect) pointsQueries {
 		ledger:    rebind(d, `SELECT order_no, event, points, at_ms FROM shop_points WHERE user_id = ? ORDER BY id LIMIT ?`),
 		balance:   rebind(d, `SELECT COALESCE(SUM(points), 0) FROM shop_points WHERE user_id = ?`),
 		order:     rebind(d, `SELECT user_id, amount_cents, status FROM shop_orders WHERE order_no = ?`+forUpdate(d)),
-		orderRows: rebind(d, `SELECT event, points FROM shop_points WHERE order_no = ?`+lockingRead(d)),
+		orderRows: rebind(d, `SELECT event, points FROM shop_points WHERE order_no = ?`),
 	}
 }
 

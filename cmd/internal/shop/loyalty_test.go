@@ -223,3 +223,49 @@ func TestPointsHostileUserIDs(t *testing.T) {
 		}
 	}
 }
+
+// The order.paid events of 40 orders handled by 8 workers at once (the
+// loyalty consumer has 4, and shopd processes share it): each is
+// processed on its first attempt — on MySQL a locking read of the ledger
+// took gap locks, and events of different orders whose rows fall in one
+// gap deadlocked at their inserts, each deadlock a failed attempt — and
+// each user has the order's points once.
+func TestLoyaltyConcurrentOrders(t *testing.T) {
+	forBackends(t, testLoyaltyConcurrentOrders)
+}
+
+func testLoyaltyConcurrentOrders(t *testing.T, b backend) {
+	s, db := newPayShop(t, b)
+	in := loyaltyInbox(t, db, b.dialect)
+	const orders = 40
+	var msgs []inbox.Message
+	var amount int64
+	for i := range orders {
+		o := placeOrder(t, s, int64(500+i), 1)
+		wantSuccess(t, callback(s, callbackBody(o.OrderNo, "T-"+o.OrderNo, o.AmountCents, "SUCCESS")))
+		msgs = append(msgs, orderEvents(t, db, b, o.OrderNo)[shop.EventOrderPaid])
+		amount = o.AmountCents
+	}
+	work := make(chan inbox.Message)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for m := range work {
+				out, err := in.HandleTx(context.Background(), db, m, s.HandleLoyalty)
+				if err != nil || out.Result != inbox.Processed {
+					t.Errorf("%s: %v %v (%v), want processed on the first attempt", m.ID, out.Result, err, out.Err)
+				}
+			}
+		})
+	}
+	for _, m := range msgs {
+		work <- m
+	}
+	close(work)
+	wg.Wait()
+	for i := range orders {
+		if p := getPoints(t, s, int64(500+i)); p.Balance != shop.PointsFor(amount) || len(p.Ledger) != 1 {
+			t.Errorf("user %d: %+v, want %d points in one row", 500+i, p, shop.PointsFor(amount))
+		}
+	}
+}
