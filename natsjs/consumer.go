@@ -38,7 +38,8 @@ const (
 	// DeadReasonHeader is the reason a dead letter was dead-lettered.
 	DeadReasonHeader = "Idem-Dead-Reason"
 	// DeadIDHeader is the dead message's ID (the inbox's, derived or
-	// "<stream>:<sequence>" if the message had no Nats-Msg-Id).
+	// "<stream>:<sequence>:<timestamp>" if the message had no
+	// Nats-Msg-Id).
 	DeadIDHeader = "Idem-Dead-Id"
 	// DeadSubjectHeader is the subject the dead message was published on.
 	DeadSubjectHeader = "Idem-Dead-Subject"
@@ -390,8 +391,12 @@ func (c *Consumer) recreate(ctx context.Context) (jetstream.Consumer, error) {
 }
 
 // Message returns the inbox's view of msg: the ID from its Nats-Msg-Id
-// header, else "<stream>:<stream sequence>"; the topic is its subject,
-// the key its Idem-Key header, the headers the first value of each.
+// header, else "<stream>:<stream sequence>:<timestamp>", the timestamp
+// being the stream's for the message, in Unix nanoseconds (a stream
+// deleted and created again numbers its messages from 1 again; the
+// timestamp keeps its messages from being taken for the old stream's);
+// the topic is its subject, the key its Idem-Key header, the headers the
+// first value of each.
 func Message(msg jetstream.Msg) (inbox.Message, error) {
 	h := msg.Headers()
 	m := inbox.Message{
@@ -413,7 +418,11 @@ func Message(msg jetstream.Msg) (inbox.Message, error) {
 		if err != nil {
 			return m, fmt.Errorf("natsjs: message metadata: %w", err)
 		}
-		m.ID = meta.Stream + ":" + strconv.FormatUint(meta.Sequence.Stream, 10)
+		seq, ts := strconv.FormatUint(meta.Sequence.Stream, 10), strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
+		m.ID = meta.Stream + ":" + seq + ":" + ts
+		if len(m.ID) > inbox.MaxIDLen { // a stream name of over 200 bytes
+			m.ID = inbox.DeriveID(meta.Stream, seq, ts)
+		}
 	}
 	return m, nil
 }

@@ -10,7 +10,9 @@
 // HandleTx(in, db, h) (the effect and the consume record in one SQL
 // transaction) or Handle(in, h) (the external-effect mode) — with
 // Config.Workers messages at once. Each message becomes an inbox.Message:
-// its ID is the Nats-Msg-Id header, else "<stream>:<stream sequence>"; its
+// its ID is the Nats-Msg-Id header, else "<stream>:<stream
+// sequence>:<timestamp>" (the stream's time of the message, in Unix
+// nanoseconds: a stream created again numbers from 1 again); its
 // Topic the subject, its Key the Idem-Key header, its Headers the first
 // value of each header, its Payload the data. The outcome decides the
 // acknowledgement, sent only after the Process returned, so after the
@@ -41,6 +43,11 @@
 // While a Process runs, the consumer sends InProgress every third of
 // Config.AckWait, so that a long handler does not get its message
 // redelivered to another consumer meanwhile.
+//
+// If its consumption ends by itself — the durable consumer was deleted
+// under it, or the connection closed — Run creates the consumer again
+// and consumes again (every second until that succeeds), until its
+// context ends.
 //
 // # Publisher
 //

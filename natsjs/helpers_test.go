@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,4 +55,19 @@ func setup(t testing.TB, window time.Duration) env {
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), e.stream) })
 	return e
+}
+
+// seqID is the inbox's ID of the message at seq in e's stream, which has
+// no Nats-Msg-Id: "<stream>:<seq>:<the message's time in Unix ns>".
+func seqID(t testing.TB, e env, seq uint64) string {
+	t.Helper()
+	s, err := e.js.Stream(context.Background(), e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s:%d:%d", e.stream, seq, m.Time.UnixNano())
 }

@@ -50,7 +50,7 @@ func TestMessage(t *testing.T) {
 		}
 		got = append(got, fmt.Sprintf("%s %s %s %q %s", im.ID, im.Topic, im.Key, im.Payload, im.Headers["Event"]))
 	}
-	want := fmt.Sprintf("[id-1 %[1]s.order.paid order-1 \"p\" paid %[2]s:2 %[1]s.x  \"\" ]", e.subject, e.stream)
+	want := fmt.Sprintf("[id-1 %[1]s.order.paid order-1 \"p\" paid %[2]s %[1]s.x  \"\" ]", e.subject, seqID(t, e, 2))
 	if fmt.Sprint(got) != want {
 		t.Fatalf("messages %s\nwant %s", got, want)
 	}

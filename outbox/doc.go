@@ -36,6 +36,10 @@
 //     until it marks them; on SQLite a fenced lease lets one relay at a
 //     time claim, and a relay whose lease ended cannot mark.
 //   - A message is marked sent only after the publisher confirmed it.
+//   - A slow broker slows the relay down but does not stop it: a batch
+//     with a lease (a Deadliner, as sqlstore's) is published only while
+//     a fifth of its lease is left to mark what was confirmed; the rest
+//     waits for the next claim.
 //   - A relay wakes on new messages without polling often: on PostgreSQL
 //     a trigger's NOTIFY wakes it when a transaction that added messages
 //     commits; elsewhere it polls every RelayConfig.PollInterval (1 s).

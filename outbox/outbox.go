@@ -15,12 +15,21 @@ const (
 	MaxTopicLen = 255
 	// MaxKeyLen is the longest ordering key, in bytes.
 	MaxKeyLen = 255
+	// MaxHeaderNameLen is the longest header name, in bytes (an AMQP
+	// table's field names are at most 255 bytes).
+	MaxHeaderNameLen = 255
 )
+
+// headerNameForbidden are the printable ASCII characters a header name
+// cannot have: the NATS client refuses them (and every byte outside
+// printable ASCII) in a header name.
+const headerNameForbidden = `"(),/:;<=>?@[\]{}`
 
 var (
 	// ErrInvalid is wrapped by the error of a message that Validate
 	// refuses (no topic, a topic or key too long, not UTF-8 or with a NUL
-	// byte, an empty header name, a header name or value not UTF-8).
+	// byte, a header name that a broker cannot carry, a header value not
+	// UTF-8).
 	ErrInvalid = errors.New("outbox: invalid message")
 	// ErrLeaseLost is returned by Batch.MarkSent when the batch's claim
 	// ended before the mark (its lease ran out: sqlstore's
@@ -65,11 +74,14 @@ type Message struct {
 // Validate reports whether m can be added: a topic of 1 to MaxTopicLen
 // bytes, a key of at most MaxKeyLen bytes, both valid UTF-8 without a NUL
 // byte (a PostgreSQL text column cannot hold one, and no broker takes it
-// in a subject), and headers whose names are not empty and whose names
-// and values are valid UTF-8 (headers are stored as JSON, which would
-// replace the invalid bytes: the message would be published other than
-// it was added). The payload may hold any bytes. The error wraps
-// ErrInvalid.
+// in a subject), headers whose values are valid UTF-8 (headers are stored
+// as JSON, which would replace the invalid bytes: the message would be
+// published other than it was added), and header names of 1 to
+// MaxHeaderNameLen printable ASCII characters other than
+// ( ) , / : ; < = > ? @ [ \ ] { } and " (what NATS and AMQP both carry: a
+// name that a broker refuses would fail every publish of the message, and
+// hold its key back forever). The payload may hold any bytes. The error
+// wraps ErrInvalid.
 func (m Message) Validate() error {
 	switch {
 	case m.Topic == "":
@@ -91,13 +103,19 @@ func (m Message) Validate() error {
 		switch {
 		case name == "":
 			return fmt.Errorf("%w: empty header name", ErrInvalid)
-		case !utf8.ValidString(name):
-			return fmt.Errorf("%w: header name %q is not UTF-8", ErrInvalid, name)
+		case len(name) > MaxHeaderNameLen:
+			return fmt.Errorf("%w: header name of %d bytes (at most %d)", ErrInvalid, len(name), MaxHeaderNameLen)
+		case strings.IndexFunc(name, badHeaderNameRune) >= 0:
+			return fmt.Errorf("%w: header name %q: only printable ASCII other than %s", ErrInvalid, name, headerNameForbidden)
 		case !utf8.ValidString(v):
 			return fmt.Errorf("%w: header %q: value is not UTF-8", ErrInvalid, name)
 		}
 	}
 	return nil
+}
+
+func badHeaderNameRune(r rune) bool {
+	return r <= ' ' || r > '~' || strings.ContainsRune(headerNameForbidden, r)
 }
 
 // Publisher sends messages to a broker. The broker adapters implement it.
@@ -150,6 +168,19 @@ type Batch interface {
 	// Release ends the batch without marking anything: its messages stay
 	// pending and a later Claim returns them again, with the same IDs.
 	Release(ctx context.Context) error
+}
+
+// Deadliner is implemented by a Batch whose claim ends at a known time,
+// its lease (sqlstore's OutboxStore): the relay publishes the batch's
+// messages only while enough of the lease is left to mark them, and
+// claims the rest again after the mark. Without it, a broker slow enough
+// that publishing a whole batch outlasts the lease would cost every mark
+// of every batch (ErrLeaseLost), and the relay would publish the same
+// messages forever.
+type Deadliner interface {
+	// Deadline returns when the batch's claim ends, on the relay's
+	// clock; zero if it has none.
+	Deadline() time.Time
 }
 
 // Notifier is implemented by stores that can wake a relay when messages

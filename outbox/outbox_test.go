@@ -62,6 +62,14 @@ func TestValidate(t *testing.T) {
 		{"long key", outbox.Message{Topic: "t", Key: long}, false},
 		{"bad key", outbox.Message{Topic: "t", Key: "\xc3"}, false},
 		{"empty header", outbox.Message{Topic: "t", Headers: map[string]string{"": "v"}}, false},
+		{"header name with a space", outbox.Message{Topic: "t", Headers: map[string]string{"Content Type": "v"}}, false},
+		{"header name with a colon", outbox.Message{Topic: "t", Headers: map[string]string{"a:b": "v"}}, false},
+		{"header name with a slash", outbox.Message{Topic: "t", Headers: map[string]string{"user/id": "v"}}, false},
+		{"header name not ASCII", outbox.Message{Topic: "t", Headers: map[string]string{"\u00e9": "v"}}, false},
+		{"header name with a control character", outbox.Message{Topic: "t", Headers: map[string]string{"h\x7f": "v"}}, false},
+		{"header name too long", outbox.Message{Topic: "t", Headers: map[string]string{strings.Repeat("h", outbox.MaxHeaderNameLen+1): "v"}}, false},
+		{"longest header name", outbox.Message{Topic: "t", Headers: map[string]string{strings.Repeat("h", outbox.MaxHeaderNameLen): "v"}}, true},
+		{"header name of token characters", outbox.Message{Topic: "t", Headers: map[string]string{"X-Trace_id.1!#$%&'*+^`|~": "v"}}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -117,7 +117,10 @@ func (e *PublishError) Unwrap() error { return e.Err }
 // order, and marks sent those the publisher confirmed. It returns how many
 // it marked sent. A publish failure skips the rest of that message's key
 // in the batch (the next cycle starts with it) and is returned as a
-// *PublishError after the others were marked.
+// *PublishError after the others were marked. A batch that is a Deadliner
+// is published only until four fifths of its remaining lease have passed
+// (a publish still running then is cut short, and fails): the rest stays
+// pending for the next cycle, and what was confirmed is marked in time.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	b, err := r.s.Claim(ctx, r.cfg.BatchSize)
 	if err != nil {
@@ -126,6 +129,17 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	msgs := b.Messages()
 	if len(msgs) == 0 {
 		return 0, b.Release(ctx)
+	}
+	// Publish while the batch's lease leaves time to mark: a fifth of it
+	// is kept for the mark. The messages not published then are claimed
+	// again by the next cycle.
+	pctx := ctx
+	if d, ok := b.(Deadliner); ok {
+		if end := d.Deadline(); !end.IsZero() {
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithDeadline(ctx, end.Add(-time.Until(end)/5))
+			defer cancel()
+		}
 	}
 	var (
 		sent    = make([]string, 0, len(msgs))
@@ -137,10 +151,10 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 			perr.Failed++
 			continue
 		}
-		if err := ctx.Err(); err != nil {
+		if err := pctx.Err(); err != nil {
 			break
 		}
-		if err := r.p.Publish(ctx, m); err != nil {
+		if err := r.p.Publish(pctx, m); err != nil {
 			if perr == nil {
 				perr = &PublishError{ID: m.ID, Err: err}
 			}

@@ -108,7 +108,9 @@ type ConsumerConfig struct {
 	// rejected without requeue instead, so that the queue's own
 	// x-dead-letter-exchange, if set, receives it (with the broker's
 	// x-death header, but without the reason); without one the broker
-	// drops it.
+	// drops it. A dead-letter publish that fails (no queue takes it, the
+	// broker nacks it) leaves the delivery unacked for MaxRetryDelay,
+	// and it is then requeued.
 	DeadLetterExchange   string
 	DeadLetterRoutingKey string
 	// MaxRetryDelay bounds how long the consumer waits before it requeues
@@ -131,7 +133,8 @@ type ConsumerConfig struct {
 // Outcome to the broker: Processed and Duplicate → ack; Retry and
 // InProgress → nack with requeue after the Outcome's Delay (bounded);
 // Dead → dead-letter, then ack. It reconnects when the connection or the
-// channel drops.
+// channel drops, and when the broker cancels its consumer (the queue was
+// deleted: Setup may declare it again).
 type Consumer struct {
 	cfg    ConsumerConfig
 	handle HandleFunc
@@ -240,6 +243,11 @@ func (c *Consumer) session(ctx context.Context) error {
 		slog.Int("prefetch", c.cfg.Prefetch), slog.Int("workers", c.cfg.Workers))
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	// The broker cancels the consumer (basic.cancel) and keeps the
+	// channel open when the queue is deleted: deliveries then end, and
+	// only a new session (whose Setup may declare the queue again)
+	// consumes again.
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 
 	// sctx ends with the session; handlers run without its cancellation.
 	sctx, cancel := context.WithCancel(ctx)
@@ -267,6 +275,12 @@ func (c *Consumer) session(ctx context.Context) error {
 		cause = fmt.Errorf("rabbitmq: connection closed: %w", amqpErr(e))
 	case e := <-chClosed:
 		cause = fmt.Errorf("rabbitmq: channel closed: %w", amqpErr(e))
+	case tag, ok := <-cancelled:
+		if !ok { // closed with the channel
+			cause = fmt.Errorf("rabbitmq: channel closed: %w", amqp.ErrClosed)
+			break
+		}
+		cause = fmt.Errorf("rabbitmq: the broker cancelled consumer %q of %s (queue deleted?)", tag, c.cfg.Queue)
 	}
 	cancel()
 	wg.Wait() // handlers in flight finish; their acks go out if the channel lives
@@ -307,24 +321,34 @@ func (c *Consumer) deliver(sctx context.Context, wg *sync.WaitGroup, dl *confirm
 			c.log.WarnContext(sctx, "rabbitmq: ack failed", append(attrs, slog.Any("err", err))...)
 		}
 	case inbox.Dead:
-		c.deadLetter(sctx, dl, d, o, attrs)
+		if !c.deadLetter(sctx, dl, d, o, attrs) {
+			// Requeued after MaxRetryDelay: at once, the redelivery
+			// would fail the same way, as fast as the broker answers.
+			c.requeue(sctx, wg, d, c.cfg.MaxRetryDelay, attrs)
+		}
 	default: // Retry, InProgress, or an unknown result: requeue later
 		delay := min(max(o.Delay, 0), c.cfg.MaxRetryDelay)
 		c.log.InfoContext(sctx, "rabbitmq: requeueing", append(attrs, slog.Duration("delay", delay), slog.Any("reason", o.Err))...)
-		if delay == 0 {
-			c.nack(sctx, d, attrs)
-			return
-		}
-		wg.Go(func() {
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-sctx.Done():
-			}
-			c.nack(sctx, d, attrs)
-		})
+		c.requeue(sctx, wg, d, delay, attrs)
 	}
+}
+
+// requeue nacks d with requeue after delay, in a goroutine of wg that
+// nacks at once when sctx ends.
+func (c *Consumer) requeue(sctx context.Context, wg *sync.WaitGroup, d amqp.Delivery, delay time.Duration, attrs []any) {
+	if delay <= 0 {
+		c.nack(sctx, d, attrs)
+		return
+	}
+	wg.Go(func() {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-sctx.Done():
+		}
+		c.nack(sctx, d, attrs)
+	})
 }
 
 func (c *Consumer) nack(ctx context.Context, d amqp.Delivery, attrs []any) {
@@ -335,10 +359,10 @@ func (c *Consumer) nack(ctx context.Context, d amqp.Delivery, attrs []any) {
 
 // deadLetter publishes d to the dead-letter exchange with the reason,
 // waits for the broker's confirm and acks d; without a dead-letter
-// exchange it rejects d without requeue. A failed publish requeues d: the
-// inbox answers Dead again on its redelivery, and it is dead-lettered
-// then.
-func (c *Consumer) deadLetter(ctx context.Context, dl *confirmer, d amqp.Delivery, o inbox.Outcome, attrs []any) {
+// exchange it rejects d without requeue. It reports false if the publish
+// failed: d is then the caller's to requeue (the inbox answers Dead again
+// on its redelivery, and it is dead-lettered then).
+func (c *Consumer) deadLetter(ctx context.Context, dl *confirmer, d amqp.Delivery, o inbox.Outcome, attrs []any) bool {
 	reason := "dead"
 	if o.Err != nil {
 		reason = o.Err.Error()
@@ -349,7 +373,7 @@ func (c *Consumer) deadLetter(ctx context.Context, dl *confirmer, d amqp.Deliver
 		if err := d.Reject(false); err != nil {
 			c.log.WarnContext(ctx, "rabbitmq: reject failed", append(attrs, slog.Any("err", err))...)
 		}
-		return
+		return true
 	}
 	h := amqp.Table{}
 	for k, v := range d.Headers {
@@ -369,14 +393,14 @@ func (c *Consumer) deadLetter(ctx context.Context, dl *confirmer, d amqp.Deliver
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if err := dl.publish(pctx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, true, p); err != nil {
-		c.log.WarnContext(ctx, "rabbitmq: dead-letter publish failed; requeueing", append(attrs, slog.Any("err", err))...)
-		c.nack(ctx, d, attrs)
-		return
+		c.log.WarnContext(ctx, "rabbitmq: dead-letter publish failed; requeueing", append(attrs, slog.Any("err", err), slog.Duration("delay", c.cfg.MaxRetryDelay))...)
+		return false
 	}
 	c.log.WarnContext(ctx, "rabbitmq: dead message dead-lettered", attrs...)
 	if err := d.Ack(false); err != nil {
 		c.log.WarnContext(ctx, "rabbitmq: ack of a dead-lettered message failed (it may be dead-lettered twice)", append(attrs, slog.Any("err", err))...)
 	}
+	return true
 }
 
 // message maps a delivery to an inbox.Message: ID from message_id, Topic

@@ -30,9 +30,10 @@
 // producer published twice. Only the inbox's record decides.
 //
 // The Consumer reconnects (with a doubling delay) whenever the connection
-// or the channel drops; the broker requeues the deliveries that were not
-// acked, and the inbox answers Duplicate for those whose effect had
-// committed.
+// or the channel drops, or the broker cancels its consumer (the queue was
+// deleted; ConsumerConfig.Setup declares it again); the broker requeues
+// the deliveries that were not acked, and the inbox answers Duplicate for
+// those whose effect had committed.
 //
 // A Publisher is the outbox.Publisher of a Relay: it publishes on a
 // channel in confirm mode with msg.ID as message_id, msg.Headers as
@@ -51,8 +52,10 @@
 //     broker redelivers: after a consumer crash between commit and ack,
 //     a dropped connection, a requeue, or a message published several
 //     times with one message_id.
-//   - A dead message is not lost: if its dead-letter publish fails, the
-//     delivery is requeued, and the inbox answers Dead again next time.
+//   - A dead message is not lost: if its dead-letter publish fails (the
+//     dead-letter queue is missing, the broker nacks), the delivery is
+//     requeued after MaxRetryDelay, and the inbox answers Dead again
+//     next time.
 //   - A Publisher's nil means the broker confirmed the message (and, with
 //     the mandatory flag, routed it to at least one queue).
 //

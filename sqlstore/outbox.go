@@ -316,6 +316,7 @@ func (s *OutboxStore) claimTx(ctx context.Context, limit int) (*outboxBatch, err
 // claimLeased takes the relay lease (SQLite) and reads the heads.
 func (s *OutboxStore) claimLeased(ctx context.Context, limit int) (outbox.Batch, error) {
 	owner := lock.NewOwner()
+	deadline := time.Now().Add(s.cfg.Lease) // the lease begins after this
 	fence, err := s.locks.Acquire(ctx, OutboxRelayLock, owner, s.cfg.Lease)
 	if errors.Is(err, lock.ErrHeld) {
 		return &outboxBatch{s: s}, nil // another relay is at work
@@ -323,7 +324,7 @@ func (s *OutboxStore) claimLeased(ctx context.Context, limit int) (outbox.Batch,
 	if err != nil {
 		return nil, err
 	}
-	b := &outboxBatch{s: s, owner: owner, fence: fence}
+	b := &outboxBatch{s: s, owner: owner, fence: fence, deadline: deadline}
 	if err := s.read(ctx, nil, b, limit); err != nil {
 		_ = s.locks.Release(context.WithoutCancel(ctx), OutboxRelayLock, owner, fence)
 		return nil, s.fail(ctx, "claim", err)
@@ -419,7 +420,8 @@ const OutboxChannel = "idem_outbox"
 type outboxBatch struct {
 	s  *OutboxStore
 	tx *sql.Tx
-	// deadline ends tx (cancel releases its context).
+	// deadline ends tx (cancel releases its context), or the lease of
+	// the relay lock (SQLite), at the latest.
 	deadline time.Time
 	cancel   context.CancelFunc
 	owner    string
@@ -430,6 +432,10 @@ type outboxBatch struct {
 }
 
 func (b *outboxBatch) Messages() []outbox.Message { return b.msgs }
+
+// Deadline implements outbox.Deadliner: the batch's claim ends by then
+// (OutboxConfig.Lease after the claim began).
+func (b *outboxBatch) Deadline() time.Time { return b.deadline }
 
 func (b *outboxBatch) MarkSent(ctx context.Context, ids []string) error {
 	const op = "mark sent"

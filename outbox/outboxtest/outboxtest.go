@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -277,10 +278,11 @@ func invalid(t *testing.T, h Harness, _ Caps) {
 }
 
 // hostileBytes: a message with bytes a store cannot keep as they are (a
-// NUL in the topic or the key, a header name or value that is not UTF-8)
-// is refused with ErrInvalid; one the stores can keep (other control
-// characters, a NUL in a header value, SQL metacharacters) round-trips
-// byte for byte. Never a message that is stored or published other than
+// NUL in the topic or the key, a header value that is not UTF-8) or a
+// broker cannot carry (a header name other than printable ASCII, with a
+// character NATS refuses, or longer than AMQP's 255 bytes) is refused
+// with ErrInvalid; one the stores can keep (other control characters, a
+// NUL in a header value, SQL metacharacters) round-trips byte for byte. Never a message that is stored or published other than
 // it was added.
 func hostileBytes(t *testing.T, h Harness, _ Caps) {
 	for _, m := range []outbox.Message{
@@ -288,6 +290,13 @@ func hostileBytes(t *testing.T, h Harness, _ Caps) {
 		{Topic: "t", Key: "k\x00"},
 		{Topic: "t", Headers: map[string]string{"trace": "\xff\xfe"}},
 		{Topic: "t", Headers: map[string]string{"\xff": "v"}},
+		// Header names NATS refuses, or too long for AMQP: every publish
+		// would fail.
+		{Topic: "t", Headers: map[string]string{"h\x01": "v"}},
+		{Topic: "t", Headers: map[string]string{"\u00e9": "v"}},
+		{Topic: "t", Headers: map[string]string{"Content Type": "v"}},
+		{Topic: "t", Headers: map[string]string{"a:b": "v"}},
+		{Topic: "t", Headers: map[string]string{strings.Repeat("h", outbox.MaxHeaderNameLen+1): "v"}},
 	} {
 		if _, err := h.Add(t.Context(), m); !errors.Is(err, outbox.ErrInvalid) {
 			t.Errorf("Add(%q, key %q, headers %q) = %v, want ErrInvalid", m.Topic, m.Key, m.Headers, err)
@@ -297,7 +306,7 @@ func hostileBytes(t *testing.T, h Harness, _ Caps) {
 		Topic:   "t'; DROP TABLE idem_outbox; --\t",
 		Key:     "k\"\\%_\x01\u00e9",
 		Payload: []byte{0, '\'', 0xff},
-		Headers: map[string]string{"h\x01": "v\x00\n\"\\", "\u00e9": "\u2028"},
+		Headers: map[string]string{"h'%_-!*&#$|~^`": "v\x00\n\"\\", "e": "\u2028"},
 	}
 	id := add(t, h, in)
 	b := claim(t, h.Store, 10)

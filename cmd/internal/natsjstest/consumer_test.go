@@ -283,8 +283,9 @@ func TestHeartbeatKeepsMessage(t *testing.T) {
 	}
 }
 
-// A message without Nats-Msg-Id is kept under "<stream>:<sequence>": a
-// redelivery is recognised, a re-publish is not.
+// A message without Nats-Msg-Id is kept under
+// "<stream>:<sequence>:<timestamp>": a redelivery is recognised, a
+// re-publish is not.
 func TestMessageIDFromSequence(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 0)
@@ -294,7 +295,7 @@ func TestMessageIDFromSequence(t *testing.T) {
 	run(t, c)
 	e.publish(t, "x", "", "a")
 	e.publish(t, "x", "", "a")
-	id1, id2 := e.stream+":1", e.stream+":2"
+	id1, id2 := seqID(t, e, 1), seqID(t, e, 2)
 	waitFor(t, "two messages", func() bool { return rec.count(id1) == 1 && rec.count(id2) == 1 && settled(t, c) })
 	if all, of := effects(t, db, sqlstore.SQLite, id1); all != 2 || of != 1 {
 		t.Fatalf("%d effects, %d of %s", all, of, id1)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -236,4 +237,19 @@ func newConsumer(t testing.TB, e env, p natsjs.Process, cfg natsjs.Config) *nats
 		t.Fatal(err)
 	}
 	return c
+}
+
+// seqID is the inbox's ID of the message at seq in e's stream, which has
+// no Nats-Msg-Id: "<stream>:<seq>:<the message's time in Unix ns>".
+func seqID(t testing.TB, e env, seq uint64) string {
+	t.Helper()
+	s, err := e.js.Stream(context.Background(), e.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s:%d:%d", e.stream, seq, m.Time.UnixNano())
 }

@@ -209,7 +209,14 @@
 // points (10 per whole currency unit: 1299 cents → 120) for order.paid,
 // as many taken back for order.refunded; other events change nothing. A
 // redelivery is a duplicate, and (order_no, event) is unique in the
-// ledger. The balance is the sum of the user's rows. Both stop, after the
+// ledger. An event is checked against the order it names, read and locked
+// in that transaction: one for an order the shop does not have, for
+// another user or amount, or for an order not in the state the event
+// leads to (a payload from another producer on the shop's subjects) grants
+// nothing and is retried, then dead-lettered. An order.refunded handled
+// before its order.paid (a failed order.paid redelivered later) takes
+// back nothing, and the order.paid after it grants nothing: a balance
+// never goes below zero. The balance is the sum of the user's rows. Both stop, after the
 // HTTP server drained, before the database closes.
 //
 // -broker chooses the broker: nats://host:port (NATS JetStream) or
