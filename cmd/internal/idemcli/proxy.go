@@ -116,23 +116,7 @@ func init() {
 		synopsis: "an idempotency gateway in front of any HTTP service",
 		help:     proxyHelp,
 		flags: func(fs *flag.FlagSet) func(*env) int {
-			p := &proxyFlags{fs: fs, store: storeFlags{name: "store"}}
-			fs.StringVar(&p.upstream, "upstream", "", "the service's base `URL`, e.g. http://127.0.0.1:8080 (required)")
-			fs.StringVar(&p.listen, "listen", "127.0.0.1:8081", "the `address` to listen on")
-			fs.StringVar(&p.store.raw, "store", "sqlite:idem-proxy.db", "where the records live: a `DSN` (see above)")
-			fs.StringVar(&p.store.cache, "cache", "", "Redis in front of a SQL -store: redis://host:port/db")
-			fs.StringVar(&p.scopeHeader, "scope-header", "", "the request `header` whose value (hashed) scopes the keys, e.g. X-Api-Key")
-			fs.StringVar(&p.routes, "routes", "", "the covered routes, comma-separated `'METHOD PATH,…'`; default every POST and PATCH")
-			fs.StringVar(&p.config, "config", "", "a JSON `file` of settings named like the flags")
-			fs.StringVar(&p.ambiguous, "ambiguous", ambiguousKeep, "when the upstream's outcome is unknown: keep the key until its lease ends, or release it")
-			fs.DurationVar(&p.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's answer after sending it the request")
-			fs.DurationVar(&p.dialTimeout, "dial-timeout", 5*time.Second, "how long to wait for a connection to the upstream")
-			fs.DurationVar(&p.lease, "lease", idem.DefaultLease, "how long a key in flight is held without renewal (renewed every third of it)")
-			fs.DurationVar(&p.maxExecution, "max-execution", idem.DefaultMaxExecution, "the longest a guarded request runs, streaming included")
-			fs.DurationVar(&p.retention, "retention", idem.DefaultRetention, "how long a stored answer is replayed")
-			fs.Int64Var(&p.maxBody, "max-body", idemhttp.DefaultMaxRequestBody, "the largest request body of a covered route, in `bytes` (and the largest answer kept for replay)")
-			fs.DurationVar(&p.wait, "wait", 0, "how long a retry that arrives while its key is in flight waits for the answer to replay; 0 answers it 409 at once")
-			fs.DurationVar(&p.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop waits for the requests in flight")
+			p := newProxyFlags(fs)
 			return func(e *env) int {
 				if err := p.run(e); err != nil {
 					return fail(e, "proxy", err)
@@ -141,6 +125,28 @@ func init() {
 			}
 		},
 	})
+}
+
+// newProxyFlags declares idem proxy's flags on fs.
+func newProxyFlags(fs *flag.FlagSet) *proxyFlags {
+	p := &proxyFlags{fs: fs, store: storeFlags{name: "store"}}
+	fs.StringVar(&p.upstream, "upstream", "", "the service's base `URL`, e.g. http://127.0.0.1:8080 (required)")
+	fs.StringVar(&p.listen, "listen", "127.0.0.1:8081", "the `address` to listen on")
+	fs.StringVar(&p.store.raw, "store", "sqlite:idem-proxy.db", "where the records live: a `DSN` (see above)")
+	fs.StringVar(&p.store.cache, "cache", "", "Redis in front of a SQL -store: redis://host:port/db")
+	fs.StringVar(&p.scopeHeader, "scope-header", "", "the request `header` whose value (hashed) scopes the keys, e.g. X-Api-Key")
+	fs.StringVar(&p.routes, "routes", "", "the covered routes, comma-separated `'METHOD PATH,…'`; default every POST and PATCH")
+	fs.StringVar(&p.config, "config", "", "a JSON `file` of settings named like the flags")
+	fs.StringVar(&p.ambiguous, "ambiguous", ambiguousKeep, "when the upstream's outcome is unknown: keep the key until its lease ends, or release it")
+	fs.DurationVar(&p.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's answer after sending it the request")
+	fs.DurationVar(&p.dialTimeout, "dial-timeout", 5*time.Second, "how long to wait for a connection to the upstream")
+	fs.DurationVar(&p.lease, "lease", idem.DefaultLease, "how long a key in flight is held without renewal (renewed every third of it)")
+	fs.DurationVar(&p.maxExecution, "max-execution", idem.DefaultMaxExecution, "the longest a guarded request runs, streaming included")
+	fs.DurationVar(&p.retention, "retention", idem.DefaultRetention, "how long a stored answer is replayed")
+	fs.Int64Var(&p.maxBody, "max-body", idemhttp.DefaultMaxRequestBody, "the largest request body of a covered route, in `bytes` (and the largest answer kept for replay)")
+	fs.DurationVar(&p.wait, "wait", 0, "how long a retry that arrives while its key is in flight waits for the answer to replay; 0 answers it 409 at once")
+	fs.DurationVar(&p.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop waits for the requests in flight")
+	return p
 }
 
 // applyConfig fills the flags not given on the command line from the
