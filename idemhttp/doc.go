@@ -160,6 +160,18 @@
 // execution itself (Execution.Complete or Release); the middleware then
 // only sends its response.
 //
+// When the handler cannot tell whether its effect happened (it forwarded
+// the request to another service and the answer never came), neither
+// storing its error nor releasing the key is right: a stored error would
+// be replayed for an effect that may have happened, and a released key
+// would let a retry repeat it. The handler calls
+// ExecutionFrom(ctx).Abandon() and writes its answer (a 502, say): the
+// client gets that answer, the record stays processing and the watchdog
+// stops renewing it, so retries get 409 PROCESSING until the lease ends
+// (at most Lease after the last renewal), and a retry after that takes
+// the key over and runs the handler again. idem proxy answers an upstream
+// timeout so.
+//
 // A lost lease (the watchdog could not renew it and another request took
 // the key over) cancels the handler's context with cause idem.ErrLeaseLost;
 // its completion is then refused, so the takeover's response stands.

@@ -1242,3 +1242,57 @@ func TestWaitStoreStalls(t *testing.T) {
 	<-done
 	e.WantCalls(1)
 }
+
+// A handler that cannot tell whether its effect happened abandons the
+// execution: its answer reaches the client, the record is neither stored
+// nor released, retries get 409 until the lease ends (it is no longer
+// renewed), and a retry after that runs the handler again.
+func TestHandlerAbandons(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	var abandon atomic.Bool
+	abandon.Store(true)
+	e := setup(t, &idemhttp.Config{Lease: lease}, func(w http.ResponseWriter, r *http.Request) {
+		if abandon.Load() {
+			idemhttp.ExecutionFrom(r.Context()).Abandon()
+			idemhttp.WriteProblem(w, http.StatusBadGateway, "UPSTREAM_OUTCOME_UNKNOWN", "Outcome unknown", "no answer")
+			return
+		}
+		_, _ = io.WriteString(w, "done")
+	})
+	first := e.Do(http.MethodPost, "/things", "k", `{}`)
+	wantProblem(t, first, http.StatusBadGateway, "UPSTREAM_OUTCOME_UNKNOWN")
+	rec := e.Record("", "k")
+	if rec.Status != idem.StatusProcessing || rec.Response != nil {
+		t.Fatalf("record after Abandon: %+v; want processing, no response", rec)
+	}
+	wantProblem(t, e.Do(http.MethodPost, "/things", "k", `{}`), http.StatusConflict, idemhttp.CodeProcessing)
+	e.WantCalls(1)
+
+	// The watchdog stopped with Abandon: at the lease's end the record
+	// holds the lease as it was (a renewal would have moved it).
+	time.Sleep(time.Until(rec.LeaseUntil) + lease/10)
+	if got := e.Record("", "k"); got.Status != idem.StatusProcessing || !got.LeaseUntil.Equal(rec.LeaseUntil) {
+		t.Fatalf("record at the lease's end: %+v; want processing until %v (not renewed)", got, rec.LeaseUntil)
+	}
+
+	abandon.Store(false)
+	deadline := time.Now().Add(10 * lease)
+	for {
+		w := e.Do(http.MethodPost, "/things", "k", `{}`)
+		if w.Code == http.StatusOK {
+			if w.Body.String() != "done" {
+				t.Fatalf("after the lease: body %q", w.Body)
+			}
+			break
+		}
+		if w.Code != http.StatusConflict || time.Now().After(deadline) {
+			t.Fatalf("retry: status %d %s; want 409 until the lease ends, then 200", w.Code, w.Body)
+		}
+		time.Sleep(lease / 10)
+	}
+	e.WantCalls(2)
+	if got := e.Record("", "k"); got.Status != idem.StatusCompleted || got.Fence != rec.Fence+1 {
+		t.Fatalf("record after the takeover: %+v; want completed at fence %d", got, rec.Fence+1)
+	}
+}

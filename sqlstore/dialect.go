@@ -98,6 +98,8 @@ type statements struct {
 	release               *query
 	deleteRecord          *query
 	sweep                 *query
+	list                  *query // Store.List
+	listStatus            *query
 
 	// Tokens (TokenStore).
 	tokenInsert  *query
@@ -110,7 +112,7 @@ type statements struct {
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 14 + 4 // idem_records and migrations; tokens
+const numQueries = 16 + 4 // idem_records and migrations; tokens
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -128,6 +130,8 @@ func (st *statements) byName() map[string]**query {
 		"release":                 &st.release,
 		"delete":                  &st.deleteRecord,
 		"sweep":                   &st.sweep,
+		"list":                    &st.list,
+		"list_status":             &st.listStatus,
 
 		"token_insert":  &st.tokenInsert,
 		"token_consume": &st.tokenConsume,

@@ -764,44 +764,57 @@ func (s *Store) get(ctx context.Context, tx *sql.Tx, scope, key string) (idem.Re
 // scanRecord runs q, which selects the columns in lead (if any) and then
 // one record's columns; idem.ErrNotFound if it returns no row.
 func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values, lead ...any) (idem.Record, error) {
-	scope, key := v.scope, v.key
-	var (
-		rec                                           idem.Record
-		fingerprint, status                           string
-		leaseUntil, retentionMS, createdAt, expiresAt int64
-		respStatus, completedAt                       sql.NullInt64
-		header                                        sql.NullString
-		body                                          []byte
-		bodyOmitted                                   bool
-	)
-	err := s.queryRow(ctx, tx, q, v, append(lead,
-		&rec.Scope, &rec.Key, &fingerprint, &status, &rec.Owner, &rec.Fence,
-		&leaseUntil, &retentionMS, &respStatus, &header,
-		&body, &bodyOmitted, &createdAt, &completedAt, &expiresAt)...)
+	var r recordRow
+	err := s.queryRow(ctx, tx, q, v, append(lead, r.dest()...)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return idem.Record{}, idem.ErrNotFound
 	}
 	if err != nil {
 		return idem.Record{}, err
 	}
-	rec.Fingerprint = idem.Fingerprint(fingerprint)
-	rec.Status = idem.Status(status)
-	rec.LeaseUntil = fromMS(leaseUntil)
-	rec.Retention = time.Duration(retentionMS) * time.Millisecond
-	rec.CreatedAt = fromMS(createdAt)
-	rec.ExpiresAt = fromMS(expiresAt)
+	return r.record()
+}
+
+// recordRow receives the columns of one record (select_record's).
+type recordRow struct {
+	rec                                           idem.Record
+	fingerprint, status                           string
+	leaseUntil, retentionMS, createdAt, expiresAt int64
+	respStatus, completedAt                       sql.NullInt64
+	header                                        sql.NullString
+	body                                          []byte
+	bodyOmitted                                   bool
+}
+
+// dest returns the scan destinations of a record's columns.
+func (r *recordRow) dest() []any {
+	return []any{&r.rec.Scope, &r.rec.Key, &r.fingerprint, &r.status, &r.rec.Owner, &r.rec.Fence,
+		&r.leaseUntil, &r.retentionMS, &r.respStatus, &r.header,
+		&r.body, &r.bodyOmitted, &r.createdAt, &r.completedAt, &r.expiresAt}
+}
+
+// record returns the record scanned.
+func (r *recordRow) record() (idem.Record, error) {
+	rec := r.rec
+	scope, key := rec.Scope, rec.Key
+	rec.Fingerprint = idem.Fingerprint(r.fingerprint)
+	rec.Status = idem.Status(r.status)
+	rec.LeaseUntil = fromMS(r.leaseUntil)
+	rec.Retention = time.Duration(r.retentionMS) * time.Millisecond
+	rec.CreatedAt = fromMS(r.createdAt)
+	rec.ExpiresAt = fromMS(r.expiresAt)
 	switch rec.Status {
 	case idem.StatusProcessing:
 	case idem.StatusCompleted:
-		if completedAt.Valid {
-			rec.CompletedAt = fromMS(completedAt.Int64)
+		if r.completedAt.Valid {
+			rec.CompletedAt = fromMS(r.completedAt.Int64)
 		}
-		resp := &idem.Response{StatusCode: int(respStatus.Int64), BodyOmitted: bodyOmitted}
-		if len(body) > 0 {
-			resp.Body = body
+		resp := &idem.Response{StatusCode: int(r.respStatus.Int64), BodyOmitted: r.bodyOmitted}
+		if len(r.body) > 0 {
+			resp.Body = r.body
 		}
-		if header.Valid && header.String != "" {
-			h, err := decodeHeader(header.String)
+		if r.header.Valid && r.header.String != "" {
+			h, err := decodeHeader(r.header.String)
 			if err != nil {
 				return idem.Record{}, fmt.Errorf("record (%q, %q) has a malformed header: %w", scope, key, err)
 			}
@@ -809,9 +822,62 @@ func (s *Store) scanRecord(ctx context.Context, tx *sql.Tx, q *query, v *values,
 		}
 		rec.Response = resp
 	default:
-		return idem.Record{}, fmt.Errorf("record (%q, %q) has unknown status %q", scope, key, status)
+		return idem.Record{}, fmt.Errorf("record (%q, %q) has unknown status %q", scope, key, r.status)
 	}
 	return rec, nil
+}
+
+// DefaultListLimit is the number of records List returns when its limit
+// is 0 or less.
+const DefaultListLimit = 100
+
+// List returns the oldest records (by CreatedAt, then scope and key),
+// at most limit of them (limit <= 0 means DefaultListLimit): those with
+// status status, or every record when status is "". Expired records not
+// swept yet are included; a processing record's LeaseUntil is its lease
+// as last renewed. It is for operators (idem inspect): it reads the whole
+// table and sorts it, which no index serves, so keep it off hot paths.
+func (s *Store) List(ctx context.Context, status idem.Status, limit int) ([]idem.Record, error) {
+	const op = "list"
+	if err := s.closed(op); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	q, v := s.st.list, values{limit: int64(limit)}
+	switch status {
+	case "":
+	case idem.StatusProcessing, idem.StatusCompleted:
+		q, v.status = s.st.listStatus, string(status)
+	default:
+		return nil, fmt.Errorf("sqlstore: %s: unknown status %q", op, status)
+	}
+	var recs []idem.Record
+	err := s.run(ctx, nil, q, func(st *sql.Stmt) error {
+		recs = recs[:0]
+		rows, err := st.QueryContext(ctx, q.args(&v)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r recordRow
+			if err := rows.Scan(r.dest()...); err != nil {
+				return err
+			}
+			rec, err := r.record()
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.fail(ctx, op, err)
+	}
+	return recs, nil
 }
 
 // checkHeld turns a write that matched no row into ErrLeaseLost.

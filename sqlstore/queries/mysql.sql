@@ -268,6 +268,27 @@ WHERE expires_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMES
 ORDER BY expires_at
 LIMIT ?;
 
+-- name: list
+-- params: limit
+-- Store.List: the oldest records first. An operator's read (idem
+-- inspect): it scans the table and sorts, which no index serves.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+ORDER BY created_at, scope, idempotency_key
+LIMIT ?;
+
+-- name: list_status
+-- params: status limit
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE status = ?
+ORDER BY created_at, scope, idempotency_key
+LIMIT ?;
+
 -- Tokens (package token; TokenStore). idem_tokens comes with migration 2.
 -- Scopes are never empty (token.ErrScope), so they need no COALESCE; an
 -- empty result is NULL under any sql_mode, and reads back as nil.

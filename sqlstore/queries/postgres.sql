@@ -157,6 +157,28 @@ DELETE FROM idem_records WHERE scope = $1 AND idempotency_key = $2;
 -- returns the number of records removed.
 SELECT idem_sweep($1);
 
+-- name: list
+-- params: limit
+-- Store.List: the oldest records first. An operator's read (idem
+-- inspect): it scans the table and sorts, which no index serves.
+-- The records with the lease as renewed (see select_record).
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records_renewed
+ORDER BY created_at, scope, idempotency_key
+LIMIT $1;
+
+-- name: list_status
+-- params: status limit
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records_renewed
+WHERE status = $1
+ORDER BY created_at, scope, idempotency_key
+LIMIT $2;
+
 -- Tokens (package token; TokenStore). idem_tokens comes with migration 4.
 
 -- name: token_insert

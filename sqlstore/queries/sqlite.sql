@@ -141,6 +141,27 @@ DELETE FROM idem_records WHERE rowid IN (
            OR lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER))
     LIMIT ?1);
 
+-- name: list
+-- params: limit
+-- Store.List: the oldest records first. An operator's read (idem
+-- inspect): it scans the table and sorts, which no index serves.
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+ORDER BY created_at, scope, idempotency_key
+LIMIT ?1;
+
+-- name: list_status
+-- params: status limit
+SELECT scope, idempotency_key, fingerprint, status, owner, fence,
+       lease_until, retention_ms, response_status, response_header,
+       response_body, body_omitted, created_at, completed_at, expires_at
+FROM idem_records
+WHERE status = ?1
+ORDER BY created_at, scope, idempotency_key
+LIMIT ?2;
+
 -- Tokens (package token; TokenStore). idem_tokens comes with migration 3.
 
 -- name: token_insert

@@ -149,3 +149,18 @@ func printHelp(w io.Writer, name string, c *command) {
 		fs.PrintDefaults()
 	}
 }
+
+// validHeaderName reports whether s is an HTTP field name (an RFC 9110
+// token).
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return s != ""
+}

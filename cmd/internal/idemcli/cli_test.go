@@ -1,20 +1,12 @@
 package idemcli
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 )
 
-func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	code = Main(t.Context(), args, strings.NewReader(""), &out, &errb)
-	return code, out.String(), errb.String()
-}
-
 func TestMainUsage(t *testing.T) {
-	code, out, errOut := run(t)
+	code, out, errOut := run(t, "")
 	if code != exitUsage || out != "" {
 		t.Fatalf("idem without a command: exit %d, stdout %q; want 2 and nothing on stdout", code, out)
 	}
@@ -27,7 +19,7 @@ func TestMainUsage(t *testing.T) {
 
 func TestHelpListsEveryCommand(t *testing.T) {
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
-		code, out, errOut := run(t, args...)
+		code, out, errOut := run(t, "", args...)
 		if code != exitOK || errOut != "" {
 			t.Fatalf("idem %v: exit %d, stderr %q", args, code, errOut)
 		}
@@ -41,7 +33,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 
 func TestHelpOfEachCommand(t *testing.T) {
 	for name := range commands {
-		code, out, errOut := run(t, "help", name)
+		code, out, errOut := run(t, "", "help", name)
 		if code != exitOK || errOut != "" {
 			t.Fatalf("idem help %s: exit %d, stderr %q", name, code, errOut)
 		}
@@ -49,7 +41,7 @@ func TestHelpOfEachCommand(t *testing.T) {
 			t.Errorf("idem help %s does not show its usage line:\n%s", name, out)
 		}
 		// -h after the command prints the same help on stdout, exit 0.
-		code, out2, _ := run(t, name, "-h")
+		code, out2, _ := run(t, "", name, "-h")
 		if code != exitOK || out2 != out {
 			t.Errorf("idem %s -h: exit %d, and its text differs from idem help %s", name, code, name)
 		}
@@ -57,16 +49,16 @@ func TestHelpOfEachCommand(t *testing.T) {
 }
 
 func TestUnknownCommandAndFlag(t *testing.T) {
-	code, _, errOut := run(t, "prob")
+	code, _, errOut := run(t, "", "prob")
 	if code != exitUsage || !strings.Contains(errOut, `unknown command "prob"`) || !strings.Contains(errOut, "idem help") {
 		t.Fatalf("unknown command: exit %d, stderr %q", code, errOut)
 	}
-	code, _, errOut = run(t, "help", "nope")
+	code, _, errOut = run(t, "", "help", "nope")
 	if code != exitUsage || !strings.Contains(errOut, `"nope"`) {
 		t.Fatalf("idem help nope: exit %d, stderr %q", code, errOut)
 	}
 	for name := range commands {
-		code, _, errOut = run(t, name, "-no-such-flag")
+		code, _, errOut = run(t, "", name, "-no-such-flag")
 		if code != exitUsage || !strings.Contains(errOut, "no-such-flag") || !strings.Contains(errOut, "idem help "+name) {
 			t.Errorf("idem %s -no-such-flag: exit %d, stderr %q; want 2, the flag and the help to read", name, code, errOut)
 		}

@@ -238,19 +238,6 @@ func parseHeaders(flagName string, values []string) (http.Header, error) {
 	return h, nil
 }
 
-func validHeaderName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return s != ""
-}
-
 // readData returns a -d value: the data itself, a file's bytes (@FILE) or
 // standard input's (@-, once).
 func readData(flagName, v string, stdin io.Reader, stdinUsed *bool) ([]byte, error) {

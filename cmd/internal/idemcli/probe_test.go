@@ -62,7 +62,7 @@ type result struct {
 	stdout, stderr string
 }
 
-func idem(t *testing.T, stdin string, args ...string) result {
+func runIdem(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	code := Main(context.Background(), args, strings.NewReader(stdin), &stdout, &stderr)
@@ -81,7 +81,7 @@ func TestProbePasses(t *testing.T) {
 	if err := os.WriteFile(body, []byte(`{"name":"pen","qty":2}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := idem(t, `{"name":"refuse","qty":1}`, "probe", "-d", "@"+body, "-d4xx", "@-", "-n", "5",
+	r := runIdem(t, `{"name":"refuse","qty":1}`, "probe", "-d", "@"+body, "-d4xx", "@-", "-n", "5",
 		base+"/items",
 		"-H", "X-Tenant: a", "-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t")
 	if r.code != 0 || r.stderr != "" {
@@ -113,7 +113,7 @@ func TestProbeJSON(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			base, created := api(t, c.unguarded)
-			r := idem(t, "", "probe", "-json", "-d", `{"name":"pen","qty":2}`, "-d4xx", `{"name":"refuse"}`,
+			r := runIdem(t, "", "probe", "-json", "-d", `{"name":"pen","qty":2}`, "-d4xx", `{"name":"refuse"}`,
 				"-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t", base+"/items")
 			if r.code != c.code || r.stderr != "" {
 				t.Fatalf("exit %d, stderr %q, want exit %d", r.code, r.stderr, c.code)
@@ -166,7 +166,7 @@ func TestProbeJSON(t *testing.T) {
 func TestProbeTableFails(t *testing.T) {
 	t.Parallel()
 	base, _ := api(t, true)
-	r := idem(t, "", "probe", "-d", `{"name":"pen","qty":2}`, base+"/items")
+	r := runIdem(t, "", "probe", "-d", `{"name":"pen","qty":2}`, base+"/items")
 	if r.code != 1 || !strings.Contains(r.stdout, "\nFAIL: ") || !strings.Contains(r.stdout, "concurrent      fail") {
 		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -208,7 +208,7 @@ func TestProbeUsageErrors(t *testing.T) {
 		{[]string{u, "-nope"}, "-nope"},
 		{[]string{"-nope", u}, "-nope"},
 	} {
-		r := idem(t, "", append([]string{"probe"}, c.args...)...)
+		r := runIdem(t, "", append([]string{"probe"}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.HasPrefix(r.stderr, "idem probe: ") || r.stdout != "" {
 			t.Errorf("idem probe %q: exit %d, stderr %q, stdout %q; want exit 2 and %q", c.args, r.code, r.stderr, r.stdout, c.want)
 		}
@@ -223,19 +223,19 @@ func TestProbeUsageErrors(t *testing.T) {
 func TestProbeRunErrors(t *testing.T) {
 	t.Parallel()
 	base, created := api(t, false)
-	r := idem(t, "", "probe", "-d", `{"name":"refuse"}`, base+"/items")
+	r := runIdem(t, "", "probe", "-d", `{"name":"refuse"}`, base+"/items")
 	if r.code != 1 || !strings.Contains(r.stderr, "400 Bad Request") || !strings.Contains(r.stderr, "-H") || !strings.Contains(r.stderr, "-d") {
 		t.Errorf("refused first request: exit %d, stderr %q", r.code, r.stderr)
 	}
 	// GET /count needs X-Token: without -effect-header it answers 401.
-	r = idem(t, "", "probe", "-d", `{"name":"pen"}`, "-effect-url", base+"/count", "-effect-json-path", "count", base+"/items")
+	r = runIdem(t, "", "probe", "-d", `{"name":"pen"}`, "-effect-url", base+"/count", "-effect-json-path", "count", base+"/items")
 	if r.code != 1 || !strings.Contains(r.stderr, "-effect-url") || !strings.Contains(r.stderr, "401") {
 		t.Errorf("unreadable effect: exit %d, stderr %q", r.code, r.stderr)
 	}
 	// Nothing listens on a closed server's address.
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closed.Close()
-	r = idem(t, "", "probe", "-d", `{"name":"pen"}`, closed.URL+"/items")
+	r = runIdem(t, "", "probe", "-d", `{"name":"pen"}`, closed.URL+"/items")
 	if r.code != 1 || !strings.Contains(r.stderr, "got no answer") || !strings.Contains(r.stderr, "server is up") {
 		t.Errorf("no server: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -246,7 +246,7 @@ func TestProbeRunErrors(t *testing.T) {
 
 func TestProbeHelp(t *testing.T) {
 	t.Parallel()
-	r := idem(t, "", "help", "probe")
+	r := runIdem(t, "", "help", "probe")
 	if r.code != 0 {
 		t.Fatalf("exit %d", r.code)
 	}
@@ -260,7 +260,7 @@ func TestProbeHelp(t *testing.T) {
 			t.Errorf("help lacks flag %s", f)
 		}
 	}
-	if r2 := idem(t, "", "probe", "-h"); r2.code != 0 || r2.stdout != r.stdout {
+	if r2 := runIdem(t, "", "probe", "-h"); r2.code != 0 || r2.stdout != r.stdout {
 		t.Errorf("idem probe -h: exit %d, differs from idem help probe", r2.code)
 	}
 }
@@ -312,13 +312,13 @@ func TestProbeInsecure(t *testing.T) {
 		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
 	})))
 	t.Cleanup(srv.Close)
-	r := idem(t, "", "probe", "-d", `{"a":1,"b":2}`, srv.URL)
+	r := runIdem(t, "", "probe", "-d", `{"a":1,"b":2}`, srv.URL)
 	if r.code != 1 || !strings.Contains(r.stderr, "certificate") || created.Load() != 0 {
 		t.Fatalf("without -k: exit %d, stderr %q, %d created", r.code, r.stderr, created.Load())
 	}
 	for _, flag := range []string{"-k", "-insecure"} {
 		before := created.Load()
-		r = idem(t, "", "probe", flag, "-d", `{"a":1,"b":2}`, srv.URL)
+		r = runIdem(t, "", "probe", flag, "-d", `{"a":1,"b":2}`, srv.URL)
 		if r.code != 0 || created.Load()-before != 8 {
 			t.Errorf("%s: exit %d, %d created; stdout:\n%s\nstderr:\n%s", flag, r.code, created.Load()-before, r.stdout, r.stderr)
 		}

@@ -1,16 +1,543 @@
 package idemcli
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 )
+
+// Problem codes of the proxy's own answers.
+const (
+	// CodeUpstreamUnavailable: the upstream could not be reached; the
+	// request never reached it, and the key is released.
+	codeUpstreamUnavailable = "UPSTREAM_UNAVAILABLE"
+	// CodeUpstreamOutcomeUnknown: the request reached the upstream and no
+	// answer came (a timeout, a connection cut): whether its effect
+	// happened is unknown.
+	codeUpstreamOutcomeUnknown = "UPSTREAM_OUTCOME_UNKNOWN"
+)
+
+const proxyHelp = `Usage: idem proxy -upstream URL [flags]
+
+idem proxy is an idempotency gateway: it runs in front of an HTTP service
+written in any language and gives its covered routes the Idempotency-Key
+semantics of package idemhttp. The first request with a key goes to the
+upstream and its answer is stored; a retry with the same key and request
+gets the stored answer (Idempotent-Replayed: true) without reaching the
+upstream; a retry while the first is in flight gets 409 PROCESSING; the
+same key with another request gets 422 KEY_MISMATCH; a covered request
+without a key gets 400 MISSING_KEY.
+
+Covered routes: -routes 'POST /orders,PATCH /orders/*' (METHOD PATH, the
+path matched as by Go's path.Match: * matches within one segment), or
+every POST and PATCH when -routes is not given. Other requests pass
+straight through.
+
+Scope: with -scope-header X-Api-Key, the keys of different callers never
+meet: the scope is the SHA-256 of that header's value (never stored as
+is; idem inspect -scope-header-value computes it). A covered request
+without the header is answered 401. Without -scope-header, every caller
+shares one key space.
+
+The upstream's answers:
+  - 5xx, 408, 425 and 429 release the key: a retry goes to the upstream again;
+  - other answers (2xx, 3xx, 4xx) are stored and replayed;
+  - the upstream cannot be reached (connection refused, DNS, dial
+    timeout): 502 UPSTREAM_UNAVAILABLE, the key is released;
+  - the request reached the upstream and no answer came within
+    -upstream-timeout (or the connection broke, or the body of the answer
+    broke off): the outcome is unknown. By default (-ambiguous keep) the
+    client gets 502 UPSTREAM_OUTCOME_UNKNOWN and the key stays in flight
+    until its lease ends (-lease; it is no longer renewed): retries get
+    409 PROCESSING and never reach the upstream within it, and the first
+    retry after it goes to the upstream again. -ambiguous release releases
+    the key instead, so the next retry goes to the upstream at once (and
+    may repeat the effect).
+Streaming answers (chunked, server-sent events) pass through as they come
+and are stored when they end. A guarded request may take at most
+-max-execution, streaming included.
+
+-config FILE reads settings from a JSON object whose names are the flags'
+names; flags given on the command line win:
+  {"upstream": "http://127.0.0.1:8080", "scope-header": "X-Api-Key",
+   "routes": ["POST /orders", "PATCH /orders/*"], "lease": "30s"}
+
+` + storeHelp + `
+
+idem proxy creates its tables in a SQL store when it starts. SIGINT or
+SIGTERM stops it after the requests in flight are answered.`
+
+// ambiguous policies.
+const (
+	ambiguousKeep    = "keep"
+	ambiguousRelease = "release"
+)
+
+// proxyFlags are idem proxy's settings.
+type proxyFlags struct {
+	fs              *flag.FlagSet
+	upstream        string
+	listen          string
+	store           storeFlags
+	scopeHeader     string
+	routes          string
+	config          string
+	ambiguous       string
+	upstreamTimeout time.Duration
+	dialTimeout     time.Duration
+	lease           time.Duration
+	maxExecution    time.Duration
+	retention       time.Duration
+	maxBody         int64
+	wait            time.Duration
+	shutdownTimeout time.Duration
+}
 
 func init() {
 	register("proxy", &command{
 		synopsis: "an idempotency gateway in front of any HTTP service",
-		help:     "Usage: idem proxy -upstream URL [flags]\n\nNot built yet.",
+		help:     proxyHelp,
 		flags: func(fs *flag.FlagSet) func(*env) int {
-			return func(e *env) int { return fail(e, "proxy", errors.New("not built yet")) }
+			p := newProxyFlags(fs)
+			return func(e *env) int {
+				if err := p.run(e); err != nil {
+					return fail(e, "proxy", err)
+				}
+				return exitOK
+			}
 		},
 	})
+}
+
+// newProxyFlags declares idem proxy's flags on fs.
+func newProxyFlags(fs *flag.FlagSet) *proxyFlags {
+	p := &proxyFlags{fs: fs, store: storeFlags{name: "store"}}
+	fs.StringVar(&p.upstream, "upstream", "", "the service's base `URL`, e.g. http://127.0.0.1:8080 (required)")
+	fs.StringVar(&p.listen, "listen", "127.0.0.1:8081", "the `address` to listen on")
+	fs.StringVar(&p.store.raw, "store", "sqlite:idem-proxy.db", "where the records live: a `DSN` (see above)")
+	fs.StringVar(&p.store.cache, "cache", "", "Redis in front of a SQL -store: redis://host:port/db")
+	fs.StringVar(&p.scopeHeader, "scope-header", "", "the request `header` whose value (hashed) scopes the keys, e.g. X-Api-Key")
+	fs.StringVar(&p.routes, "routes", "", "the covered routes, comma-separated `'METHOD PATH,…'`; default every POST and PATCH")
+	fs.StringVar(&p.config, "config", "", "a JSON `file` of settings named like the flags")
+	fs.StringVar(&p.ambiguous, "ambiguous", ambiguousKeep, "when the upstream's outcome is unknown: keep the key until its lease ends, or release it")
+	fs.DurationVar(&p.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's answer after sending it the request")
+	fs.DurationVar(&p.dialTimeout, "dial-timeout", 5*time.Second, "how long to wait for a connection to the upstream")
+	fs.DurationVar(&p.lease, "lease", idem.DefaultLease, "how long a key in flight is held without renewal (renewed every third of it)")
+	fs.DurationVar(&p.maxExecution, "max-execution", idem.DefaultMaxExecution, "the longest a guarded request runs, streaming included")
+	fs.DurationVar(&p.retention, "retention", idem.DefaultRetention, "how long a stored answer is replayed")
+	fs.Int64Var(&p.maxBody, "max-body", idemhttp.DefaultMaxRequestBody, "the largest request body of a covered route, in `bytes` (and the largest answer kept for replay)")
+	fs.DurationVar(&p.wait, "wait", 0, "how long a retry that arrives while its key is in flight waits for the answer to replay; 0 answers it 409 at once")
+	fs.DurationVar(&p.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop waits for the requests in flight")
+	return p
+}
+
+// applyConfig fills the flags not given on the command line from the
+// JSON file of -config.
+func (p *proxyFlags) applyConfig() error {
+	if p.config == "" {
+		return nil
+	}
+	set := map[string]bool{}
+	p.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	raw, err := os.ReadFile(p.config)
+	if err != nil {
+		return usagef("-config: %v", err)
+	}
+	var settings map[string]any
+	if err := json.Unmarshal(raw, &settings); err != nil {
+		return usagef("-config %s: not a JSON object of settings: %v", p.config, err)
+	}
+	names := make([]string, 0, len(settings))
+	for name := range settings {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if name == "config" || p.fs.Lookup(name) == nil {
+			return usagef("-config %s: unknown setting %q (settings are named like idem proxy's flags; see 'idem help proxy')", p.config, name)
+		}
+		if set[name] {
+			continue
+		}
+		var value string
+		switch v := settings[name].(type) {
+		case string:
+			value = v
+		case float64, bool:
+			value = fmt.Sprint(v)
+		case []any:
+			parts := make([]string, len(v))
+			for i, item := range v {
+				s, ok := item.(string)
+				if !ok {
+					return usagef("-config %s: %q: a list of strings, not %v", p.config, name, item)
+				}
+				parts[i] = s
+			}
+			value = strings.Join(parts, ",")
+		default:
+			return usagef("-config %s: %q: want a string, a number, a boolean or a list of strings", p.config, name)
+		}
+		if err := p.fs.Set(name, value); err != nil {
+			return usagef("-config %s: %q: %v", p.config, name, err)
+		}
+	}
+	return nil
+}
+
+// route is one covered route: a method and a path pattern.
+type route struct {
+	method, pattern string
+}
+
+// parseRoutes parses -routes.
+func parseRoutes(raw string) ([]route, error) {
+	var routes []route
+	for item := range strings.SplitSeq(raw, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		method, pattern, ok := strings.Cut(item, " ")
+		pattern = strings.TrimSpace(pattern)
+		if !ok || pattern == "" {
+			return nil, usagef("-routes: %q is not METHOD PATH, e.g. 'POST /orders'", item)
+		}
+		if method != strings.ToUpper(method) {
+			return nil, usagef("-routes: %q: methods are case-sensitive, write %s", item, strings.ToUpper(method))
+		}
+		if !strings.HasPrefix(pattern, "/") {
+			return nil, usagef("-routes: %q: the path must start with /", item)
+		}
+		if _, err := path.Match(pattern, "/"); err != nil {
+			return nil, usagef("-routes: %q: bad pattern: %v", item, err)
+		}
+		routes = append(routes, route{method: method, pattern: pattern})
+	}
+	if len(routes) == 0 {
+		return nil, usagef("-routes names no route: give 'METHOD PATH,…', e.g. 'POST /orders', or leave it out to cover every POST and PATCH")
+	}
+	return routes, nil
+}
+
+// check validates the settings; its errors name the flag and the fix.
+func (p *proxyFlags) check() (*url.URL, []route, error) {
+	if p.upstream == "" {
+		return nil, nil, usagef("-upstream is required: the base URL of the service to put idem in front of, e.g. -upstream http://127.0.0.1:8080")
+	}
+	u, err := url.Parse(p.upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, nil, usagef("-upstream %q: want an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080", p.upstream)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, nil, usagef("-upstream %q: a base URL has no query or fragment", p.upstream)
+	}
+	var routes []route
+	if p.routes != "" {
+		if routes, err = parseRoutes(p.routes); err != nil {
+			return nil, nil, err
+		}
+	}
+	if p.scopeHeader != "" && !validHeaderName(p.scopeHeader) {
+		return nil, nil, usagef("-scope-header %q is not a header name, e.g. X-Api-Key", p.scopeHeader)
+	}
+	switch p.ambiguous {
+	case ambiguousKeep, ambiguousRelease:
+	default:
+		return nil, nil, usagef("-ambiguous %q: want keep or release", p.ambiguous)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"upstream-timeout", p.upstreamTimeout}, {"dial-timeout", p.dialTimeout}, {"lease", p.lease},
+		{"max-execution", p.maxExecution}, {"retention", p.retention}, {"shutdown-timeout", p.shutdownTimeout}} {
+		if d.v <= 0 {
+			return nil, nil, usagef("-%s must be positive, e.g. -%s 30s", d.name, d.name)
+		}
+	}
+	if p.lease < 3*time.Millisecond {
+		return nil, nil, usagef("-lease %v is too short: give at least a few milliseconds (renewals run every third of it)", p.lease)
+	}
+	if p.maxExecution < p.upstreamTimeout {
+		return nil, nil, usagef("-max-execution (%v) must be at least -upstream-timeout (%v): a guarded request ends at -max-execution", p.maxExecution, p.upstreamTimeout)
+	}
+	if p.wait < 0 {
+		return nil, nil, usagef("-wait must not be negative (0 answers a retry in flight 409 at once)")
+	}
+	if p.maxBody <= 0 {
+		return nil, nil, usagef("-max-body must be positive, e.g. -max-body 1048576")
+	}
+	if _, _, _, err := p.store.parse(); err != nil {
+		return nil, nil, err
+	}
+	return u, routes, nil
+}
+
+func (p *proxyFlags) run(e *env) error {
+	if len(e.args) > 0 {
+		return usagef("unexpected argument %q: idem proxy takes flags only (-upstream URL)", e.args[0])
+	}
+	if err := p.applyConfig(); err != nil {
+		return err
+	}
+	upstream, routes, err := p.check()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	// Listen before touching the store: an address in use ends the proxy
+	// with no database created.
+	ln, err := net.Listen("tcp", p.listen)
+	if err != nil {
+		return fmt.Errorf("-listen %s: %w (give a free address, e.g. -listen 127.0.0.1:8082)", p.listen, err)
+	}
+	defer ln.Close()
+
+	st, err := p.store.open(e.ctx, openOptions{migrate: true, log: log})
+	if err != nil {
+		if e.ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer st.Close()
+
+	h, err := newProxy(p, upstream, routes, st.store, log)
+	if err != nil {
+		return err
+	}
+	defer h.transport.CloseIdleConnections()
+
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(e.ctx) },
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	covered := "every POST and PATCH"
+	if p.routes != "" {
+		covered = p.routes
+	}
+	scope := "none: one key space for every caller"
+	if p.scopeHeader != "" {
+		scope = p.scopeHeader + " (hashed)"
+	}
+	fmt.Fprintf(e.stdout, "idem proxy listening on http://%s\nupstream: %s\nstore: %s\ncovered: %s\nscope: %s\n",
+		ln.Addr(), upstream.Redacted(), st.display, covered, scope)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-e.ctx.Done():
+	}
+	log.Info("idem proxy: stopping; waiting for the requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), p.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+		return fmt.Errorf("stop: requests still in flight after -shutdown-timeout %v were cut: %w", p.shutdownTimeout, err)
+	}
+	if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("idem proxy: stopped")
+	return nil
+}
+
+// proxy is idem proxy's handler: the covered routes through the
+// middleware to the reverse proxy, the others straight to it.
+type proxy struct {
+	routes    []route // nil: every POST and PATCH
+	guarded   http.Handler
+	plain     http.Handler
+	transport *http.Transport
+	keep      bool // -ambiguous keep
+	log       *slog.Logger
+}
+
+// newProxy builds the handler of idem proxy.
+func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store, log *slog.Logger) (*proxy, error) {
+	dialer := &net.Dialer{Timeout: p.dialTimeout, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   p.dialTimeout,
+		ExpectContinueTimeout: time.Second,
+		// The wait for the answer after the request was sent: past it the
+		// outcome is unknown.
+		ResponseHeaderTimeout: p.upstreamTimeout,
+	}
+	px := &proxy{routes: routes, transport: transport, keep: p.ambiguous == ambiguousKeep, log: log}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+		},
+		Transport:      transport,
+		ModifyResponse: px.watchBody,
+		ErrorHandler:   px.upstreamError,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	px.plain = rp
+
+	var methods []string
+	for _, r := range routes {
+		if !slices.Contains(methods, r.method) {
+			methods = append(methods, r.method)
+		}
+	}
+	cfg := &idemhttp.Config{
+		Store:           store,
+		Methods:         methods,
+		Lease:           p.lease,
+		MaxExecution:    p.maxExecution,
+		Retention:       p.retention,
+		MaxRequestBody:  p.maxBody,
+		MaxResponseBody: p.maxBody,
+		Wait:            p.wait,
+		Logger:          log,
+	}
+	if name := p.scopeHeader; name != "" {
+		cfg.Scope = func(r *http.Request) (string, error) {
+			values := r.Header.Values(name)
+			if len(values) == 0 || strings.Join(values, ",") == "" {
+				return "", &idemhttp.ScopeError{Detail: "this request needs a " + name + " header: it identifies the caller whose keys these are"}
+			}
+			return hashScope(strings.Join(values, ",")), nil
+		}
+	}
+	mw, err := idemhttp.New(cfg)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	px.guarded = mw.Handler(http.HandlerFunc(px.forward))
+	return px, nil
+}
+
+func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if px.covers(r) {
+		px.guarded.ServeHTTP(w, r)
+		return
+	}
+	px.plain.ServeHTTP(w, r)
+}
+
+// covers reports whether r's route is covered.
+func (px *proxy) covers(r *http.Request) bool {
+	if px.routes == nil {
+		return r.Method == http.MethodPost || r.Method == http.MethodPatch
+	}
+	for _, rt := range px.routes {
+		if rt.method != r.Method {
+			continue
+		}
+		if ok, _ := path.Match(rt.pattern, r.URL.Path); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// sentKey is the context key of a guarded request's sent flag.
+type sentKey struct{}
+
+// forward sends a guarded request upstream, noting in its context when
+// the request starts to reach the upstream: an error after that leaves
+// the outcome unknown.
+func (px *proxy) forward(w http.ResponseWriter, r *http.Request) {
+	sent := new(atomic.Bool)
+	ctx := context.WithValue(r.Context(), sentKey{}, sent)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { sent.Store(true) },
+		WroteHeaders:     func() { sent.Store(true) },
+	})
+	px.plain.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// unknownOutcome ends a guarded request's execution as -ambiguous says:
+// keep abandons it (the record stays in flight until its lease ends);
+// release leaves it to the middleware, which releases on the 502.
+func (px *proxy) unknownOutcome(ctx context.Context) {
+	if !px.keep {
+		return
+	}
+	if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
+		exec.Abandon()
+	}
+}
+
+// upstreamError answers a request whose upstream call failed. r is the
+// outgoing request; its context is the guarded request's.
+func (px *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	ctx := r.Context()
+	sent, guarded := ctx.Value(sentKey{}).(*atomic.Bool)
+	switch {
+	case errors.Is(context.Cause(ctx), idem.ErrLeaseLost):
+		// The middleware answers what a retry would get.
+		px.log.WarnContext(ctx, "idem proxy: upstream call cut: the key's lease was lost", "path", r.URL.Path, "error", err)
+	case guarded && sent.Load():
+		px.log.WarnContext(ctx, "idem proxy: the upstream got the request and did not answer; outcome unknown",
+			"path", r.URL.Path, "ambiguous", map[bool]string{true: ambiguousKeep, false: ambiguousRelease}[px.keep], "error", err)
+		px.unknownOutcome(ctx)
+		idemhttp.WriteProblem(w, http.StatusBadGateway, codeUpstreamOutcomeUnknown, "Upstream outcome unknown",
+			"the service got the request and did not answer; whether it took effect is unknown. "+
+				"Retry with the same Idempotency-Key: it is answered 409 until the key's lease ends, then runs again")
+		return
+	default:
+		px.log.WarnContext(ctx, "idem proxy: upstream unavailable", "path", r.URL.Path, "error", err)
+	}
+	idemhttp.WriteProblem(w, http.StatusBadGateway, codeUpstreamUnavailable, "Upstream unavailable",
+		"the service cannot be reached; retry later")
+}
+
+// watchBody makes a guarded answer whose body breaks off an unknown
+// outcome too: the upstream answered, so it probably took effect.
+func (px *proxy) watchBody(resp *http.Response) error {
+	if _, guarded := resp.Request.Context().Value(sentKey{}).(*atomic.Bool); guarded && px.keep {
+		resp.Body = &watchedBody{ReadCloser: resp.Body, px: px, ctx: resp.Request.Context()}
+	}
+	return nil
+}
+
+type watchedBody struct {
+	io.ReadCloser
+	px  *proxy
+	ctx context.Context
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.ctx.Err() == nil {
+		// ReverseProxy aborts the answer (http.ErrAbortHandler), and the
+		// middleware's release of the key then finds the execution
+		// abandoned.
+		b.px.unknownOutcome(b.ctx)
+	}
+	return n, err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/cmd/internal/dsn"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -238,7 +239,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		rawDB = "sqlite:" + filepath.Join(*dataDir, "shop.db")
 	}
-	target, err := parseDB(rawDB)
+	target, err := dsn.ParseDB(rawDB)
 	if err != nil {
 		return fmt.Errorf("shopd: -db: %w", err)
 	}
@@ -246,15 +247,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Next to the SQLite file; for a server database, under -data's
 		// default.
 		*natsStore = filepath.Join(*dataDir, "nats")
-		if target.dialect == sqlstore.SQLite {
-			*natsStore = filepath.Join(filepath.Dir(target.sqlitePath), "nats")
+		if target.Dialect == sqlstore.SQLite {
+			*natsStore = filepath.Join(filepath.Dir(target.SQLitePath), "nats")
 		}
 	}
 	var redisOpts *redis.Options
 	redisDisplay := ""
 	if *redisFlag != "" {
-		if redisOpts, redisDisplay, err = parseRedis(*redisFlag); err != nil {
-			return fmt.Errorf("shopd: %w", err)
+		if redisOpts, redisDisplay, err = dsn.ParseRedis(*redisFlag); err != nil {
+			return fmt.Errorf("shopd: -redis %w", err)
 		}
 	} else if set["redis"] {
 		return errors.New("shopd: -redis must not be empty (leave it out to run without Redis)")
@@ -295,22 +296,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if ctx.Err() != nil {
 		return stopped(ctx.Err())
 	}
-	db, err := target.open(ctx)
+	db, err := target.Open(ctx)
 	if err != nil {
 		return stopped(fmt.Errorf("shopd: open database: %w", err))
 	}
 	defer db.Close()
-	sqlStore, err := sqlstore.New(db, &sqlstore.Config{Dialect: target.dialect, Logger: log})
+	sqlStore, err := sqlstore.New(db, &sqlstore.Config{Dialect: target.Dialect, Logger: log})
 	if err != nil {
 		return err
 	}
 	if err := sqlStore.Migrate(ctx); err != nil {
 		return stopped(fmt.Errorf("shopd: migrate idempotency store: %w", err))
 	}
-	if err := Migrate(ctx, db, target.dialect); err != nil {
+	if err := Migrate(ctx, db, target.Dialect); err != nil {
 		return stopped(fmt.Errorf("shopd: %w", err))
 	}
-	if err := Seed(ctx, db, target.dialect, catalog); err != nil {
+	if err := Seed(ctx, db, target.Dialect, catalog); err != nil {
 		if errors.Is(err, ErrCatalogMismatch) {
 			return fmt.Errorf("shopd: -catalog: %w", err)
 		}
@@ -336,7 +337,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		log.Info("shopd: payment callbacks are verified with the secret of "+secretFrom, "from", secretFrom)
 	}
-	shop, err := New(Config{DB: db, Dialect: target.dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix})
+	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix})
 	if err != nil {
 		return err
 	}
@@ -352,7 +353,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The outbox relay and the loyalty consumer stop (deferred) after the
 	// HTTP server drained and before the database closes.
-	events, err := startEvents(ctx, eventsConfig{target: broker, names: newTopology(*eventsFlag), storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.dialect, log: log})
+	events, err := startEvents(ctx, eventsConfig{target: broker, names: newTopology(*eventsFlag), storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.Dialect, log: log})
 	if err != nil {
 		return stopped(fmt.Errorf("shopd: events: %w", err))
 	}
@@ -370,7 +371,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return stopped(ctx.Err())
 	}
 	base := "http://" + ln.Addr().String()
-	where := target.display
+	where := target.Display
 	if redisDisplay != "" {
 		where += ", cache " + redisDisplay
 	}

@@ -1,4 +1,4 @@
-package shop
+package dsn
 
 import (
 	"strings"
@@ -28,21 +28,21 @@ func TestParseDB(t *testing.T) {
 		{"mysql:app:pw@tcp(db:3306)/shop", sqlstore.MySQL, "app:pw@tcp(db:3306)/shop"},
 		{"mysql:app@unix(/run/mysqld/mysqld.sock)/shop", sqlstore.MySQL, "app@unix(/run/mysqld/mysqld.sock)/shop"},
 	} {
-		got, err := parseDB(c.raw)
+		got, err := ParseDB(c.raw)
 		if err != nil {
 			t.Errorf("%s: %v", c.raw, err)
 			continue
 		}
-		if got.dialect != c.dialect {
-			t.Errorf("%s: dialect %v, want %v", c.raw, got.dialect, c.dialect)
+		if got.Dialect != c.dialect {
+			t.Errorf("%s: dialect %v, want %v", c.raw, got.Dialect, c.dialect)
 		}
 		if c.dsn != "" {
-			if dsn := got.mysql.FormatDSN(); dsn != c.dsn {
+			if dsn := got.MySQL.FormatDSN(); dsn != c.dsn {
 				t.Errorf("%s: DSN %q, want %q", c.raw, dsn, c.dsn)
 			}
 		}
-		if strings.Contains(got.display, "pw") {
-			t.Errorf("%s: display %q shows the password", c.raw, got.display)
+		if strings.Contains(got.Display, "pw") {
+			t.Errorf("%s: display %q shows the password", c.raw, got.Display)
 		}
 	}
 }
@@ -67,7 +67,7 @@ func TestParseDBRejects(t *testing.T) {
 		"mysqlx://app:secretpw@db/shop",
 		// Without a host or a database, pgx and go-sql-driver fall back to
 		// defaults (a local server, a database named after the OS user) and
-		// shopd would migrate whatever database that is: an unset variable
+		// a program would migrate whatever database that is: an unset variable
 		// in -db "postgres://$HOST/shop" must not land there.
 		"postgres://",
 		"postgres:///shop",
@@ -80,7 +80,7 @@ func TestParseDBRejects(t *testing.T) {
 		"mysql:app:secretpw@tcp(db:3306)/",
 		"redis://app:secretpw@db/0",
 	} {
-		_, err := parseDB(raw)
+		_, err := ParseDB(raw)
 		if err == nil {
 			t.Errorf("%q: accepted", raw)
 			continue
@@ -93,21 +93,21 @@ func TestParseDBRejects(t *testing.T) {
 
 func TestParseRedis(t *testing.T) {
 	t.Parallel()
-	opts, display, err := parseRedis("redis://u:secretpw@cache:6380/2")
+	opts, display, err := ParseRedis("redis://u:secretpw@cache:6380/2")
 	if err != nil || opts.Addr != "cache:6380" || opts.DB != 2 || opts.Password != "secretpw" || !opts.ContextTimeoutEnabled {
 		t.Fatalf("%+v, %v", opts, err)
 	}
 	if strings.Contains(display, "secretpw") {
 		t.Errorf("display %q shows the password", display)
 	}
-	if opts, _, err := parseRedis("unix:///run/redis/redis.sock?db=1"); err != nil || opts.Network != "unix" {
+	if opts, _, err := ParseRedis("unix:///run/redis/redis.sock?db=1"); err != nil || opts.Network != "unix" {
 		t.Errorf("a unix socket: %+v, %v", opts, err)
 	}
 	for _, raw := range []string{"cache:6379", "http://cache:6379/0", "redis://u:secretpw@cache:6379/x", "redis://cache:6379/0?dial_timeout=soon",
 		// No host: go-redis would use localhost:6379, a Redis nobody named
 		// (an unset variable in -redis "redis://$HOST:6379/0").
 		"redis://", "redis://:6379/0", "rediss://u:secretpw@:6379/0", "redis:///0"} {
-		_, _, err := parseRedis(raw)
+		_, _, err := ParseRedis(raw)
 		if err == nil {
 			t.Errorf("%q: accepted", raw)
 		} else if strings.Contains(err.Error(), "secretpw") {
@@ -121,8 +121,8 @@ func FuzzParseDB(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
-		got, err := parseDB(raw)
-		if err == nil && got.dialect == nil {
+		got, err := ParseDB(raw)
+		if err == nil && got.Dialect == nil {
 			t.Fatalf("%q: no error and no dialect", raw)
 		}
 	})
