@@ -1,0 +1,38 @@
+package idemcli
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem/cmd/internal/probe"
+)
+
+// idem probe against idem proxy in front of an API with no idempotency
+// at all (the issue's evidence), on every store the proxy runs on: every
+// check passes, the effect read through the proxy (GET is not covered)
+// moved once per key executed, and the API created exactly that many
+// items. The same probe against the API itself fails (TestProbeJSON's
+// unguarded case), so the passes are the proxy's.
+func TestProbeThroughProxy(t *testing.T) {
+	t.Parallel()
+	for _, b := range proxyBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			base, created := api(t, true)
+			proxy := startProxy(t, append(b.flags(t), "-upstream", base, "-routes", "POST /items")...)
+			r := runIdem(t, "", "probe", "-d", `{"name":"pen","qty":2}`, "-d4xx", `{"name":"refuse","qty":1}`,
+				"-effect-url", proxy+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t",
+				proxy+"/items")
+			if r.code != 0 {
+				t.Fatalf("exit %d, stderr %q; stdout:\n%s", r.code, r.stderr, r.stdout)
+			}
+			if want := fmt.Sprintf("PASS: %d passed, 0 failed, 0 not applicable", len(probe.Checks)); !strings.Contains(r.stdout, want) {
+				t.Fatalf("want %q; stdout:\n%s", want, r.stdout)
+			}
+			if created.Load() != 8 {
+				t.Errorf("the API created %d items, want 8 (one per key executed)", created.Load())
+			}
+		})
+	}
+}
