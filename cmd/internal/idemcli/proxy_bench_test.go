@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/benchpair"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/redisstore"
+	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
 // roundTrips counts the commands a go-redis client sends: one per
@@ -65,7 +66,32 @@ func BenchmarkProxy(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer st.Close()
-		benchProxy(b, up, st.store, nil)
+		// The floor: what any store that makes a first request durable
+		// on this disk pays at least, whatever its code. A first request
+		// writes twice (the record before the upstream call, the answer
+		// after it), each commit synced before the proxy goes on; the
+		// floor is the bare request plus two such commits of one small
+		// row, on a SQLite file opened like the store's.
+		fdb, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "floor.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer fdb.Close()
+		if _, err := fdb.Exec(`CREATE TABLE floor (k TEXT PRIMARY KEY, v TEXT)`); err != nil {
+			b.Fatal(err)
+		}
+		var fn int64
+		commits := func() {
+			fn++
+			k := strconv.FormatInt(fn, 10)
+			if _, err := fdb.Exec(`INSERT INTO floor (k, v) VALUES (?, 'processing')`, k); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := fdb.Exec(`UPDATE floor SET v = 'completed' WHERE k = ?`, k); err != nil {
+				b.Fatal(err)
+			}
+		}
+		benchProxy(b, up, st.store, nil, commits)
 	})
 	b.Run("Redis", func(b *testing.B) {
 		addr := testenv.Redis.Need(b)
@@ -80,11 +106,13 @@ func BenchmarkProxy(b *testing.B) {
 			b.Fatal(err)
 		}
 		rdb.AddHook(counter)
-		benchProxy(b, up, rs, counter)
+		benchProxy(b, up, rs, counter, nil)
 	})
 }
 
-func benchProxy(b *testing.B, up *url.URL, store idem.Store, counter *roundTrips) {
+// benchProxy runs the three requests, and with floor a fourth: the bare
+// request followed by floor (the store's unavoidable writes).
+func benchProxy(b *testing.B, up *url.URL, store idem.Store, counter *roundTrips, floor func()) {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	p := newProxyFlags(fs)
 	if err := fs.Parse([]string{"-upstream", up.String()}); err != nil {
@@ -125,8 +153,8 @@ func benchProxy(b *testing.B, up *url.URL, store idem.Store, counter *roundTrips
 	prefix := newKey("bench")
 	var n, before, trips, firsts int64
 	key := ""
-	means := benchpair.Run(b,
-		benchpair.Func{Name: "first", Before: func() {
+	funcs := []benchpair.Func{
+		{Name: "first", Before: func() {
 			n++
 			key = prefix + "-" + strconv.FormatInt(n, 10)
 			if counter != nil {
@@ -139,11 +167,19 @@ func benchProxy(b *testing.B, up *url.URL, store idem.Store, counter *roundTrips
 				firsts++
 			}
 		}},
-		benchpair.Func{Name: "replay", F: func() { post(guarded.URL, prefix+"-replayed") }},
-		benchpair.Func{Name: "bare", F: func() { post(bare.URL, "") }},
-	)
+		{Name: "replay", F: func() { post(guarded.URL, prefix+"-replayed") }},
+		{Name: "bare", F: func() { post(bare.URL, "") }},
+	}
+	if floor != nil {
+		funcs = append(funcs, benchpair.Func{Name: "floor", F: func() { post(bare.URL, ""); floor() }})
+	}
+	means := benchpair.Run(b, funcs...)
 	benchpair.Ratio(b, "x-bare-first", means[0], means[2])
 	benchpair.Ratio(b, "x-bare-replay", means[1], means[2])
+	if floor != nil {
+		benchpair.Ratio(b, "x-floor-first", means[0], means[3])
+		benchpair.Ratio(b, "x-bare-floor", means[3], means[2])
+	}
 	if firsts > 0 {
 		b.ReportMetric(float64(trips)/float64(firsts), "store-trips/first")
 	}
