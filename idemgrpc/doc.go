@@ -100,8 +100,9 @@
 // ResourceExhausted, and DeadlineExceeded while the caller's context
 // lives), waiting the answer's RetryInfo delay when it has one, else an
 // exponential backoff with full jitter; it stops at MaxAttempts (5), when
-// the context ends, or when the next wait would outlast the context's
-// deadline, and then returns the last answer.
+// the context ends, when the next wait would outlast the context's
+// deadline, or when a RetryInfo asks for more than MaxRetryDelay (30 s),
+// and then returns the last answer.
 //
 // # What it does not do
 //
