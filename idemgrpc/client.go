@@ -140,7 +140,9 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 // grpc.WithChainUnaryInterceptor(c.Unary). A covered call without
 // idempotency-key metadata gets a fresh key (NewKey); one that has a key
 // keeps it. The call is retried with that key while its answer's code is
-// one Retry accepts, up to MaxAttempts, waiting between attempts (the
+// one Retry accepts and the answer is not a replay (marked
+// idempotency-replayed: true: the key's stored answer, which a retry
+// would get again), up to MaxAttempts, waiting between attempts (the
 // answer's RetryInfo delay, else the jittered backoff). It stops as soon
 // as the context ends, and does not start a wait that would outlast the
 // context's deadline or a RetryInfo delay beyond MaxRetryDelay: the call
@@ -158,9 +160,14 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 			timer.Stop()
 		}
 	}()
+	// Each attempt's header metadata, to see a replay: the key's stored
+	// answer, which every retry would get again.
+	var header metadata.MD
+	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header))
 	for attempt := 1; ; attempt++ {
+		header = nil
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil || attempt >= c.maxAttempts || ctx.Err() != nil {
+		if err == nil || attempt >= c.maxAttempts || ctx.Err() != nil || replayed(header) {
 			return err
 		}
 		st := status.Convert(err)
@@ -188,6 +195,12 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 		case <-timer.C:
 		}
 	}
+}
+
+// replayed reports whether header marks the answer as a replay.
+func replayed(header metadata.MD) bool {
+	v := header.Get(MetadataReplayed)
+	return len(v) == 1 && v[0] == "true"
 }
 
 // backoff is the full-jitter wait before retry n (from 1).

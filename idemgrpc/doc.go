@@ -98,7 +98,9 @@
 // the caller set. It retries the call with that key on the codes of
 // ClientConfig.Retry (DefaultRetry: Unavailable, Aborted,
 // ResourceExhausted, and DeadlineExceeded while the caller's context
-// lives), waiting the answer's RetryInfo delay when it has one, else an
+// lives) unless the answer is marked idempotency-replayed (the key's
+// stored answer, which every retry would get again), waiting the
+// answer's RetryInfo delay when it has one, else an
 // exponential backoff with full jitter; it stops at MaxAttempts (5), when
 // the context ends, when the next wait would outlast the context's
 // deadline, or when a RetryInfo asks for more than MaxRetryDelay (30 s),
