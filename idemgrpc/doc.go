@@ -64,6 +64,9 @@
 //     (protoregistry.GlobalTypes by default, where generated types
 //     register); a type this server does not know is answered Internal
 //     IDEMPOTENCY_RECORD_UNREADABLE, and the handler still does not run.
+//     So is a retry of a call whose handler succeeded with an answer that
+//     cannot be stored (nil, or not a proto.Message): its record keeps no
+//     answer, and the handler, whose effect happened, does not run again.
 //   - The same key with another request (another message, or another
 //     method): FailedPrecondition IDEMPOTENCY_KEY_REUSED, whether the
 //     first completed or still runs. The first request still replays.
