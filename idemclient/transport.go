@@ -216,7 +216,8 @@ func (t *Transport) settings() (settings, error) {
 //
 // req is not modified: each attempt is a clone, and the returned
 // response's Request (set by Base) shows the key the attempts carried. A
-// covered request that has the key header keeps it.
+// covered request that has the key header keeps it, whatever the case of
+// the name it is kept under in the header map.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	s, err := t.settings()
 	if err != nil {
@@ -234,7 +235,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	ctx := req.Context()
 	r := req.Clone(ctx)
-	if covered && len(r.Header.Values(s.header)) == 0 {
+	if covered && !hasField(r.Header, s.header) {
 		key := s.newKey()
 		if err := idem.ValidateKey(key); err != nil {
 			closeBody(req)
@@ -453,6 +454,23 @@ func closeBody(r *http.Request) {
 	if r.Body != nil {
 		r.Body.Close()
 	}
+}
+
+// hasField reports whether h has a field named name, whatever the case
+// of the name it is kept under: a caller that sets h["idempotency-key"]
+// directly bypasses canonicalisation, net/http sends the field as it is,
+// and the server folds its name's case, so it is the key header all the
+// same.
+func hasField(h http.Header, name string) bool {
+	if len(h.Values(name)) > 0 {
+		return true
+	}
+	for k, v := range h {
+		if len(v) > 0 && strings.EqualFold(k, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // isToken reports whether s is an HTTP token (RFC 9110), as a header name

@@ -20,6 +20,10 @@ const (
 	DefaultMaxAttempts = 5
 	DefaultBaseDelay   = 100 * time.Millisecond
 	DefaultMaxDelay    = 5 * time.Second
+	// DefaultMaxRetryDelay is the longest RetryInfo delay a Client waits
+	// for when ClientConfig.MaxRetryDelay is 0, as idemclient's
+	// DefaultMaxRetryAfter.
+	DefaultMaxRetryDelay = 30 * time.Second
 )
 
 // ClientConfig configures a Client. The zero value of each field means its
@@ -42,6 +46,12 @@ type ClientConfig struct {
 	// answer's RetryInfo detail when it has one. Zero means
 	// DefaultBaseDelay (100 ms) and DefaultMaxDelay (5 s).
 	BaseDelay, MaxDelay time.Duration
+
+	// MaxRetryDelay is the longest RetryInfo delay the client waits for:
+	// an answer that asks for a longer wait is returned to the caller at
+	// once, whether or not the call has a deadline. Zero means
+	// DefaultMaxRetryDelay (30 s).
+	MaxRetryDelay time.Duration
 
 	// Retry reports whether an answer with this code is retried. It is
 	// never asked about OK. Nil means DefaultRetry.
@@ -84,6 +94,7 @@ type Client struct {
 	newKey      func() string
 	maxAttempts int
 	base, max   time.Duration
+	maxRetry    time.Duration
 }
 
 // NewClient returns a Client for cfg, which it copies; nil means defaults.
@@ -96,10 +107,11 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 	switch {
 	case c.MaxAttempts < 0:
 		return nil, fmt.Errorf("idemgrpc: negative MaxAttempts %d", c.MaxAttempts)
-	case c.BaseDelay < 0, c.MaxDelay < 0:
-		return nil, fmt.Errorf("idemgrpc: negative BaseDelay %v or MaxDelay %v", c.BaseDelay, c.MaxDelay)
+	case c.BaseDelay < 0, c.MaxDelay < 0, c.MaxRetryDelay < 0:
+		return nil, fmt.Errorf("idemgrpc: negative BaseDelay %v, MaxDelay %v or MaxRetryDelay %v", c.BaseDelay, c.MaxDelay, c.MaxRetryDelay)
 	}
-	cl := &Client{covers: c.Covers, retry: c.Retry, newKey: c.NewKey, maxAttempts: c.MaxAttempts, base: c.BaseDelay, max: c.MaxDelay}
+	cl := &Client{covers: c.Covers, retry: c.Retry, newKey: c.NewKey, maxAttempts: c.MaxAttempts,
+		base: c.BaseDelay, max: c.MaxDelay, maxRetry: c.MaxRetryDelay}
 	if cl.retry == nil {
 		cl.retry = DefaultRetry
 	}
@@ -115,6 +127,9 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 	if cl.max == 0 {
 		cl.max = DefaultMaxDelay
 	}
+	if cl.maxRetry == 0 {
+		cl.maxRetry = DefaultMaxRetryDelay
+	}
 	if cl.max < cl.base {
 		return nil, fmt.Errorf("idemgrpc: MaxDelay %v is below BaseDelay %v", cl.max, cl.base)
 	}
@@ -125,10 +140,13 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 // grpc.WithChainUnaryInterceptor(c.Unary). A covered call without
 // idempotency-key metadata gets a fresh key (NewKey); one that has a key
 // keeps it. The call is retried with that key while its answer's code is
-// one Retry accepts, up to MaxAttempts, waiting between attempts (the
+// one Retry accepts and the answer is not a replay (marked
+// idempotency-replayed: true: the key's stored answer, which a retry
+// would get again), up to MaxAttempts, waiting between attempts (the
 // answer's RetryInfo delay, else the jittered backoff). It stops as soon
 // as the context ends, and does not start a wait that would outlast the
-// context's deadline: the call then returns the last answer's error.
+// context's deadline or a RetryInfo delay beyond MaxRetryDelay: the call
+// then returns the last answer's error.
 func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if c.covers != nil && !c.covers(method) {
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -142,9 +160,14 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 			timer.Stop()
 		}
 	}()
+	// Each attempt's header metadata, to see a replay: the key's stored
+	// answer, which every retry would get again.
+	var header metadata.MD
+	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header))
 	for attempt := 1; ; attempt++ {
+		header = nil
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if err == nil || attempt >= c.maxAttempts || ctx.Err() != nil {
+		if err == nil || attempt >= c.maxAttempts || ctx.Err() != nil || replayed(header) {
 			return err
 		}
 		st := status.Convert(err)
@@ -152,8 +175,11 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 			return err
 		}
 		d, ok := retryDelay(st)
-		if !ok {
+		switch {
+		case !ok:
 			d = c.backoff(attempt)
+		case d > c.maxRetry:
+			return err
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < d {
 			return err
@@ -169,6 +195,12 @@ func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *g
 		case <-timer.C:
 		}
 	}
+}
+
+// replayed reports whether header marks the answer as a replay.
+func replayed(header metadata.MD) bool {
+	v := header.Get(MetadataReplayed)
+	return len(v) == 1 && v[0] == "true"
 }
 
 // backoff is the full-jitter wait before retry n (from 1).

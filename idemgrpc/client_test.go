@@ -182,7 +182,7 @@ func TestClientStops(t *testing.T) {
 func TestNewClient(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []idemgrpc.ClientConfig{
-		{MaxAttempts: -1}, {BaseDelay: -1}, {MaxDelay: -1}, {BaseDelay: time.Second, MaxDelay: time.Millisecond},
+		{MaxAttempts: -1}, {BaseDelay: -1}, {MaxDelay: -1}, {MaxRetryDelay: -1}, {BaseDelay: time.Second, MaxDelay: time.Millisecond},
 	} {
 		if _, err := idemgrpc.NewClient(&cfg); err == nil {
 			t.Errorf("NewClient(%+v) succeeded", cfg)

@@ -64,6 +64,9 @@
 //     (protoregistry.GlobalTypes by default, where generated types
 //     register); a type this server does not know is answered Internal
 //     IDEMPOTENCY_RECORD_UNREADABLE, and the handler still does not run.
+//     So is a retry of a call whose handler succeeded with an answer that
+//     cannot be stored (nil, or not a proto.Message): its record keeps no
+//     answer, and the handler, whose effect happened, does not run again.
 //   - The same key with another request (another message, or another
 //     method): FailedPrecondition IDEMPOTENCY_KEY_REUSED, whether the
 //     first completed or still runs. The first request still replays.
@@ -98,10 +101,13 @@
 // the caller set. It retries the call with that key on the codes of
 // ClientConfig.Retry (DefaultRetry: Unavailable, Aborted,
 // ResourceExhausted, and DeadlineExceeded while the caller's context
-// lives), waiting the answer's RetryInfo delay when it has one, else an
+// lives) unless the answer is marked idempotency-replayed (the key's
+// stored answer, which every retry would get again), waiting the
+// answer's RetryInfo delay when it has one, else an
 // exponential backoff with full jitter; it stops at MaxAttempts (5), when
-// the context ends, or when the next wait would outlast the context's
-// deadline, and then returns the last answer.
+// the context ends, when the next wait would outlast the context's
+// deadline, or when a RetryInfo asks for more than MaxRetryDelay (30 s),
+// and then returns the last answer.
 //
 // # What it does not do
 //

@@ -145,10 +145,12 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 			r, eerr = EncodeMessage(m)
 		}
 		if !ok || eerr != nil {
-			i.log.ErrorContext(ctx, "idemgrpc: the handler's response cannot be stored; key released",
+			// The handler ran, and succeeded: releasing the key would let a
+			// retry run its effect again. The record keeps no answer, and
+			// retries are answered Internal IDEMPOTENCY_RECORD_UNREADABLE.
+			i.log.ErrorContext(ctx, "idemgrpc: the handler's response cannot be stored; the record keeps no answer",
 				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "type", typeName(resp), "error", eerr)
-			i.releaseExec(bg, exec)
-			return resp, herr
+			r = omitted(codes.OK)
 		}
 		end = i.complete(bg, exec, r)
 	} else if st := status.Convert(herr); i.release(st.Code()) {
@@ -156,10 +158,9 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 	} else {
 		r, eerr := EncodeStatus(st)
 		if eerr != nil {
-			i.log.ErrorContext(ctx, "idemgrpc: the handler's error cannot be stored; key released",
+			i.log.ErrorContext(ctx, "idemgrpc: the handler's error cannot be stored; the record keeps no answer",
 				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", eerr)
-			i.releaseExec(bg, exec)
-			return resp, herr
+			r = omitted(st.Code())
 		}
 		end = i.complete(bg, exec, r)
 	}
@@ -167,6 +168,13 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 		return i.answerLost(ctx, bg, exec, fp, resp, herr)
 	}
 	return resp, herr
+}
+
+// omitted is the record of an answer with code c that cannot be stored:
+// no body, marked omitted (as idemhttp marks a body it does not keep), so
+// that the key is not run again and its replays say the answer is lost.
+func omitted(c codes.Code) idem.Response {
+	return idem.Response{StatusCode: int(c), BodyOmitted: true}
 }
 
 func typeName(v any) string {
