@@ -84,8 +84,8 @@ type Transport struct {
 	// 0 means DefaultMaxAttempts (5); 1 never retries.
 	MaxAttempts int
 
-	// BaseDelay and MaxDelay shape the waits between attempts when the
-	// answer has no Retry-After: after attempt n the transport waits a
+	// BaseDelay and MaxDelay shape the waits between attempts (an
+	// answer's longer Retry-After wins): after attempt n the transport waits a
 	// random time from 0 to min(MaxDelay, BaseDelay·2ⁿ⁻¹) ("full jitter",
 	// so that clients that failed together do not retry together). 0 means
 	// DefaultBaseDelay (100 ms) and DefaultMaxDelay (5 s).
@@ -206,8 +206,8 @@ func (t *Transport) settings() (settings, error) {
 //   - but never an answer marked Idempotent-Replayed: true, which is the
 //     key's stored answer and will not change.
 //
-// Between attempts it waits for the answer's Retry-After (seconds or an
-// HTTP date) or else a backoff with full jitter. It gives up, and returns
+// Between attempts it waits a backoff with full jitter, or the answer's
+// Retry-After (seconds or an HTTP date) when that is longer. It gives up, and returns
 // the last answer (or error) as it is, when the attempts are used up, when
 // the wait would end after the context's deadline, or when Retry-After
 // asks for more than MaxRetryAfter; it returns the context's error when
@@ -290,9 +290,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return resp, nil
 			}
 		}
-		wait := retryAfter
-		if !hasRetryAfter {
-			wait = backoff(s.baseDelay, s.maxDelay, attempt)
+		// Retry-After is a minimum: a server that answers "0" (or a past
+		// date) again and again still gets the backoff's spacing, and
+		// the attempts are not spent in a burst.
+		wait := backoff(s.baseDelay, s.maxDelay, attempt)
+		if hasRetryAfter {
+			wait = max(wait, retryAfter)
 		}
 		if deadline, ok := ctx.Deadline(); ok && !time.Now().Add(wait).Before(deadline) {
 			return resp, err

@@ -368,7 +368,8 @@ func TestRetryAfterSeconds(t *testing.T) {
 }
 
 // Retry-After as an HTTP date: the wait is until then; a date in the past
-// asks for none.
+// asks for none, and the backoff alone spaces the retry (fast's: at most
+// 1 ms after the first attempt).
 func TestRetryAfterDate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -377,7 +378,7 @@ func TestRetryAfterDate(t *testing.T) {
 		min, max time.Duration
 	}{
 		{"future", 2 * time.Second, time.Millisecond, 2 * time.Second},
-		{"past", -time.Hour, 0, 0},
+		{"past", -time.Hour, 0, time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -850,5 +851,35 @@ func TestMiddlewareDuplicateWaitsForFirst(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// Retry-After is a minimum, not the whole wait: a server that answers 409
+// PROCESSING with "Retry-After: 0" every time still gets the backoff's
+// spacing, and the attempts are not spent in a burst against it.
+func TestRetryAfterZeroStillBacksOff(t *testing.T) {
+	t.Parallel()
+	srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) { processing(w, "0") })
+	var retries []idemclient.Retry
+	tr := fast(&retries)
+	tr.BaseDelay, tr.MaxDelay, tr.MaxAttempts = 40*time.Millisecond, 40*time.Millisecond, 6
+	resp, _, err := post(t, tr, srv.URL, `{"sku":"BOOK-1"}`)
+	if err != nil || resp.StatusCode != http.StatusConflict {
+		t.Fatalf("answer %v, %v; want the last 409", resp, err)
+	}
+	if len(srv.seen()) != 6 || len(retries) != 5 {
+		t.Fatalf("%d attempts, %d retries; want 6 and 5", len(srv.seen()), len(retries))
+	}
+	var total time.Duration
+	for _, r := range retries {
+		if r.Wait < 0 || r.Wait > 40*time.Millisecond {
+			t.Fatalf("wait %v outside the backoff's [0, 40ms]", r.Wait)
+		}
+		total += r.Wait
+	}
+	// Five full-jitter draws from [0, 40ms] are all 0 with a negligible
+	// chance; taking Retry-After: 0 as the wait makes every one 0.
+	if total == 0 {
+		t.Fatalf("waits %v: the retries came in a burst", retries)
 	}
 }
