@@ -71,6 +71,8 @@ The upstream's answers:
     retry after it goes to the upstream again. -ambiguous release releases
     the key instead, so the next retry goes to the upstream at once (and
     may repeat the effect).
+A client that goes away does not cut a guarded request: the upstream's
+answer is read to its end and stored, and the client's retry replays it.
 Streaming answers (chunked, server-sent events) pass through as they come
 and are stored when they end. A guarded request may take at most
 -max-execution, streaming included.
@@ -442,7 +444,14 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 
 func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if px.covers(r) {
-		px.guarded.ServeHTTP(w, r)
+		// A guarded request outlives its client: once the upstream has
+		// the request, a client that goes away must not cut the call
+		// (its effect may be done, and a cut call is an unknown outcome
+		// whose retry reaches the upstream again once the lease ends).
+		// The upstream's answer is read to its end and stored, and the
+		// retry replays it. -upstream-timeout and -max-execution still
+		// bound the call.
+		px.guarded.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 		return
 	}
 	px.plain.ServeHTTP(w, r)
@@ -477,8 +486,35 @@ func (px *proxy) forward(w http.ResponseWriter, r *http.Request) {
 		WroteHeaderField: func(string, []string) { sent.Store(true) },
 		WroteHeaders:     func() { sent.Store(true) },
 	})
-	px.plain.ServeHTTP(w, r.WithContext(ctx))
+	px.plain.ServeHTTP(&clientWriter{ResponseWriter: w, px: px, ctx: ctx}, r.WithContext(ctx))
 }
+
+// clientWriter is the writer a guarded answer is copied to: the
+// middleware's. A write that fails (the client went away in the middle
+// of a streamed or large answer) is reported done: the reverse proxy then reads the upstream's
+// answer to its end, and the middleware stores it for the retry, where
+// it would otherwise abort (http.ErrAbortHandler), and the key would be
+// released although the upstream answered.
+type clientWriter struct {
+	http.ResponseWriter
+	px   *proxy
+	ctx  context.Context
+	gone bool
+}
+
+func (w *clientWriter) Write(p []byte) (int, error) {
+	// The middleware's writer keeps p for the record before it sends it,
+	// so every write goes to it, the client gone or not.
+	if _, err := w.ResponseWriter.Write(p); err != nil && !w.gone {
+		w.gone = true
+		w.px.log.InfoContext(w.ctx, "idem proxy: the client went away during the answer; reading it to its end for the retry", "error", err)
+	}
+	return len(p), nil
+}
+
+// Unwrap returns the middleware's writer, for http.ResponseController
+// (flushes, and the hijack of a protocol upgrade).
+func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // unknownOutcome ends a guarded request's execution as -ambiguous says:
 // keep abandons it (the record stays in flight until its lease ends);

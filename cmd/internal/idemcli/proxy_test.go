@@ -57,6 +57,9 @@ func startProxy(t *testing.T, args ...string) string {
 	}()
 	t.Cleanup(func() {
 		cancel()
+		if t.Failed() {
+			t.Logf("idem proxy's stderr:\n%s", stderr)
+		}
 		select {
 		case code := <-done:
 			if code != exitOK {
