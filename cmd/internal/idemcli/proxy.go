@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -64,7 +63,7 @@ The upstream's answers:
     timeout): 502 UPSTREAM_UNAVAILABLE, the key is released;
   - the request reached the upstream and no answer came within
     -upstream-timeout (or the connection broke, or the body of the answer
-    broke off): the outcome is unknown. By default (-ambiguous keep) the
+    broke off or was cut at -max-execution): the outcome is unknown. By default (-ambiguous keep) the
     client gets 502 UPSTREAM_OUTCOME_UNKNOWN and the key stays in flight
     until its lease ends (-lease; it is no longer renewed): retries get
     409 PROCESSING and never reach the upstream within it, and the first
@@ -401,10 +400,9 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
-		Transport:      transport,
-		ModifyResponse: px.watchBody,
-		ErrorHandler:   px.upstreamError,
-		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Transport:    transport,
+		ErrorHandler: px.upstreamError,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	px.plain = rp
 
@@ -486,7 +484,43 @@ func (px *proxy) forward(w http.ResponseWriter, r *http.Request) {
 		WroteHeaderField: func(string, []string) { sent.Store(true) },
 		WroteHeaders:     func() { sent.Store(true) },
 	})
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				px.brokeOff(ctx, r)
+			}
+			panic(v) // the client's connection is cut: the answer is incomplete
+		}
+	}()
 	px.plain.ServeHTTP(&clientWriter{ResponseWriter: w, px: px, ctx: ctx}, r.WithContext(ctx))
+}
+
+// brokeOff ends the execution of a guarded request whose answer broke off
+// while it was copied (the upstream's connection broke, or the request
+// reached -max-execution): the upstream answered, so its effect probably
+// happened, and the outcome is unknown, handled as -ambiguous says. The
+// reverse proxy then aborts the client's connection.
+func (px *proxy) brokeOff(ctx context.Context, r *http.Request) {
+	exec := idemhttp.ExecutionFrom(ctx)
+	if exec == nil {
+		return
+	}
+	l := exec.Lease()
+	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
+		px.log.WarnContext(ctx, "idem proxy: answer cut: the key's lease was lost", "path", r.URL.Path, "key", l.Key)
+		return
+	}
+	px.log.WarnContext(ctx, "idem proxy: the upstream's answer broke off; outcome unknown",
+		"path", r.URL.Path, "key", l.Key, "ambiguous", map[bool]string{true: ambiguousKeep, false: ambiguousRelease}[px.keep],
+		"cause", context.Cause(ctx))
+	if px.keep {
+		exec.Abandon()
+		return
+	}
+	if err := exec.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrFinished) {
+		exec.Abandon()
+		px.log.ErrorContext(ctx, "idem proxy: cannot release the key; left to its lease", "path", r.URL.Path, "key", l.Key, "error", err)
+	}
 }
 
 // clientWriter is the writer a guarded answer is copied to: the
@@ -550,30 +584,4 @@ func (px *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	}
 	idemhttp.WriteProblem(w, http.StatusBadGateway, codeUpstreamUnavailable, "Upstream unavailable",
 		"the service cannot be reached; retry later")
-}
-
-// watchBody makes a guarded answer whose body breaks off an unknown
-// outcome too: the upstream answered, so it probably took effect.
-func (px *proxy) watchBody(resp *http.Response) error {
-	if _, guarded := resp.Request.Context().Value(sentKey{}).(*atomic.Bool); guarded && px.keep {
-		resp.Body = &watchedBody{ReadCloser: resp.Body, px: px, ctx: resp.Request.Context()}
-	}
-	return nil
-}
-
-type watchedBody struct {
-	io.ReadCloser
-	px  *proxy
-	ctx context.Context
-}
-
-func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.ctx.Err() == nil {
-		// ReverseProxy aborts the answer (http.ErrAbortHandler), and the
-		// middleware's release of the key then finds the execution
-		// abandoned.
-		b.px.unknownOutcome(b.ctx)
-	}
-	return n, err
 }

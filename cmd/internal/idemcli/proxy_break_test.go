@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -115,6 +116,112 @@ func TestProxyClientGoneMidStream(t *testing.T) {
 	if a.status != http.StatusOK || !a.replayed() || !strings.HasPrefix(a.body, "data: first of call 1\n\n") ||
 		!strings.HasSuffix(a.body, "data: 63 "+strings.Repeat("x", 1024)+"\n\n") {
 		t.Fatalf("retry: %d %v %d bytes, ending %q; want the whole first answer replayed", a.status, a.header, len(a.body), a.body[max(0, len(a.body)-60):])
+	}
+	up.wantCalls(t, "/stream", 1)
+}
+
+// An answer whose body breaks off (the upstream's connection closes
+// before the Content-Length it announced): the upstream got the request
+// and answered, so under -ambiguous keep the key stays in flight (409, no
+// second call) and the log says so, not that a handler panicked and the
+// key was released. Under -ambiguous release the retry reaches the
+// upstream.
+func TestProxyBodyBreaksOff(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{ambiguousKeep, ambiguousRelease} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			up.on("/pay", func(w http.ResponseWriter, r *http.Request, n int) {
+				if n > 1 {
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprintf(w, "paid by call %d", n)
+					return
+				}
+				conn, brw, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				fmt.Fprint(brw, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\npaid, and then")
+				brw.Flush()
+			})
+			stderr := &syncBuffer{}
+			base := startProxyLog(t, stderr, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL,
+				"-lease", "1m", "-ambiguous", policy)
+			key := newKey("breaks")
+			req, _ := http.NewRequest(http.MethodPost, base+"/pay", strings.NewReader(`{}`))
+			req.Header.Set("Idempotency-Key", key)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil {
+					t.Fatalf("first: %d read in full; want an answer that breaks off", resp.StatusCode)
+				}
+			}
+			up.wantCalls(t, "/pay", 1)
+			retry := send(t, http.MethodPost, base+"/pay", key, `{}`)
+			logs := stderr.String()
+			if strings.Contains(logs, "handler panicked") {
+				t.Errorf("log says a handler panicked:\n%s", logs)
+			}
+			switch policy {
+			case ambiguousKeep:
+				if retry.status != http.StatusConflict || retry.code() != idemhttp.CodeProcessing {
+					t.Fatalf("retry: %d %s; want 409 PROCESSING", retry.status, retry.body)
+				}
+				up.wantCalls(t, "/pay", 1)
+				if !strings.Contains(logs, "outcome unknown") {
+					t.Errorf("log does not say the outcome is unknown:\n%s", logs)
+				}
+			case ambiguousRelease:
+				if retry.status != http.StatusCreated || retry.body != "paid by call 2" {
+					t.Fatalf("retry: %d %s; want the upstream's 201", retry.status, retry.body)
+				}
+				up.wantCalls(t, "/pay", 2)
+			}
+		})
+	}
+}
+
+// A streamed answer cut at -max-execution is an unknown outcome too: the
+// upstream answered, so under -ambiguous keep the key stays in flight and
+// the retry does not reach the upstream within the lease.
+func TestProxyStreamPastMaxExecution(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	up.on("/stream", func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; ; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-stop:
+				return
+			case <-r.Context().Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	base := startProxy(t, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL,
+		"-upstream-timeout", "100ms", "-max-execution", "300ms", "-lease", "1m")
+	key := newKey("endless")
+	req, _ := http.NewRequest(http.MethodPost, base+"/stream", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			t.Fatalf("first: %d read in full; want a stream cut at -max-execution", resp.StatusCode)
+		}
+	}
+	retry := send(t, http.MethodPost, base+"/stream", key, `{}`)
+	if retry.status != http.StatusConflict || retry.code() != idemhttp.CodeProcessing {
+		t.Fatalf("retry: %d %.100q; want 409 PROCESSING", retry.status, retry.body)
 	}
 	up.wantCalls(t, "/stream", 1)
 }
