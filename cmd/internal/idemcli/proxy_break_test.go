@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,4 +225,42 @@ func TestProxyStreamPastMaxExecution(t *testing.T) {
 		t.Fatalf("retry: %d %.100q; want 409 PROCESSING", retry.status, retry.body)
 	}
 	up.wantCalls(t, "/stream", 1)
+}
+
+// Two proxies on one store, 100 concurrent duplicates split between them,
+// and an upstream that answers past several leases: one upstream call,
+// every answer the first one (the lease is renewed while the upstream
+// works, so no retry takes the key over).
+func TestProxyTwoProxiesOneStore(t *testing.T) {
+	t.Parallel()
+	for _, b := range proxyBackends {
+		if b.name != "PostgreSQL" && b.name != "Redis" {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			up := newUpstream(t)
+			up.on("/orders", func(w http.ResponseWriter, r *http.Request, n int) {
+				time.Sleep(2500 * time.Millisecond) // the upstream's work, past 2 leases
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "order by call %d", n)
+			})
+			flags := append(b.flags(t), "-upstream", up.URL, "-lease", "1s", "-wait", "20s")
+			bases := []string{startProxy(t, flags...), startProxy(t, flags...)}
+			key := newKey("two")
+			const n = 100
+			answers := make([]answer, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { answers[i] = send(t, http.MethodPost, bases[i%2]+"/orders", key, `{"sku":"A-1"}`) })
+			}
+			wg.Wait()
+			up.wantCalls(t, "/orders", 1)
+			for i, a := range answers {
+				if a.status != http.StatusCreated || a.body != "order by call 1" {
+					t.Fatalf("answer %d: %d %s; want the first call's 201", i, a.status, a.body)
+				}
+			}
+		})
+	}
 }
