@@ -1,11 +1,13 @@
 package idemcli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -492,7 +494,20 @@ func (px *proxy) forward(w http.ResponseWriter, r *http.Request) {
 			panic(v) // the client's connection is cut: the answer is incomplete
 		}
 	}()
-	px.plain.ServeHTTP(&clientWriter{ResponseWriter: w, px: px, ctx: ctx}, r.WithContext(ctx))
+	out := r.WithContext(ctx)
+	if r.ContentLength != 0 {
+		// The transport may go on reading the request body after the round
+		// trip has ended (net/http.RoundTripper), and the middleware's body
+		// reads a buffer it reuses once the handler returns: the upstream
+		// gets a copy of its own.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "the request body cannot be read")
+			return
+		}
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	px.plain.ServeHTTP(&clientWriter{ResponseWriter: w, px: px, ctx: ctx}, out)
 }
 
 // brokeOff ends the execution of a guarded request whose answer broke off
