@@ -447,9 +447,20 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 			return
 		}
 		// The handler panicked (or called runtime.Goexit): release the key
-		// so that a retry runs again, and let the panic go on.
-		m.releaseExec(bg, exec)
-		m.log.WarnContext(bg, "idemhttp: handler panicked; key released", "scope", exec.Lease().Scope, "key", exec.Lease().Key)
+		// so that a retry runs again, and let the panic go on. A handler
+		// that ended its execution first (Abandon, say, before aborting
+		// with http.ErrAbortHandler) has decided the record's fate: it is
+		// left as the handler left it.
+		l := exec.Lease()
+		switch err := m.releaseExec(bg, exec); {
+		case err == nil:
+			m.log.WarnContext(bg, "idemhttp: handler panicked; key released", "scope", l.Scope, "key", l.Key)
+		case errors.Is(err, idem.ErrFinished):
+			m.log.DebugContext(bg, "idemhttp: handler panicked after it ended its execution; record left as it was", "scope", l.Scope, "key", l.Key)
+		case errors.Is(err, idem.ErrLeaseLost):
+			m.log.WarnContext(bg, "idemhttp: handler panicked after its lease was lost; the key is another execution's", "scope", l.Scope, "key", l.Key)
+		}
+		// Other errors: releaseExec logged that the key is left to its lease.
 	}()
 	next.ServeHTTP(rec, r2)
 	returned = true

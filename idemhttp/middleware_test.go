@@ -526,6 +526,39 @@ func TestPanicReleases(t *testing.T) {
 	e.NoRecord("", "k2")
 }
 
+// A handler that ends its execution itself (Abandon: the outcome is
+// unknown) and then aborts the response (http.ErrAbortHandler, as
+// httputil.ReverseProxy does when the upstream's answer breaks off): the
+// record stays in flight as the handler left it, and the log does not say
+// the key was released.
+func TestPanicAfterAbandonKeepsTheRecord(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	e := setup(t, &idemhttp.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "partial")
+		idemhttp.ExecutionFrom(r.Context()).Abandon()
+		panic(http.ErrAbortHandler)
+	})
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Fatalf("recovered %v, want http.ErrAbortHandler", v)
+			}
+		}()
+		w := e.Do(http.MethodPost, "/things", "k", `{}`)
+		t.Fatalf("no panic; status %d", w.Code)
+	}()
+	if rec := e.Record("", "k"); rec.Status != idem.StatusProcessing {
+		t.Fatalf("record %+v; want it in flight, as the handler left it", rec)
+	}
+	w := e.Do(http.MethodPost, "/things", "k", `{}`)
+	wantProblem(t, w, http.StatusConflict, idemhttp.CodeProcessing)
+	e.WantCalls(1)
+	if l := logs.String(); strings.Contains(l, "key released") {
+		t.Fatalf("the log says the key was released:\n%s", l)
+	}
+}
+
 // Row: store unreachable → 503 + Retry-After (fail closed); FailOpen runs
 // the handler.
 func TestStoreUnavailable(t *testing.T) {

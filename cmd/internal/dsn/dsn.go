@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -80,23 +81,23 @@ func ParseDB(raw string) (DB, error) {
 			return DB{}, fmt.Errorf("PostgreSQL URL: %v", RedactErr(err, raw))
 		}
 		if _, err := pgx.ParseConfig(raw); err != nil {
-			return DB{}, fmt.Errorf("PostgreSQL URL %s: %v", u.Redacted(), RedactErr(err, raw))
+			return DB{}, fmt.Errorf("PostgreSQL URL %s: %v", redactURL(u), RedactErr(err, raw))
 		}
 		// pgx fills a missing host or database with libpq's defaults (a
 		// local server, a database named after the OS user): a program
 		// would migrate a database nobody named.
 		q := u.Query()
 		if u.Hostname() == "" && q.Get("host") == "" {
-			return DB{}, fmt.Errorf("PostgreSQL URL %s has no host (postgres://user:pass@HOST:port/db, or ?host=/socket/dir)", u.Redacted())
+			return DB{}, fmt.Errorf("PostgreSQL URL %s has no host (postgres://user:pass@HOST:port/db, or ?host=/socket/dir)", redactURL(u))
 		}
 		db := strings.TrimPrefix(u.Path, "/")
 		if q.Has("dbname") {
 			db = q.Get("dbname")
 		}
 		if db == "" {
-			return DB{}, fmt.Errorf("PostgreSQL URL %s must name its database: postgres://user:pass@host:port/DB", u.Redacted())
+			return DB{}, fmt.Errorf("PostgreSQL URL %s must name its database: postgres://user:pass@host:port/DB", redactURL(u))
 		}
-		return DB{Dialect: sqlstore.PostgreSQL, PostgresURL: raw, Display: u.Redacted()}, nil
+		return DB{Dialect: sqlstore.PostgreSQL, PostgresURL: raw, Display: redactURL(u)}, nil
 
 	case strings.HasPrefix(raw, "mysql://"):
 		cfg, err := mysqlFromURL(raw)
@@ -127,19 +128,19 @@ func mysqlFromURL(raw string) (*mysql.Config, error) {
 		return nil, fmt.Errorf("MySQL URL: %v", RedactErr(err, raw))
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("MySQL URL %s has no host", u.Redacted())
+		return nil, fmt.Errorf("MySQL URL %s has no host", redactURL(u))
 	}
 	if u.Fragment != "" {
-		return nil, fmt.Errorf("MySQL URL %s has a fragment", u.Redacted())
+		return nil, fmt.Errorf("MySQL URL %s has a fragment", redactURL(u))
 	}
 	db := strings.TrimPrefix(u.Path, "/")
 	if db == "" || strings.Contains(db, "/") {
-		return nil, fmt.Errorf("MySQL URL %s must name one database: mysql://user:pass@host:port/DB", u.Redacted())
+		return nil, fmt.Errorf("MySQL URL %s must name one database: mysql://user:pass@host:port/DB", redactURL(u))
 	}
 	// The driver's own parser validates the parameters and fills defaults.
 	cfg, err := mysql.ParseDSN("/?" + u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("MySQL URL %s: parameters: %v", u.Redacted(), err)
+		return nil, fmt.Errorf("MySQL URL %s: parameters: %v", redactURL(u), err)
 	}
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
@@ -156,21 +157,40 @@ func mysqlDisplay(cfg *mysql.Config) string {
 	return "mysql://" + url.User(cfg.User).String() + "@" + cfg.Addr + "/" + cfg.DBName
 }
 
-// Redact hides what may be a password in a value echoed in an error.
+// Redact hides what may be a password in a value echoed in an error: the
+// password of a URL's user info, and the value of any parameter whose
+// name ends in "password" (pgx reads ?password= and ?sslpassword= from a
+// URL's query; a libpq keyword/value string has password=…).
 func Redact(raw string) string {
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		return u.Redacted()
+		return redactURL(u)
 	}
 	if at := strings.LastIndexByte(raw, '@'); at >= 0 {
-		return "…" + raw[at:]
+		return "…" + redactParams(raw[at:])
 	}
-	return raw
+	return redactParams(raw)
 }
 
 // RedactErr returns err's text with raw (which may hold a password)
-// replaced by its redacted form.
+// replaced by its redacted form, and any password parameter hidden.
 func RedactErr(err error, raw string) string {
-	return strings.ReplaceAll(err.Error(), raw, Redact(raw))
+	return redactParams(strings.ReplaceAll(err.Error(), raw, Redact(raw)))
+}
+
+// redactURL is u without its user info's password or a password
+// parameter.
+func redactURL(u *url.URL) string {
+	return redactParams(u.Redacted())
+}
+
+// passwordParam matches a password parameter, name=value, in a URL's
+// query or a keyword/value string: the value runs to the next separator,
+// or is single-quoted.
+var passwordParam = regexp.MustCompile(`(?i)([a-z_%0-9]*password[ \t]*=[ \t]*)('(?:[^'\\]|\\.)*'?|[^\s&;#]*)`)
+
+// redactParams hides the values of s's password parameters.
+func redactParams(s string) string {
+	return passwordParam.ReplaceAllString(s, "${1}xxxxx")
 }
 
 // Open opens and pings the database; a SQLite file's directory is
@@ -241,7 +261,7 @@ func ParseRedis(raw string) (*redis.Options, string, error) {
 	opts.ContextTimeoutEnabled = true
 	display := raw
 	if u, err := url.Parse(raw); err == nil {
-		display = u.Redacted()
+		display = redactURL(u)
 	}
 	return opts, display, nil
 }

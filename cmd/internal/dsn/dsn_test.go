@@ -127,3 +127,42 @@ func FuzzParseDB(f *testing.F) {
 		}
 	})
 }
+
+// A password can sit elsewhere than in the URL's user info: pgx reads
+// ?password= and ?sslpassword= from the query, and a libpq keyword/value
+// string (host=… password=…), which is not a value these programs take,
+// lands in the error that says so. None of them may show it.
+func TestPasswordOutsideTheUserInfo(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"postgres://db/shop?password=secretpw",
+		"postgres://app@db/shop?sslmode=disable&password=secretpw",
+		"postgres://app@db/shop?sslpassword=secretpw&sslmode=disable",
+		"postgres://app@db/shop?PASSWORD=secretpw",
+		"postgres://app@db/shop?password=secret%20pw%zz",
+	} {
+		got, err := ParseDB(raw)
+		if err == nil && strings.Contains(got.Display, "secret") {
+			t.Errorf("%q: display %q shows the password", raw, got.Display)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("%q: the error shows the password: %v", raw, err)
+		}
+		if r := Redact(raw); strings.Contains(r, "secret") {
+			t.Errorf("Redact(%q) = %q", raw, r)
+		}
+	}
+	for _, raw := range []string{
+		"host=db password=secretpw dbname=shop",
+		"host=db password='secret pw' dbname=shop",
+		"host=db password = secretpw",
+		"postgres://app@db:bad/shop?password=secretpw",
+	} {
+		_, err := ParseDB(raw)
+		if err == nil {
+			t.Errorf("%q: accepted", raw)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("%q: the error shows the password: %v", raw, err)
+		}
+	}
+}

@@ -340,6 +340,11 @@ func printReport(w io.Writer, rep *probe.Report) {
 	fmt.Fprintf(w, "\n%s: %d passed, %d failed, %d not applicable; %s %s, %d requests in %v, keys probe-%s-…\n",
 		verdict, rep.Passed, rep.Failed, rep.NA, rep.Method, rep.URL, rep.Requests,
 		(time.Duration(rep.DurationMS) * time.Millisecond).Round(time.Millisecond), rep.RunID)
+	if rep.OK && rep.Effect == nil {
+		fmt.Fprintln(w, "This PASS reads answers only: without -effect-url the probe cannot tell an API that runs a\n"+
+			"retry again and answers it as a replay from one that runs it once. Give -effect-url and\n"+
+			"-effect-json-path (a count the request moves) to check the effect itself.")
+	}
 }
 
 // progressBar draws the probe's progress on a terminal once the run has

@@ -1,6 +1,7 @@
 package idemcli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,13 +65,15 @@ The upstream's answers:
     timeout): 502 UPSTREAM_UNAVAILABLE, the key is released;
   - the request reached the upstream and no answer came within
     -upstream-timeout (or the connection broke, or the body of the answer
-    broke off): the outcome is unknown. By default (-ambiguous keep) the
+    broke off or was cut at -max-execution): the outcome is unknown. By default (-ambiguous keep) the
     client gets 502 UPSTREAM_OUTCOME_UNKNOWN and the key stays in flight
     until its lease ends (-lease; it is no longer renewed): retries get
     409 PROCESSING and never reach the upstream within it, and the first
     retry after it goes to the upstream again. -ambiguous release releases
     the key instead, so the next retry goes to the upstream at once (and
     may repeat the effect).
+A client that goes away does not cut a guarded request: the upstream's
+answer is read to its end and stored, and the client's retry replays it.
 Streaming answers (chunked, server-sent events) pass through as they come
 and are stored when they end. A guarded request may take at most
 -max-execution, streaming included.
@@ -399,10 +402,9 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
-		Transport:      transport,
-		ModifyResponse: px.watchBody,
-		ErrorHandler:   px.upstreamError,
-		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Transport:    transport,
+		ErrorHandler: px.upstreamError,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	px.plain = rp
 
@@ -442,7 +444,14 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 
 func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if px.covers(r) {
-		px.guarded.ServeHTTP(w, r)
+		// A guarded request outlives its client: once the upstream has
+		// the request, a client that goes away must not cut the call
+		// (its effect may be done, and a cut call is an unknown outcome
+		// whose retry reaches the upstream again once the lease ends).
+		// The upstream's answer is read to its end and stored, and the
+		// retry replays it. -upstream-timeout and -max-execution still
+		// bound the call.
+		px.guarded.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
 		return
 	}
 	px.plain.ServeHTTP(w, r)
@@ -477,8 +486,84 @@ func (px *proxy) forward(w http.ResponseWriter, r *http.Request) {
 		WroteHeaderField: func(string, []string) { sent.Store(true) },
 		WroteHeaders:     func() { sent.Store(true) },
 	})
-	px.plain.ServeHTTP(w, r.WithContext(ctx))
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				px.brokeOff(ctx, r)
+			}
+			panic(v) // the client's connection is cut: the answer is incomplete
+		}
+	}()
+	out := r.WithContext(ctx)
+	if r.ContentLength != 0 {
+		// The transport may go on reading the request body after the round
+		// trip has ended (net/http.RoundTripper), and the middleware's body
+		// reads a buffer it reuses once the handler returns: the upstream
+		// gets a copy of its own.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", "the request body cannot be read")
+			return
+		}
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	px.plain.ServeHTTP(&clientWriter{ResponseWriter: w, px: px, ctx: ctx}, out)
 }
+
+// brokeOff ends the execution of a guarded request whose answer broke off
+// while it was copied (the upstream's connection broke, or the request
+// reached -max-execution): the upstream answered, so its effect probably
+// happened, and the outcome is unknown, handled as -ambiguous says. The
+// reverse proxy then aborts the client's connection.
+func (px *proxy) brokeOff(ctx context.Context, r *http.Request) {
+	exec := idemhttp.ExecutionFrom(ctx)
+	if exec == nil {
+		return
+	}
+	l := exec.Lease()
+	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
+		px.log.WarnContext(ctx, "idem proxy: answer cut: the key's lease was lost", "path", r.URL.Path, "key", l.Key)
+		return
+	}
+	px.log.WarnContext(ctx, "idem proxy: the upstream's answer broke off; outcome unknown",
+		"path", r.URL.Path, "key", l.Key, "ambiguous", map[bool]string{true: ambiguousKeep, false: ambiguousRelease}[px.keep],
+		"cause", context.Cause(ctx))
+	if px.keep {
+		exec.Abandon()
+		return
+	}
+	if err := exec.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrFinished) {
+		exec.Abandon()
+		px.log.ErrorContext(ctx, "idem proxy: cannot release the key; left to its lease", "path", r.URL.Path, "key", l.Key, "error", err)
+	}
+}
+
+// clientWriter is the writer a guarded answer is copied to: the
+// middleware's. A write that fails (the client went away in the middle
+// of a streamed or large answer) is reported done: the reverse proxy then reads the upstream's
+// answer to its end, and the middleware stores it for the retry, where
+// it would otherwise abort (http.ErrAbortHandler), and the key would be
+// released although the upstream answered.
+type clientWriter struct {
+	http.ResponseWriter
+	px   *proxy
+	ctx  context.Context
+	gone bool
+}
+
+func (w *clientWriter) Write(p []byte) (int, error) {
+	// The middleware's writer keeps p for the record before it sends it,
+	// so every write goes to it, the client gone or not.
+	if _, err := w.ResponseWriter.Write(p); err != nil && !w.gone {
+		w.gone = true
+		w.px.log.InfoContext(w.ctx, "idem proxy: the client went away during the answer; reading it to its end for the retry", "error", err)
+	}
+	return len(p), nil
+}
+
+// Unwrap returns the middleware's writer, for http.ResponseController
+// (flushes, and the hijack of a protocol upgrade).
+func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // unknownOutcome ends a guarded request's execution as -ambiguous says:
 // keep abandons it (the record stays in flight until its lease ends);
@@ -514,30 +599,4 @@ func (px *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error
 	}
 	idemhttp.WriteProblem(w, http.StatusBadGateway, codeUpstreamUnavailable, "Upstream unavailable",
 		"the service cannot be reached; retry later")
-}
-
-// watchBody makes a guarded answer whose body breaks off an unknown
-// outcome too: the upstream answered, so it probably took effect.
-func (px *proxy) watchBody(resp *http.Response) error {
-	if _, guarded := resp.Request.Context().Value(sentKey{}).(*atomic.Bool); guarded && px.keep {
-		resp.Body = &watchedBody{ReadCloser: resp.Body, px: px, ctx: resp.Request.Context()}
-	}
-	return nil
-}
-
-type watchedBody struct {
-	io.ReadCloser
-	px  *proxy
-	ctx context.Context
-}
-
-func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.ctx.Err() == nil {
-		// ReverseProxy aborts the answer (http.ErrAbortHandler), and the
-		// middleware's release of the key then finds the execution
-		// abandoned.
-		b.px.unknownOutcome(b.ctx)
-	}
-	return n, err
 }

@@ -49,14 +49,24 @@ func (b *syncBuffer) String() string {
 // does not stop cleanly (exit status 0) when asked to.
 func startProxy(t *testing.T, args ...string) string {
 	t.Helper()
+	return startProxyLog(t, &syncBuffer{}, args...)
+}
+
+// startProxyLog is startProxy with the proxy's log (its stderr) written
+// to stderr.
+func startProxyLog(t *testing.T, stderr *syncBuffer, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout := &syncBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, append([]string{"proxy", "-listen", "127.0.0.1:0"}, args...), strings.NewReader(""), stdout, stderr)
 	}()
 	t.Cleanup(func() {
 		cancel()
+		if t.Failed() {
+			t.Logf("idem proxy's stderr:\n%s", stderr)
+		}
 		select {
 		case code := <-done:
 			if code != exitOK {

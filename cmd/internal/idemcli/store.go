@@ -3,6 +3,7 @@ package idemcli
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,9 +11,12 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/dsn"
@@ -56,7 +60,8 @@ const inspectHelp = `Usage: idem inspect -db DSN [-scope S | -scope-header-value
 
 With -key, idem inspect prints one record: its status, fence, lease,
 times and the stored answer's status, headers and size (its body only
-with -body). Without -key, it lists the records in flight and the oldest
+with -body: printable text as it is, anything else in hex). Header names
+and values that are not printable text are shown quoted and escaped. Without -key, it lists the records in flight and the oldest
 records (at most -limit of each); listing needs a SQL store.
 
 The scope is the record's as stored: -scope S as is, or
@@ -443,16 +448,56 @@ func printRecord(w io.Writer, rec idem.Record, body bool) {
 	slices.Sort(names)
 	for _, name := range names {
 		for _, v := range resp.Header[name] {
-			fmt.Fprintf(w, "  %s: %s\n", name, v)
+			fmt.Fprintf(w, "  %s: %s\n", printable(name), printable(v))
 		}
 	}
 	if body && len(resp.Body) > 0 {
 		fmt.Fprintln(w)
+		if !isText(resp.Body) {
+			// Binary, or bytes a terminal would act on (escape sequences
+			// that set its title or rewrite the screen): shown in hex.
+			fmt.Fprintln(w, "(not printable text: shown in hex)")
+			_, _ = io.WriteString(w, hex.Dump(resp.Body))
+			return
+		}
 		_, _ = w.Write(resp.Body)
 		if resp.Body[len(resp.Body)-1] != '\n' {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// printable returns s as it is if it is printable text, else quoted with
+// its control and invalid bytes escaped: what a record holds was written
+// by others and must not drive the operator's terminal.
+func printable(s string) string {
+	if !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) && r != '\t' {
+			return strconv.Quote(s)
+		}
+	}
+	return s
+}
+
+// isText reports whether b is UTF-8 text of printable characters, tabs
+// and line ends (\n, \r\n) only.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	s := string(b)
+	for i, r := range s {
+		switch {
+		case r == '\n' || r == '\t':
+		case r == '\r' && i+1 < len(s) && s[i+1] == '\n':
+		case !unicode.IsPrint(r):
+			return false
+		}
+	}
+	return true
 }
 
 func runEvict(e *env, r *recordFlags, yes bool) error {

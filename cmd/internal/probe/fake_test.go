@@ -31,6 +31,7 @@ type knobs struct {
 	quotedLiteral  bool // a quoted key is taken with its quotes
 	no4xxStore     bool // a 4xx answer is not stored: the retry runs again
 	races          bool // lookup and insert are not atomic: concurrent duplicates both execute
+	reexecutes     bool // a retry executes again, and answers the first answer, marked replayed
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -166,6 +167,9 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		status, out := rec.status, rec.body
 		f.mu.Unlock()
+		if f.k.reexecutes {
+			f.execute(r.Method, body)
+		}
 		writeJSON(w, status, out, !f.k.noReplayHeader)
 	}
 }

@@ -89,6 +89,8 @@ func TestBrokenAPIs(t *testing.T) {
 		{"quotes kept in the key", knobs{quotedLiteral: true}, []string{"effect", "quoted-key"}, nil},
 		{"4xx not stored", knobs{no4xxStore: true}, []string{"stored-4xx"}, nil},
 		{"check then act", knobs{races: true}, []string{"concurrent", "effect"}, nil},
+		{"executes retries, answers replays", knobs{reexecutes: true},
+			[]string{"after-mismatch", "concurrent", "effect", "header-case", "quoted-key", "reordered-json", "retry-replay"}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
