@@ -65,7 +65,7 @@ func inboxBench(b *testing.B, srv server) {
 		_, err := tx.StmtContext(ctx, insert).ExecContext(ctx, d.ID, "bench")
 		return err
 	}
-	record, err := db.Prepare(srv.rebind(`INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, created_at, updated_at) VALUES (?, ?, 'succeeded', 1, 1, 0, 0, 0)`))
+	record, err := db.Prepare(srv.rebind(`INSERT INTO idem_inbox (message_id, consumer_group, status, attempts, fence, lease_until, last_error, created_at, updated_at) VALUES (?, ?, 'succeeded', 1, 1, 0, '', 0, 0)`))
 	if err != nil {
 		b.Fatal(err)
 	}
