@@ -143,7 +143,7 @@ func newProxyFlags(fs *flag.FlagSet) *proxyFlags {
 	fs.StringVar(&p.ambiguous, "ambiguous", ambiguousKeep, "when the upstream's outcome is unknown: keep the key until its lease ends, or release it")
 	fs.DurationVar(&p.upstreamTimeout, "upstream-timeout", 30*time.Second, "how long to wait for the upstream's answer after sending it the request")
 	fs.DurationVar(&p.dialTimeout, "dial-timeout", 5*time.Second, "how long to wait for a connection to the upstream")
-	fs.DurationVar(&p.lease, "lease", idem.DefaultLease, "how long a key in flight is held without renewal (renewed every third of it)")
+	fs.DurationVar(&p.lease, "lease", idem.DefaultLease, "how long a key in flight is held without renewal (renewed every third of it); keep it well above the store's worst round trip under load: a lease whose renewal is not confirmed in time is lost, the upstream call is cut, and another proxy may call the upstream again")
 	fs.DurationVar(&p.maxExecution, "max-execution", idem.DefaultMaxExecution, "the longest a guarded request runs, streaming included")
 	fs.DurationVar(&p.retention, "retention", idem.DefaultRetention, "how long a stored answer is replayed")
 	fs.Int64Var(&p.maxBody, "max-body", idemhttp.DefaultMaxRequestBody, "the largest request body of a covered route, in `bytes` (and the largest answer kept for replay)")
