@@ -60,6 +60,10 @@ type Event struct {
 	// empty when it has none. It is not a label: it identifies one key in
 	// a trace or a log line.
 	KeyHash string
+	// Headers are the headers of the message a KindInbox operation
+	// handles (on Start), so that a tracer can continue the trace the
+	// producer put in them. Read only; never a label.
+	Headers map[string]string
 }
 
 // Kind is the part of idem an Event comes from.
