@@ -17,6 +17,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,11 @@ const (
 	// answer came (a timeout, a connection cut): whether its effect
 	// happened is unknown.
 	codeUpstreamOutcomeUnknown = "UPSTREAM_OUTCOME_UNKNOWN"
+	// CodeUpgradeOnCoveredRoute: a covered request asked for a protocol
+	// upgrade (WebSocket, h2c): the connection would become the
+	// upstream's, with no answer to store and replay. It does not reach
+	// the upstream.
+	codeUpgradeOnCoveredRoute = "UPGRADE_ON_COVERED_ROUTE"
 )
 
 const proxyHelp = `Usage: idem proxy -upstream URL [flags]
@@ -50,7 +56,11 @@ without a key gets 400 MISSING_KEY.
 Covered routes: -routes 'POST /orders,PATCH /orders/*' (METHOD PATH, the
 path matched as by Go's path.Match: * matches within one segment), or
 every POST and PATCH when -routes is not given. Other requests pass
-straight through.
+straight through. A covered request that asks for a protocol upgrade
+(Connection: Upgrade, as WebSocket does) is answered 400
+UPGRADE_ON_COVERED_ROUTE and does not reach the upstream: an upgraded
+connection has no answer to store and replay. Leave such routes out of
+-routes; they then pass through, upgrade included.
 
 Scope: with -scope-header X-Api-Key, the keys of different callers never
 meet: the scope is the SHA-256 of that header's value (never stored as
@@ -444,6 +454,12 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 
 func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if px.covers(r) {
+		if upgrade := upgradeRequested(r.Header); upgrade != "" {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, codeUpgradeOnCoveredRoute, "Upgrade on a covered route",
+				"this route needs an Idempotency-Key, and an upgraded connection ("+strconv.Quote(upgrade)+") has no answer to store and replay: "+
+					"send the request without Connection: Upgrade, or leave the route out of idem proxy's -routes")
+			return
+		}
 		// A guarded request outlives its client: once the upstream has
 		// the request, a client that goes away must not cut the call
 		// (its effect may be done, and a cut call is an unknown outcome
@@ -455,6 +471,20 @@ func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	px.plain.ServeHTTP(w, r)
+}
+
+// upgradeRequested returns the protocol a request asks to upgrade to (its
+// Upgrade header, when Connection lists upgrade, as the reverse proxy
+// reads it), or "".
+func upgradeRequested(h http.Header) string {
+	for _, v := range h["Connection"] {
+		for token := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
+				return h.Get("Upgrade")
+			}
+		}
+	}
+	return ""
 }
 
 // covers reports whether r's route is covered.
