@@ -82,6 +82,11 @@ The upstream's answers:
     retry after it goes to the upstream again. -ambiguous release releases
     the key instead, so the next retry goes to the upstream at once (and
     may repeat the effect).
+The upstream gets its own host in the request (X-Forwarded-Host and
+X-Forwarded-For carry the client's); a Location it answers that names
+the upstream (under -upstream's path) becomes the same path on the proxy,
+e.g. http://10.0.0.5:8080/api/orders/1 behind -upstream
+http://10.0.0.5:8080/api becomes /orders/1.
 A client that goes away does not cut a guarded request: the upstream's
 answer is read to its end and stored, and the client's retry replays it.
 Streaming answers (chunked, server-sent events) pass through as they come
@@ -412,6 +417,14 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
+		// The upstream sees its own host (SetURL), so an absolute
+		// Location it builds names the upstream, which the client cannot
+		// or must not reach directly: it becomes the same path on the
+		// proxy, before the answer is stored.
+		ModifyResponse: func(resp *http.Response) error {
+			rewriteLocation(resp.Header, upstream)
+			return nil
+		},
 		Transport:    transport,
 		ErrorHandler: px.upstreamError,
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
@@ -471,6 +484,66 @@ func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	px.plain.ServeHTTP(w, r)
+}
+
+// rewriteLocation turns a Location header that points at the upstream
+// (its scheme and host, under its base path) into the same path-absolute
+// reference on the proxy, as nginx's proxy_redirect default does. Other
+// Locations are left as they are.
+func rewriteLocation(h http.Header, upstream *url.URL) {
+	values := h["Location"]
+	if len(values) != 1 {
+		return
+	}
+	u, err := url.Parse(values[0])
+	if err != nil || u.Host == "" || u.User != nil || (u.Scheme != "" && !strings.EqualFold(u.Scheme, upstream.Scheme)) {
+		return
+	}
+	if !sameHost(u.Host, upstream.Host, upstream.Scheme) {
+		return
+	}
+	p := u.EscapedPath()
+	if base := strings.TrimSuffix(upstream.EscapedPath(), "/"); base != "" {
+		switch {
+		case p == base:
+			p = "/"
+		case strings.HasPrefix(p, base+"/"):
+			p = p[len(base):]
+		default:
+			return // on the upstream, outside what the proxy forwards to
+		}
+	}
+	if p == "" {
+		p = "/"
+	}
+	if strings.HasPrefix(p, "//") {
+		return // would read as a host
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		p += "?" + u.RawQuery
+	}
+	if u.Fragment != "" {
+		p += "#" + u.EscapedFragment()
+	}
+	h["Location"] = []string{p}
+}
+
+// sameHost reports whether the hosts a and b (host or host:port) are one,
+// a missing port being scheme's default.
+func sameHost(a, b, scheme string) bool {
+	port := "80"
+	if strings.EqualFold(scheme, "https") {
+		port = "443"
+	}
+	split := func(hp string) (string, string) {
+		if h, p, err := net.SplitHostPort(hp); err == nil {
+			return h, p
+		}
+		return strings.Trim(hp, "[]"), port
+	}
+	ah, ap := split(a)
+	bh, bp := split(b)
+	return strings.EqualFold(ah, bh) && ap == bp
 }
 
 // upgradeRequested returns the protocol a request asks to upgrade to (its

@@ -99,3 +99,90 @@ func TestProxyUpgradeOnCoveredRoute(t *testing.T) {
 		t.Fatalf("through the upgraded connection: %q, %v", line, err)
 	}
 }
+
+// The upstream's answer passes the reverse proxy's hop-by-hop filter
+// before it is stored: a header the upstream's Connection lists, or
+// Keep-Alive, reaches neither the client nor a replay; Set-Cookie reaches
+// the first client only (idemhttp's allow-list); an X-Forwarded-For the
+// client sent is replaced by the proxy's own. Held: this pins it.
+func TestProxyHopByHopAndCookies(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	up.on("/h", func(w http.ResponseWriter, r *http.Request, n int) {
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.Header().Set("Connection", "X-Secret, Content-Language")
+		w.Header().Set("X-Secret", "s")
+		w.Header().Set("Content-Language", "fr")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"n":%d,"xff":%q,"listed":%q}`, n, r.Header.Get("X-Forwarded-For"), r.Header.Get("X-Drop"))
+	})
+	base := startProxy(t, "-upstream", up.URL, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"))
+	key := newKey("h")
+	first := send(t, "POST", base+"/h", key, "{}", "X-Forwarded-For", "6.6.6.6", "Connection", "X-Drop", "X-Drop", "d")
+	replay := send(t, "POST", base+"/h", key, "{}")
+	if first.status != http.StatusCreated || first.header.Get("Set-Cookie") != "session=secret" ||
+		first.body != `{"n":1,"xff":"127.0.0.1","listed":""}` {
+		t.Fatalf("first: %d %v %s", first.status, first.header, first.body)
+	}
+	if !replay.replayed() || replay.body != first.body {
+		t.Fatalf("retry: %d %v %s; want the first answer replayed", replay.status, replay.header, replay.body)
+	}
+	for name, a := range map[string]answer{"first": first, "replay": replay} {
+		for _, h := range []string{"X-Secret", "Content-Language", "Keep-Alive"} {
+			if v := a.header.Values(h); len(v) > 0 {
+				t.Errorf("%s answer has hop-by-hop %s: %q", name, h, v)
+			}
+		}
+	}
+	if v := replay.header.Values("Set-Cookie"); len(v) > 0 {
+		t.Errorf("replay has Set-Cookie %q", v)
+	}
+	up.wantCalls(t, "/h", 1)
+}
+
+// The upstream sees its own host, so a Location it builds from the
+// request names the upstream: the client was sent (and every replay
+// stored) an address behind the proxy. A Location on the upstream, under
+// its base path, becomes the same path on the proxy; others are left.
+func TestProxyRewritesLocation(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	locations := map[string]string{}
+	for path, loc := range map[string]string{
+		"/api/self":      "http://{host}/api/orders/1?x=1#f",
+		"/api/bare":      "//{host}/api/orders/2",
+		"/api/base":      "http://{host}/api",
+		"/api/outside":   "http://{host}/admin/1",
+		"/api/elsewhere": "https://example.com/api/orders/3",
+		"/api/relative":  "/api/orders/4",
+	} {
+		locations[path] = loc
+		up.on(path, func(w http.ResponseWriter, r *http.Request, n int) {
+			w.Header().Set("Location", strings.ReplaceAll(loc, "{host}", r.Host))
+			w.WriteHeader(http.StatusCreated)
+		})
+	}
+	host := strings.TrimPrefix(up.URL, "http://")
+	base := startProxy(t, "-upstream", up.URL+"/api", "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"))
+	for path, want := range map[string]string{
+		"/api/self":      "/orders/1?x=1#f",
+		"/api/bare":      "/orders/2",
+		"/api/base":      "/",
+		"/api/outside":   "http://" + host + "/admin/1",
+		"/api/elsewhere": "https://example.com/api/orders/3",
+		"/api/relative":  "/api/orders/4",
+	} {
+		key := newKey("loc")
+		proxyPath := strings.TrimPrefix(path, "/api")
+		for _, attempt := range []string{"first", "replay"} {
+			a := send(t, "POST", base+proxyPath, key, "{}")
+			if a.status != http.StatusCreated || a.header.Get("Location") != want || (attempt == "replay") != a.replayed() {
+				t.Errorf("%s %s (upstream's Location %s): %d, Location %q, replayed %v; want %q",
+					attempt, proxyPath, locations[path], a.status, a.header.Get("Location"), a.replayed(), want)
+			}
+		}
+		up.wantCalls(t, path, 1)
+	}
+}
