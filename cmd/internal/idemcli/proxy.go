@@ -55,7 +55,9 @@ without a key gets 400 MISSING_KEY.
 
 Covered routes: -routes 'POST /orders,PATCH /orders/*' (METHOD PATH, the
 path matched as by Go's path.Match: * matches within one segment), or
-every POST and PATCH when -routes is not given. Other requests pass
+every POST and PATCH when -routes is not given. A path is matched as sent
+and also cleaned and in lower case, so /orders/, //orders and /Orders,
+which many services route to /orders, are covered with it. Other requests pass
 straight through. A covered request that asks for a protocol upgrade
 (Connection: Upgrade, as WebSocket does) is answered 400
 UPGRADE_ON_COVERED_ROUTE and does not reach the upstream: an upgraded
@@ -221,9 +223,11 @@ func (p *proxyFlags) applyConfig() error {
 	return nil
 }
 
-// route is one covered route: a method and a path pattern.
+// route is one covered route: a method and a path pattern, and the
+// pattern cleaned and in lower case, which other spellings of the path
+// are matched against.
 type route struct {
-	method, pattern string
+	method, pattern, folded string
 }
 
 // parseRoutes parses -routes.
@@ -248,7 +252,7 @@ func parseRoutes(raw string) ([]route, error) {
 		if _, err := path.Match(pattern, "/"); err != nil {
 			return nil, usagef("-routes: %q: bad pattern: %v", item, err)
 		}
-		routes = append(routes, route{method: method, pattern: pattern})
+		routes = append(routes, route{method: method, pattern: pattern, folded: foldPath(pattern)})
 	}
 	if len(routes) == 0 {
 		return nil, usagef("-routes names no route: give 'METHOD PATH,…', e.g. 'POST /orders', or leave it out to cover every POST and PATCH")
@@ -565,6 +569,7 @@ func (px *proxy) covers(r *http.Request) bool {
 	if px.routes == nil {
 		return r.Method == http.MethodPost || r.Method == http.MethodPatch
 	}
+	folded := foldPath(r.URL.Path)
 	for _, rt := range px.routes {
 		if rt.method != r.Method {
 			continue
@@ -572,8 +577,20 @@ func (px *proxy) covers(r *http.Request) bool {
 		if ok, _ := path.Match(rt.pattern, r.URL.Path); ok {
 			return true
 		}
+		if ok, _ := path.Match(rt.folded, folded); ok {
+			return true
+		}
 	}
 	return false
+}
+
+// foldPath returns p cleaned (no trailing or doubled slash, no dot
+// segment) and in lower case: the spellings of a path that many upstreams
+// route to one handler (a trailing slash appended, case-insensitive
+// routing) are covered as the route is, since passing them unguarded
+// would run a keyed request's retries again.
+func foldPath(p string) string {
+	return strings.ToLower(path.Clean("/" + p))
 }
 
 // sentKey is the context key of a guarded request's sent flag.

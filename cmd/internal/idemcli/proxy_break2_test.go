@@ -2,6 +2,7 @@ package idemcli
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -184,5 +185,98 @@ func TestProxyRewritesLocation(t *testing.T) {
 			}
 		}
 		up.wantCalls(t, path, 1)
+	}
+}
+
+// A stop (SIGINT, SIGTERM) while a guarded request is in flight waits
+// for it: the upstream's answer reaches the client and is stored, so the
+// retry (to the next proxy on the store) replays it; the proxy exits 0.
+// Held.
+func TestProxyStopWithRequestInFlight(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	up.on("/slow", func(w http.ResponseWriter, r *http.Request, n int) {
+		close(inside)
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "order %d", n)
+	})
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"proxy", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-store", store}, strings.NewReader(""), stdout, stderr)
+	}()
+	var base string
+	deadline := time.Now().Add(30 * time.Second)
+	for base == "" {
+		if line, ok := strings.CutPrefix(stdout.String(), "idem proxy listening on "); ok {
+			base, _, _ = strings.Cut(line, "\n")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy does not listen: %s", stderr)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	key := newKey("stop")
+	got := make(chan answer, 1)
+	go func() { got <- send(t, "POST", base+"/slow", key, "{}") }()
+	<-inside
+	cancel()
+	// The proxy waits for the request: it has not exited yet.
+	select {
+	case code := <-done:
+		t.Fatalf("the proxy exited %d with a request in flight", code)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	a := <-got
+	if a.status != http.StatusCreated || a.body != "order 1" {
+		t.Fatalf("the request in flight at the stop got %d %q; want 201 order 1", a.status, a.body)
+	}
+	if code := <-done; code != exitOK {
+		t.Fatalf("the proxy exited %d: %s", code, stderr)
+	}
+	base = startProxy(t, "-upstream", up.URL, "-store", store)
+	if r := send(t, "POST", base+"/slow", key, "{}"); !r.replayed() || r.body != "order 1" {
+		t.Fatalf("the retry after the restart got %d %q replayed %v; want the stored answer", r.status, r.body, r.replayed())
+	}
+	up.wantCalls(t, "/slow", 1)
+}
+
+// A covered route's other spellings: the same path with a trailing
+// slash, a doubled slash, a dot segment or other letter case reaches the
+// same handler on many upstreams (Express, Django's APPEND_SLASH, ASP.NET
+// are case-insensitive), and passed through unguarded: a client that
+// sent its key there had its retries run again. They are covered like
+// the route; a path that is not the route's still passes.
+func TestProxyRouteSpellings(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	base := startProxy(t, "-upstream", up.URL, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"),
+		"-routes", "POST /orders,PATCH /orders/*")
+	for _, c := range []struct{ method, path string }{
+		{"POST", "/orders/"}, {"POST", "//orders"}, {"POST", "/./orders"}, {"POST", "/Orders"},
+		{"POST", "/x/../orders"}, {"PATCH", "/orders/7/"}, {"PATCH", "/ORDERS/7"}, {"PATCH", "/orders//7"},
+	} {
+		if a := send(t, c.method, base+c.path, "", "{}"); a.status != http.StatusBadRequest || a.code() != "MISSING_KEY" {
+			t.Errorf("%s %s without a key: %d %s; want 400 MISSING_KEY", c.method, c.path, a.status, a.body)
+		}
+		key := newKey("spelling")
+		first := send(t, c.method, base+c.path, key, "{}")
+		again := send(t, c.method, base+c.path, key, "{}")
+		if !again.replayed() || again.body != first.body {
+			t.Errorf("%s %s retried with its key: %d %s, then %d %s; want the first answer replayed",
+				c.method, c.path, first.status, first.body, again.status, again.body)
+		}
+	}
+	for _, p := range []string{"/orders/7", "/orders/7/lines", "/ordersx"} {
+		if a := send(t, "POST", base+p, "", "{}"); a.status != http.StatusCreated {
+			t.Errorf("POST %s (not covered) without a key: %d %s; want it passed through", p, a.status, a.body)
+		}
 	}
 }
