@@ -50,7 +50,14 @@
 //     Unauthenticated, or the gRPC status it carries.
 //   - The fingerprint (FingerprintV1) is over the full method name and the
 //     deterministic protobuf encoding of the request: equal messages have
-//     one fingerprint whatever order their maps were filled in.
+//     one fingerprint whatever order their maps were filled in. It is over
+//     bytes, not meaning: a double of -0.0 and one of 0.0 are two requests
+//     (proto3 encodes the first, not the second), as are a proto3 optional
+//     field absent and set to its default; a NaN is one request as long as
+//     its retries resend its bits; unknown fields count, and since the
+//     deterministic encoding puts them after the known ones, a retry that
+//     lands on a server which knows a field the first server did not (a
+//     rolling deploy) can get FailedPrecondition for its own request.
 //   - The first call with a key runs the handler. Its answer is stored:
 //     a message as its type's full name and its encoding (EncodeMessage),
 //     a definite failure (InvalidArgument, NotFound, AlreadyExists,

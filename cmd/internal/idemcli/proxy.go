@@ -17,6 +17,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,11 @@ const (
 	// answer came (a timeout, a connection cut): whether its effect
 	// happened is unknown.
 	codeUpstreamOutcomeUnknown = "UPSTREAM_OUTCOME_UNKNOWN"
+	// CodeUpgradeOnCoveredRoute: a covered request asked for a protocol
+	// upgrade (WebSocket, h2c): the connection would become the
+	// upstream's, with no answer to store and replay. It does not reach
+	// the upstream.
+	codeUpgradeOnCoveredRoute = "UPGRADE_ON_COVERED_ROUTE"
 )
 
 const proxyHelp = `Usage: idem proxy -upstream URL [flags]
@@ -49,8 +55,14 @@ without a key gets 400 MISSING_KEY.
 
 Covered routes: -routes 'POST /orders,PATCH /orders/*' (METHOD PATH, the
 path matched as by Go's path.Match: * matches within one segment), or
-every POST and PATCH when -routes is not given. Other requests pass
-straight through.
+every POST and PATCH when -routes is not given. A path is matched as sent
+and also cleaned and in lower case, so /orders/, //orders and /Orders,
+which many services route to /orders, are covered with it. Other requests pass
+straight through. A covered request that asks for a protocol upgrade
+(Connection: Upgrade, as WebSocket does) is answered 400
+UPGRADE_ON_COVERED_ROUTE and does not reach the upstream: an upgraded
+connection has no answer to store and replay. Leave such routes out of
+-routes; they then pass through, upgrade included.
 
 Scope: with -scope-header X-Api-Key, the keys of different callers never
 meet: the scope is the SHA-256 of that header's value (never stored as
@@ -72,6 +84,11 @@ The upstream's answers:
     retry after it goes to the upstream again. -ambiguous release releases
     the key instead, so the next retry goes to the upstream at once (and
     may repeat the effect).
+The upstream gets its own host in the request (X-Forwarded-Host and
+X-Forwarded-For carry the client's); a Location it answers that names
+the upstream (under -upstream's path) becomes the same path on the proxy,
+e.g. http://10.0.0.5:8080/api/orders/1 behind -upstream
+http://10.0.0.5:8080/api becomes /orders/1.
 A client that goes away does not cut a guarded request: the upstream's
 answer is read to its end and stored, and the client's retry replays it.
 Streaming answers (chunked, server-sent events) pass through as they come
@@ -206,9 +223,11 @@ func (p *proxyFlags) applyConfig() error {
 	return nil
 }
 
-// route is one covered route: a method and a path pattern.
+// route is one covered route: a method and a path pattern, and the
+// pattern cleaned and in lower case, which other spellings of the path
+// are matched against.
 type route struct {
-	method, pattern string
+	method, pattern, folded string
 }
 
 // parseRoutes parses -routes.
@@ -233,7 +252,7 @@ func parseRoutes(raw string) ([]route, error) {
 		if _, err := path.Match(pattern, "/"); err != nil {
 			return nil, usagef("-routes: %q: bad pattern: %v", item, err)
 		}
-		routes = append(routes, route{method: method, pattern: pattern})
+		routes = append(routes, route{method: method, pattern: pattern, folded: foldPath(pattern)})
 	}
 	if len(routes) == 0 {
 		return nil, usagef("-routes names no route: give 'METHOD PATH,…', e.g. 'POST /orders', or leave it out to cover every POST and PATCH")
@@ -402,6 +421,14 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 		},
+		// The upstream sees its own host (SetURL), so an absolute
+		// Location it builds names the upstream, which the client cannot
+		// or must not reach directly: it becomes the same path on the
+		// proxy, before the answer is stored.
+		ModifyResponse: func(resp *http.Response) error {
+			rewriteLocation(resp.Header, upstream)
+			return nil
+		},
 		Transport:    transport,
 		ErrorHandler: px.upstreamError,
 		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelDebug),
@@ -444,6 +471,12 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 
 func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if px.covers(r) {
+		if upgrade := upgradeRequested(r.Header); upgrade != "" {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, codeUpgradeOnCoveredRoute, "Upgrade on a covered route",
+				"this route needs an Idempotency-Key, and an upgraded connection ("+strconv.Quote(upgrade)+") has no answer to store and replay: "+
+					"send the request without Connection: Upgrade, or leave the route out of idem proxy's -routes")
+			return
+		}
 		// A guarded request outlives its client: once the upstream has
 		// the request, a client that goes away must not cut the call
 		// (its effect may be done, and a cut call is an unknown outcome
@@ -457,11 +490,86 @@ func (px *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	px.plain.ServeHTTP(w, r)
 }
 
+// rewriteLocation turns a Location header that points at the upstream
+// (its scheme and host, under its base path) into the same path-absolute
+// reference on the proxy, as nginx's proxy_redirect default does. Other
+// Locations are left as they are.
+func rewriteLocation(h http.Header, upstream *url.URL) {
+	values := h["Location"]
+	if len(values) != 1 {
+		return
+	}
+	u, err := url.Parse(values[0])
+	if err != nil || u.Host == "" || u.User != nil || (u.Scheme != "" && !strings.EqualFold(u.Scheme, upstream.Scheme)) {
+		return
+	}
+	if !sameHost(u.Host, upstream.Host, upstream.Scheme) {
+		return
+	}
+	p := u.EscapedPath()
+	if base := strings.TrimSuffix(upstream.EscapedPath(), "/"); base != "" {
+		switch {
+		case p == base:
+			p = "/"
+		case strings.HasPrefix(p, base+"/"):
+			p = p[len(base):]
+		default:
+			return // on the upstream, outside what the proxy forwards to
+		}
+	}
+	if p == "" {
+		p = "/"
+	}
+	if strings.HasPrefix(p, "//") {
+		return // would read as a host
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		p += "?" + u.RawQuery
+	}
+	if u.Fragment != "" {
+		p += "#" + u.EscapedFragment()
+	}
+	h["Location"] = []string{p}
+}
+
+// sameHost reports whether the hosts a and b (host or host:port) are one,
+// a missing port being scheme's default.
+func sameHost(a, b, scheme string) bool {
+	port := "80"
+	if strings.EqualFold(scheme, "https") {
+		port = "443"
+	}
+	split := func(hp string) (string, string) {
+		if h, p, err := net.SplitHostPort(hp); err == nil {
+			return h, p
+		}
+		return strings.Trim(hp, "[]"), port
+	}
+	ah, ap := split(a)
+	bh, bp := split(b)
+	return strings.EqualFold(ah, bh) && ap == bp
+}
+
+// upgradeRequested returns the protocol a request asks to upgrade to (its
+// Upgrade header, when Connection lists upgrade, as the reverse proxy
+// reads it), or "".
+func upgradeRequested(h http.Header) string {
+	for _, v := range h["Connection"] {
+		for token := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
+				return h.Get("Upgrade")
+			}
+		}
+	}
+	return ""
+}
+
 // covers reports whether r's route is covered.
 func (px *proxy) covers(r *http.Request) bool {
 	if px.routes == nil {
 		return r.Method == http.MethodPost || r.Method == http.MethodPatch
 	}
+	folded := foldPath(r.URL.Path)
 	for _, rt := range px.routes {
 		if rt.method != r.Method {
 			continue
@@ -469,8 +577,20 @@ func (px *proxy) covers(r *http.Request) bool {
 		if ok, _ := path.Match(rt.pattern, r.URL.Path); ok {
 			return true
 		}
+		if ok, _ := path.Match(rt.folded, folded); ok {
+			return true
+		}
 	}
 	return false
+}
+
+// foldPath returns p cleaned (no trailing or doubled slash, no dot
+// segment) and in lower case: the spellings of a path that many upstreams
+// route to one handler (a trailing slash appended, case-insensitive
+// routing) are covered as the route is, since passing them unguarded
+// would run a keyed request's retries again.
+func foldPath(p string) string {
+	return strings.ToLower(path.Clean("/" + p))
 }
 
 // sentKey is the context key of a guarded request's sent flag.
