@@ -204,6 +204,12 @@ func (p *proxyFlags) applyConfig() error {
 		case float64, bool:
 			value = fmt.Sprint(v)
 		case []any:
+			if len(v) == 0 {
+				// An empty list would read as the flag left out (for
+				// routes: every POST and PATCH), the opposite of what
+				// it says.
+				return usagef("-config %s: %q is an empty list; name at least one, or leave the setting out for its default", p.config, name)
+			}
 			parts := make([]string, len(v))
 			for i, item := range v {
 				s, ok := item.(string)

@@ -545,11 +545,16 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(`{"upstreams": "http://x"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	noRoutes := filepath.Join(t.TempDir(), "no-routes.json")
+	if err := os.WriteFile(noRoutes, []byte(`{"routes": []}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{}, "-upstream is required"},
+		{[]string{"-upstream", "http://x", "-config", noRoutes}, `"routes" is an empty list`},
 		{[]string{"-upstream", "ftp://x"}, "-upstream"},
 		{[]string{"-upstream", "http://x", "-routes", "POST"}, "-routes"},
 		{[]string{"-upstream", "http://x", "-routes", "post /x"}, "-routes"},
