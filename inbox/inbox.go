@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem"
 )
 
 // Limits and defaults.
@@ -159,6 +161,14 @@ type Config struct {
 	// field the message lacks): the message is Dead with ErrNoID, never
 	// taken for another's duplicate.
 	DeriveFrom func(m Message) []string
+	// Observer, if set, is told of every message Handle and HandleTx
+	// handle (idem.KindInbox): Start with Route the group, KeyHash
+	// idem.HashKey("", the message ID) and Headers the message's headers
+	// (a tracer continues the producer's trace from them); End with the
+	// same and Outcome (processed, duplicate, retried, dead, in_flight),
+	// N the attempt, Err the handler's or the store's error. The handler
+	// runs with the context Start returned. Nil: nothing is reported.
+	Observer idem.Observer
 }
 
 // Inbox de-duplicates the messages of one consumer group over a Store. It
@@ -291,6 +301,17 @@ func storeFailed(id string, err error) (Outcome, error) {
 // then Retry, and m's state is unknown: a retry settles it); a handler's
 // error is in Outcome.Err, with a nil error.
 func (in *Inbox) HandleTx(ctx context.Context, db Beginner, m Message, h TxHandler) (Outcome, error) {
+	obs := in.cfg.Observer
+	if obs == nil {
+		return in.handleTx(ctx, db, m, h)
+	}
+	ctx, e, start := in.start(ctx, obs, m)
+	o, err := in.handleTx(ctx, db, m, h)
+	in.end(ctx, obs, e, start, o, err)
+	return o, err
+}
+
+func (in *Inbox) handleTx(ctx context.Context, db Beginner, m Message, h TxHandler) (Outcome, error) {
 	ts, ok := in.store.(TxStore)
 	if !ok {
 		return Outcome{}, ErrTxUnsupported
@@ -399,6 +420,17 @@ func (in *Inbox) fail(ctx context.Context, id string, c Claim, herr error) (Outc
 // ErrFenced with a Retry outcome: the message belongs to another
 // delivery now.
 func (in *Inbox) Handle(ctx context.Context, m Message, h Handler) (Outcome, error) {
+	obs := in.cfg.Observer
+	if obs == nil {
+		return in.handle(ctx, m, h)
+	}
+	ctx, e, start := in.start(ctx, obs, m)
+	o, err := in.handle(ctx, m, h)
+	in.end(ctx, obs, e, start, o, err)
+	return o, err
+}
+
+func (in *Inbox) handle(ctx context.Context, m Message, h Handler) (Outcome, error) {
 	if h == nil {
 		return Outcome{}, errors.New("inbox: Handle needs a handler")
 	}
@@ -458,6 +490,39 @@ func (in *Inbox) Handle(ctx context.Context, m Message, h Handler) (Outcome, err
 		return o, err
 	}
 	return Outcome{Result: Processed, ID: id, Attempt: c.Attempts, Fence: c.Fence}, nil
+}
+
+// start reports the handling of m to obs.
+func (in *Inbox) start(ctx context.Context, obs idem.Observer, m Message) (context.Context, idem.Event, time.Time) {
+	e := idem.Event{Kind: idem.KindInbox, Route: in.cfg.Group, Headers: m.Headers}
+	if id, bad := in.id(m); bad == nil {
+		e.KeyHash = idem.HashKey("", id)
+	}
+	return obs.Start(ctx, e), e, time.Now()
+}
+
+// outcomes are the idem.Event outcomes of the Results.
+var outcomes = [...]string{
+	Processed: idem.OutcomeProcessed, Duplicate: idem.OutcomeDuplicate, Retry: idem.OutcomeRetried,
+	Dead: idem.OutcomeDead, InProgress: idem.OutcomeInFlight,
+}
+
+// end reports the end of a handling that Start reported as e.
+func (in *Inbox) end(ctx context.Context, obs idem.Observer, e idem.Event, start time.Time, o Outcome, err error) {
+	e.Duration = time.Since(start)
+	e.Headers = nil
+	if int(o.Result) < len(outcomes) {
+		e.Outcome = outcomes[o.Result]
+	}
+	if e.Outcome == "" {
+		e.Outcome = idem.OutcomeError // a misuse: no handler, no database
+	}
+	e.N = int64(o.Attempt)
+	e.Err = err
+	if e.Err == nil {
+		e.Err = o.Err
+	}
+	obs.End(ctx, e)
 }
 
 // detach returns a context for recording an attempt's end: not

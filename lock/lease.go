@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Lease is a held lock: its name, owner token and fence, and a watchdog
@@ -156,7 +158,20 @@ func (e *Lease) Release(ctx context.Context) error {
 	e.endWatch()
 	e.mu.Unlock()
 	e.cancel(ErrReleased)
-	return e.lk.b.Release(ctx, e.name, e.owner, e.fence)
+	obs := e.lk.cfg.Observer
+	if obs == nil {
+		return e.lk.b.Release(ctx, e.name, e.owner, e.fence)
+	}
+	ev := e.lk.event(idem.OpRelease, e.name)
+	ctx = obs.Start(ctx, ev)
+	start := time.Now()
+	err := e.lk.b.Release(ctx, e.name, e.owner, e.fence)
+	ev.Duration, ev.Err, ev.Outcome = time.Since(start), err, idem.OutcomeReleased
+	if err != nil {
+		ev.Outcome = idem.OutcomeError
+	}
+	obs.End(ctx, ev)
+	return err
 }
 
 // nextWake is how long the watchdog sleeps: a third of the TTL, or less
@@ -315,6 +330,11 @@ func (e *Lease) report(cause, err error) {
 	}
 	if cause != nil {
 		e.cancel(cause)
+		if obs := e.lk.cfg.Observer; obs != nil {
+			ev := e.lk.event(idem.OpExtend, e.name)
+			ev.Outcome, ev.Err = idem.OutcomeLost, cause
+			obs.End(ctx, ev)
+		}
 	}
 }
 

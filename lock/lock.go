@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem"
 )
 
 var (
@@ -92,6 +94,17 @@ type Config struct {
 	// Logger receives the watchdog's warnings (a renewal refused or
 	// failed, a lease lost). Nil discards them.
 	Logger *slog.Logger
+	// Observer, if set, is told of each attempt to acquire a lock
+	// (idem.KindLock, Op idem.OpAcquire, Start and End: Outcome acquired,
+	// contended, or error), each Release (Op idem.OpRelease: released, or
+	// error), and each lease that ends without Release (an End alone, Op
+	// idem.OpExtend, Outcome lost, Err ErrLost or ErrMaxHold). KeyHash is
+	// idem.HashKey("lock", name). Nil: nothing is reported.
+	Observer idem.Observer
+	// Route, if set, names a lock in what Observer is told (Event.Route):
+	// it must map the names to a bounded set, fit for a metric's label
+	// ("invoice" for "invoice/1234"). Nil: Route is empty.
+	Route func(name string) string
 }
 
 // Locker acquires leases on a Backend and renews them while they are
@@ -229,6 +242,15 @@ func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
 	}
 }
 
+// event returns the Event of op on the lock name, for the Observer.
+func (l *Locker) event(op, name string) idem.Event {
+	e := idem.Event{Kind: idem.KindLock, Op: op, KeyHash: idem.HashKey("lock", name)}
+	if l.cfg.Route != nil {
+		e.Route = l.cfg.Route(name)
+	}
+	return e
+}
+
 // errAttemptTimeout is the cause of an attempt's context when the TTL
 // ran out before the backend answered.
 var errAttemptTimeout = errors.New("lock: no answer within the TTL")
@@ -239,9 +261,27 @@ func (l *Locker) attempt(ctx context.Context, name string) (*Lease, error) {
 	owner := NewOwner()
 	ttl := l.cfg.TTL
 	sent := time.Now() // the backend counts the lease from no earlier than this
+	obs := l.cfg.Observer
+	var e idem.Event
+	if obs != nil {
+		e = l.event(idem.OpAcquire, name)
+		ctx = obs.Start(ctx, e)
+	}
 	actx, cancel := context.WithDeadlineCause(ctx, sent.Add(ttl), errAttemptTimeout)
 	fence, err := l.b.Acquire(actx, name, owner, ttl)
 	cancel()
+	if obs != nil {
+		e.Duration, e.Err, e.Outcome = time.Since(sent), err, idem.OutcomeAcquired
+		switch {
+		case errors.Is(err, ErrHeld):
+			e.Outcome, e.Err = idem.OutcomeContended, nil
+		case err != nil:
+			e.Outcome = idem.OutcomeError
+		case !time.Now().Before(sent.Add(ttl)):
+			e.Outcome, e.Err = idem.OutcomeError, errAttemptTimeout
+		}
+		obs.End(ctx, e)
+	}
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(context.Cause(actx), errAttemptTimeout) {
 			return nil, fmt.Errorf("%w: %w", errAttemptTimeout, err)

@@ -32,8 +32,9 @@ type memRow struct {
 }
 
 var (
-	_ Store    = (*MemoryStore)(nil)
-	_ Notifier = (*MemoryStore)(nil)
+	_ Store        = (*MemoryStore)(nil)
+	_ Notifier     = (*MemoryStore)(nil)
+	_ BacklogStore = (*MemoryStore)(nil)
 )
 
 // NewMemoryStore returns an empty MemoryStore whose message IDs start
@@ -180,6 +181,29 @@ func (s *MemoryStore) Sweep(ctx context.Context, retention time.Duration, limit 
 		return false
 	})
 	return n, nil
+}
+
+// Backlog implements BacklogStore.
+func (s *MemoryStore) Backlog(ctx context.Context) (Backlog, error) {
+	if err := ctx.Err(); err != nil {
+		return Backlog{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b Backlog
+	for _, r := range s.rows {
+		if r.sent {
+			continue
+		}
+		if b.Pending == 0 || r.msg.CreatedAt.Before(b.Oldest) {
+			b.Oldest = r.msg.CreatedAt
+		}
+		b.Pending++
+	}
+	if b.Pending > 0 {
+		b.Age = max(time.Since(b.Oldest), 0)
+	}
+	return b, nil
 }
 
 // Listen implements Notifier: it wakes on every Commit.

@@ -193,3 +193,24 @@ type Notifier interface {
 	// must not block.
 	Listen(ctx context.Context, wake func()) error
 }
+
+// BacklogStore is implemented by stores that can tell how far the relays
+// are behind (sqlstore's OutboxStore, MemoryStore): a relay with an
+// Observer reports it (idem.OpBacklog) every RelayConfig.BacklogInterval.
+type BacklogStore interface {
+	// Backlog counts the pending messages and finds the oldest, with an
+	// indexed query.
+	Backlog(ctx context.Context) (Backlog, error)
+}
+
+// Backlog is what BacklogStore.Backlog measured.
+type Backlog struct {
+	// Pending is the number of messages not yet marked sent.
+	Pending int64
+	// Oldest is the CreatedAt of the oldest pending message; zero when
+	// none is pending.
+	Oldest time.Time
+	// Age is how long the oldest pending message has waited, on the
+	// store's clock; zero when none is pending.
+	Age time.Duration
+}

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Defaults of RelayConfig.
@@ -18,6 +20,7 @@ const (
 	DefaultRetention     = 24 * time.Hour
 	DefaultSweepInterval = 10 * time.Minute
 	DefaultSweepLimit    = 1000
+	DefaultBacklogPeriod = 15 * time.Second
 )
 
 // RelayConfig configures a Relay. The zero value (or nil) means the
@@ -41,6 +44,19 @@ type RelayConfig struct {
 	SweepLimit int
 	// Logger receives publish and store failures. Nil: discarded.
 	Logger *slog.Logger
+	// Observer, if set, is told of each batch the relay publishes
+	// (idem.KindOutbox, Op idem.OpPublish: Start and End, N the messages
+	// marked sent, Err the publish or mark failure) and, while Run runs
+	// over a BacklogStore, of the backlog every BacklogPeriod (an End
+	// alone, Op idem.OpBacklog: N the pending messages, Age the oldest's
+	// wait). Nil: nothing is reported, and the backlog is not measured.
+	Observer idem.Observer
+	// Name is the relay's Route in what it reports to Observer: a bounded
+	// name ("orders"). Default "".
+	Name string
+	// BacklogPeriod is the time between two measures of the backlog.
+	// Default 15 s.
+	BacklogPeriod time.Duration
 }
 
 // Relay moves messages from a Store to a Publisher: it claims pending
@@ -53,8 +69,9 @@ type Relay struct {
 	cfg RelayConfig
 	log *slog.Logger
 
-	sweepMu   sync.Mutex
-	lastSweep time.Time
+	sweepMu     sync.Mutex
+	lastSweep   time.Time
+	lastBacklog time.Time
 }
 
 // NewRelay returns a Relay from s to p. cfg is copied; nil means the
@@ -68,7 +85,7 @@ func NewRelay(s Store, p Publisher, cfg *RelayConfig) (*Relay, error) {
 		c = *cfg
 	}
 	switch {
-	case c.BatchSize < 0, c.PollInterval < 0, c.RetryDelay < 0, c.SweepInterval < 0, c.SweepLimit < 0:
+	case c.BatchSize < 0, c.PollInterval < 0, c.RetryDelay < 0, c.SweepInterval < 0, c.SweepLimit < 0, c.BacklogPeriod < 0:
 		return nil, fmt.Errorf("outbox: NewRelay: negative setting in %+v", c)
 	}
 	if c.BatchSize == 0 {
@@ -88,6 +105,9 @@ func NewRelay(s Store, p Publisher, cfg *RelayConfig) (*Relay, error) {
 	}
 	if c.SweepLimit == 0 {
 		c.SweepLimit = DefaultSweepLimit
+	}
+	if c.BacklogPeriod == 0 {
+		c.BacklogPeriod = DefaultBacklogPeriod
 	}
 	log := c.Logger
 	if log == nil {
@@ -130,6 +150,25 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 	if len(msgs) == 0 {
 		return 0, b.Release(ctx)
 	}
+	obs := r.cfg.Observer
+	if obs == nil {
+		return r.publish(ctx, b, msgs)
+	}
+	e := idem.Event{Kind: idem.KindOutbox, Op: idem.OpPublish, Route: r.cfg.Name}
+	ctx = obs.Start(ctx, e)
+	start := time.Now()
+	n, err := r.publish(ctx, b, msgs)
+	e.Duration, e.N, e.Err, e.Outcome = time.Since(start), int64(n), err, idem.OutcomeOK
+	if err != nil {
+		e.Outcome = idem.OutcomeError
+	}
+	obs.End(ctx, e)
+	return n, err
+}
+
+// publish publishes the messages of b and ends it.
+func (r *Relay) publish(ctx context.Context, b Batch, msgs []Message) (int, error) {
+	var err error
 	// Publish while the batch's lease leaves time to mark: a fifth of it
 	// is kept for the mark. The messages not published then are claimed
 	// again by the next cycle.
@@ -205,6 +244,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer wg.Wait()
 	for ctx.Err() == nil {
 		r.maybeSweep(ctx)
+		r.maybeBacklog(ctx)
 		n, err := r.Once(ctx)
 		wait := r.cfg.PollInterval
 		switch {
@@ -264,4 +304,35 @@ func (r *Relay) maybeSweep(ctx context.Context) {
 	if _, err := r.s.Sweep(ctx, r.cfg.Retention, r.cfg.SweepLimit); err != nil && ctx.Err() == nil {
 		r.log.WarnContext(ctx, "outbox: relay sweep", "err", err)
 	}
+}
+
+// maybeBacklog reports the backlog to the Observer when BacklogPeriod has
+// passed since the last report.
+func (r *Relay) maybeBacklog(ctx context.Context) {
+	obs := r.cfg.Observer
+	bs, ok := r.s.(BacklogStore)
+	if obs == nil || !ok {
+		return
+	}
+	r.sweepMu.Lock()
+	due := r.lastBacklog.IsZero() || time.Since(r.lastBacklog) >= r.cfg.BacklogPeriod
+	if due {
+		r.lastBacklog = time.Now()
+	}
+	r.sweepMu.Unlock()
+	if !due {
+		return
+	}
+	start := time.Now()
+	b, err := bs.Backlog(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	e := idem.Event{Kind: idem.KindOutbox, Op: idem.OpBacklog, Route: r.cfg.Name, Outcome: idem.OutcomeOK,
+		Duration: time.Since(start), N: b.Pending, Age: b.Age, Err: err}
+	if err != nil {
+		e.Outcome = idem.OutcomeError
+		r.log.WarnContext(ctx, "outbox: relay backlog", "err", err)
+	}
+	obs.End(ctx, e)
 }

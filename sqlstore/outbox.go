@@ -19,18 +19,20 @@ import (
 // outboxStatements are the statements of OutboxStore, in the block of
 // queries/NAME.sql whose names start with "outbox_".
 type outboxStatements struct {
-	insert *query
-	claim  *query
-	mark   *query
-	sweep  *query
+	insert  *query
+	claim   *query
+	mark    *query
+	sweep   *query
+	backlog *query
 }
 
 func (st *outboxStatements) byName() map[string]**query {
 	return map[string]**query{
-		"outbox_insert": &st.insert,
-		"outbox_claim":  &st.claim,
-		"outbox_mark":   &st.mark,
-		"outbox_sweep":  &st.sweep,
+		"outbox_insert":  &st.insert,
+		"outbox_claim":   &st.claim,
+		"outbox_mark":    &st.mark,
+		"outbox_sweep":   &st.sweep,
+		"outbox_backlog": &st.backlog,
 	}
 }
 
@@ -40,11 +42,12 @@ const (
 	outboxClaim
 	outboxMark
 	outboxSweep
+	outboxBacklog
 	numOutboxQueries
 )
 
 func (st *outboxStatements) query(i int) *query {
-	return [...]*query{outboxInsert: st.insert, outboxClaim: st.claim, outboxMark: st.mark, outboxSweep: st.sweep}[i]
+	return [...]*query{outboxInsert: st.insert, outboxClaim: st.claim, outboxMark: st.mark, outboxSweep: st.sweep, outboxBacklog: st.backlog}[i]
 }
 
 // OutboxRelayLock is the name, in idem_locks, of the lease a relay holds
@@ -110,7 +113,10 @@ type OutboxStore struct {
 	cleanup runtime.Cleanup
 }
 
-var _ outbox.Store = (*OutboxStore)(nil)
+var (
+	_ outbox.Store        = (*OutboxStore)(nil)
+	_ outbox.BacklogStore = (*OutboxStore)(nil)
+)
 
 // NewOutboxStore returns an OutboxStore over db. cfg is required (for its
 // Dialect) and copied. It does not touch the database: run Migrate
@@ -408,6 +414,31 @@ func (s *OutboxStore) Sweep(ctx context.Context, retention time.Duration, limit 
 		return 0, s.fail(ctx, op, err)
 	}
 	return int(n), nil
+}
+
+// Backlog implements outbox.BacklogStore: one statement counts the
+// pending rows over the index of pending rows, and the age of the oldest
+// is counted on the database's clock. It reads every pending row's
+// index entry: a backlog of millions of rows takes a while to count.
+func (s *OutboxStore) Backlog(ctx context.Context) (outbox.Backlog, error) {
+	const op = "backlog"
+	st, err := s.stmt(ctx, nil, outboxBacklog)
+	if err != nil {
+		return outbox.Backlog{}, s.fail(ctx, op, err)
+	}
+	var (
+		n       int64
+		oldest  sql.NullInt64
+		nowMS   int64
+		backlog outbox.Backlog
+	)
+	if err := st.QueryRowContext(ctx).Scan(&n, &oldest, &nowMS); err != nil {
+		return outbox.Backlog{}, s.fail(ctx, op, err)
+	}
+	if n > 0 && oldest.Valid {
+		backlog = outbox.Backlog{Pending: n, Oldest: fromMS(oldest.Int64), Age: max(time.Duration(nowMS-oldest.Int64)*time.Millisecond, 0)}
+	}
+	return backlog, nil
 }
 
 // OutboxChannel is the PostgreSQL channel that the outbox migration's

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemkit/idem"
 )
 
 // Limits and defaults.
@@ -111,6 +113,12 @@ type Config struct {
 	// crypto/rand.Reader. Anything but a cryptographic source makes IDs
 	// guessable.
 	Rand io.Reader
+	// Observer, if set, is told of each Issue (idem.KindToken, Op
+	// idem.OpIssue, Start and End: Outcome issued, or error) and each
+	// Consume and ConsumeTx (Op idem.OpConsume: consumed, used, invalid,
+	// or error). KeyHash is idem.HashKey(scope, the token's digest): it
+	// names neither the scope nor the token. Nil: nothing is reported.
+	Observer idem.Observer
 }
 
 // Tokens issues and consumes tokens held by a Store. It is safe for
@@ -119,6 +127,7 @@ type Tokens struct {
 	store Store
 	ttl   time.Duration
 	rand  io.Reader
+	obs   idem.Observer
 }
 
 // New returns Tokens over s. A nil cfg means defaults; cfg is copied.
@@ -139,7 +148,7 @@ func New(s Store, cfg *Config) (*Tokens, error) {
 	if c.Rand == nil {
 		c.Rand = rand.Reader
 	}
-	return &Tokens{store: s, ttl: c.TTL, rand: c.Rand}, nil
+	return &Tokens{store: s, ttl: c.TTL, rand: c.Rand, obs: c.Observer}, nil
 }
 
 // TTL returns the time a token lives.
@@ -156,7 +165,17 @@ func (t *Tokens) Issue(ctx context.Context, scope string) (Token, error) {
 		return Token{}, fmt.Errorf("token: issue: random bytes: %w", err)
 	}
 	id := base64.RawURLEncoding.EncodeToString(b[:])
-	exp, err := t.store.Insert(ctx, scope, digest(id), t.ttl)
+	d := digest(id)
+	var exp time.Time
+	var err error
+	if t.obs == nil {
+		exp, err = t.store.Insert(ctx, scope, d, t.ttl)
+	} else {
+		e, start := idem.Event{Kind: idem.KindToken, Op: idem.OpIssue, KeyHash: idem.HashKey(scope, d)}, time.Now()
+		ctx = t.obs.Start(ctx, e)
+		exp, err = t.store.Insert(ctx, scope, d, t.ttl)
+		t.end(ctx, e, start, err, idem.OutcomeIssued)
+	}
 	if err != nil {
 		return Token{}, fmt.Errorf("token: issue: %w", err)
 	}
@@ -181,10 +200,49 @@ func (t *Tokens) Issue(ctx context.Context, scope string) (Token, error) {
 //     *UsedError with that result).
 func (t *Tokens) Consume(ctx context.Context, scope, id string, result []byte) error {
 	d, err := check(scope, id, result)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrInvalid) {
 		return err
 	}
-	return wrapStore("consume", t.store.Consume(ctx, scope, d, result))
+	if t.obs == nil {
+		if err != nil {
+			return err
+		}
+		return wrapStore("consume", t.store.Consume(ctx, scope, d, result))
+	}
+	e, start := t.consumeEvent(scope, d), time.Now()
+	ctx = t.obs.Start(ctx, e)
+	if err == nil {
+		err = wrapStore("consume", t.store.Consume(ctx, scope, d, result))
+	}
+	t.end(ctx, e, start, err, idem.OutcomeConsumed)
+	return err
+}
+
+// consumeEvent is the Event of a Consume of digest d ("" for a malformed
+// token: no KeyHash).
+func (t *Tokens) consumeEvent(scope, d string) idem.Event {
+	e := idem.Event{Kind: idem.KindToken, Op: idem.OpConsume}
+	if d != "" {
+		e.KeyHash = idem.HashKey(scope, d)
+	}
+	return e
+}
+
+// end reports the end of the operation e, begun at start, that returned
+// err (ok: its Outcome when err is nil).
+func (t *Tokens) end(ctx context.Context, e idem.Event, start time.Time, err error, ok string) {
+	e.Duration = time.Since(start)
+	switch {
+	case err == nil:
+		e.Outcome = ok
+	case errors.Is(err, ErrUsed):
+		e.Outcome = idem.OutcomeUsed
+	case errors.Is(err, ErrInvalid):
+		e.Outcome = idem.OutcomeInvalid
+	default:
+		e.Outcome, e.Err = idem.OutcomeError, err
+	}
+	t.obs.End(ctx, e)
 }
 
 // ConsumeTx is Consume inside the caller's SQL transaction tx, for a Store
@@ -203,10 +261,22 @@ func (t *Tokens) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, id string, re
 		return errors.New("token: ConsumeTx: nil *sql.Tx")
 	}
 	d, err := check(scope, id, result)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrInvalid) {
 		return err
 	}
-	return wrapStore("consume in tx", ts.ConsumeTx(ctx, tx, scope, d, result))
+	if t.obs == nil {
+		if err != nil {
+			return err
+		}
+		return wrapStore("consume in tx", ts.ConsumeTx(ctx, tx, scope, d, result))
+	}
+	e, start := t.consumeEvent(scope, d), time.Now()
+	ctx = t.obs.Start(ctx, e)
+	if err == nil {
+		err = wrapStore("consume in tx", ts.ConsumeTx(ctx, tx, scope, d, result))
+	}
+	t.end(ctx, e, start, err, idem.OutcomeConsumed)
+	return err
 }
 
 // Sweep removes up to limit expired tokens from the store (a limit <= 0

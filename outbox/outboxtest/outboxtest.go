@@ -73,6 +73,7 @@ var cases = []struct {
 	{"Sweep", sweep},
 	{"RelaysOrderPerKey", relaysOrderPerKey},
 	{"NotifierWakesRelay", notifierWakes},
+	{"Backlog", backlog},
 }
 
 func add(t *testing.T, h Harness, msgs ...outbox.Message) []string {
@@ -547,5 +548,60 @@ func notifierWakes(t *testing.T, h Harness, _ Caps) {
 	got := rec.WaitFor(t, 1, 30*time.Second)
 	if len(got) != 1 || got[0].ID != id[0] {
 		t.Fatalf("published %+v, want %s without waiting for the hour's poll", got, id[0])
+	}
+}
+
+// backlog: a BacklogStore counts the pending messages, claimed or not,
+// and dates the oldest; what is marked sent leaves the count.
+func backlog(t *testing.T, h Harness, _ Caps) {
+	bs, ok := h.Store.(outbox.BacklogStore)
+	if !ok {
+		t.Skip("the store is not an outbox.BacklogStore")
+	}
+	measure := func() outbox.Backlog {
+		t.Helper()
+		b, err := bs.Backlog(t.Context())
+		if err != nil {
+			t.Fatalf("Backlog: %v", err)
+		}
+		return b
+	}
+	if b := measure(); b != (outbox.Backlog{}) {
+		t.Fatalf("empty outbox: Backlog %+v, want zero", b)
+	}
+	add(t, h, outbox.Message{Topic: "t", Key: "k"}, outbox.Message{Topic: "t", Key: "k"}, outbox.Message{Topic: "t"})
+	// The age grows on the store's clock (poll: a store counts whole
+	// milliseconds).
+	var b outbox.Backlog
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b = measure()
+		if b.Age >= 20*time.Millisecond || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if b.Pending != 3 || b.Age < 20*time.Millisecond || b.Oldest.IsZero() {
+		t.Fatalf("three pending: Backlog %+v, want 3 and an age that grows", b)
+	}
+	batch := claim(t, h.Store, 10)
+	msgs := batch.Messages()
+	if len(msgs) != 2 {
+		t.Fatalf("claimed %d messages, want the key's head and the keyless one", len(msgs))
+	}
+	if !b.Oldest.Equal(msgs[0].CreatedAt) {
+		t.Fatalf("Oldest %v, want the first message's CreatedAt %v", b.Oldest, msgs[0].CreatedAt)
+	}
+	if got := measure(); got.Pending != 3 {
+		t.Fatalf("claimed, not sent: Backlog %+v, want 3 pending", got)
+	}
+	if err := batch.MarkSent(t.Context(), []string{msgs[0].ID, msgs[1].ID}); err != nil {
+		t.Fatalf("MarkSent: %v", err)
+	}
+	if got := measure(); got.Pending != 1 || got.Oldest.IsZero() || got.Age < 0 {
+		t.Fatalf("two sent: Backlog %+v, want 1 pending", got)
+	}
+	claimIDs(t, h.Store, 10, true)
+	if got := measure(); got != (outbox.Backlog{}) {
+		t.Fatalf("all sent: Backlog %+v, want zero", got)
 	}
 }

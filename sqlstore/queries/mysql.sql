@@ -445,6 +445,13 @@ WHERE sent_at IS NOT NULL AND sent_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01
 ORDER BY sent_at
 LIMIT ?;
 
+-- name: outbox_backlog
+-- The pending messages, counted over the index idem_outbox_pending, the
+-- creation of the oldest, and the database's now (unix milliseconds).
+SELECT count(*), min(created_at), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+FROM idem_outbox
+WHERE sent_at IS NULL;
+
 -- Statements of InboxStore (package inbox), on idem_inbox (migration
 -- "inbox"). A claim is inbox_insert for a new message (one statement);
 -- for a known one, inbox_lock reads the row under a row lock and

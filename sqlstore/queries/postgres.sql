@@ -309,6 +309,13 @@ DELETE FROM idem_outbox WHERE id IN (
     ORDER BY sent_at
     LIMIT $2);
 
+-- name: outbox_backlog
+-- The pending messages, counted over the partial index idem_outbox_pending, the
+-- creation of the oldest, and the database's now (unix milliseconds).
+SELECT count(*), min(created_at), floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+FROM idem_outbox
+WHERE sent_at IS NULL;
+
 -- Statements of InboxStore (package inbox), on idem_inbox (migration
 -- "inbox"). A claim is inbox_insert for a new message (one statement);
 -- for a known one, inbox_lock reads the row under a row lock and

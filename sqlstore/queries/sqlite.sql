@@ -275,6 +275,13 @@ DELETE FROM idem_outbox WHERE id IN (
     ORDER BY sent_at
     LIMIT ?2);
 
+-- name: outbox_backlog
+-- The pending messages, counted over the partial index idem_outbox_pending, the
+-- creation of the oldest, and the database's now (unix milliseconds).
+SELECT count(*), min(created_at), CAST(unixepoch('subsec') * 1000 AS INTEGER)
+FROM idem_outbox
+WHERE sent_at IS NULL;
+
 -- Statements of InboxStore (package inbox), on idem_inbox (migration
 -- "inbox"). A claim is inbox_insert for a new message (one statement);
 -- for a known one, inbox_lock reads the row and inbox_update writes what

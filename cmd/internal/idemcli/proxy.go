@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/idemhttp"
 )
 
@@ -355,8 +356,22 @@ func (p *proxyFlags) run(e *env) error {
 	}
 	defer h.transport.CloseIdleConnections()
 
+	// Spans go to the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is
+	// set; they are flushed after the server drained.
+	traces, err := tracing.Start(e.ctx, "idem-proxy")
+	if err != nil {
+		return fmt.Errorf("OpenTelemetry export: %w", err)
+	}
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := traces.Shutdown(tctx); err != nil {
+			log.Warn("idem proxy: OpenTelemetry export: spans lost at shutdown", "error", err)
+		}
+	}()
+
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           traces.Handler(h),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(e.ctx) },

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/dsn"
+	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -359,8 +360,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer events.stop()
 
+	// Spans go to the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is
+	// set; they are flushed after the server drained.
+	traces, err := tracing.Start(ctx, "shopd")
+	if err != nil {
+		return fmt.Errorf("shopd: OpenTelemetry export: %w", err)
+	}
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := traces.Shutdown(tctx); err != nil {
+			log.Warn("shopd: OpenTelemetry export: spans lost at shutdown", "error", err)
+		}
+	}()
+
 	srv := &http.Server{
-		Handler:           shop,
+		Handler:           traces.Handler(shop),
 		ReadHeaderTimeout: min(maxReadHeaderTimeout, *readTimeout),
 		ReadTimeout:       *readTimeout,
 		WriteTimeout:      *writeTimeout,

@@ -1,0 +1,116 @@
+// Package tracing exports the spans of shopd and idem proxy over OTLP/HTTP
+// when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+// is set; the exporter reads the other OTEL_EXPORTER_OTLP_* variables
+// (headers, timeout, insecure, compression) itself.
+package tracing
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"strconv"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemotel"
+)
+
+// Tracing is a running export, or nil when none is configured: its
+// methods do nothing on nil.
+type Tracing struct {
+	tp     *sdktrace.TracerProvider
+	tracer trace.Tracer
+	obs    idem.Observer
+}
+
+// Enabled reports whether the environment asks for an export.
+func Enabled() bool {
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// Start starts the export of service's spans when Enabled, and makes its
+// TracerProvider and the W3C propagator the global ones; nil, nil when
+// not Enabled.
+func Start(ctx context.Context, service string) (*Tracing, error) {
+	if !Enabled() {
+		return nil, nil
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res := resource.NewSchemaless(attribute.String("service.name", service))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	return &Tracing{tp: tp, tracer: tp.Tracer(service), obs: idemotel.New(tp, nil)}, nil
+}
+
+// Observer returns the idem.Observer that records idem's spans (nil when
+// t is nil).
+func (t *Tracing) Observer() idem.Observer {
+	if t == nil {
+		return nil
+	}
+	return t.obs
+}
+
+// Handler wraps h with a server span per request, a child of the
+// caller's trace context (traceparent), named by the method (the path
+// may hold IDs: it is not recorded).
+func (t *Tracing) Handler(h http.Handler) http.Handler {
+	if t == nil {
+		return h
+	}
+	prop := otel.GetTextMapPropagator()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", r.Method)))
+		defer span.End()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r.WithContext(ctx))
+		span.SetAttributes(attribute.Int("http.response.status_code", sw.status))
+		if sw.status >= 500 {
+			span.SetStatus(codes.Error, strconv.Itoa(sw.status))
+		}
+	})
+}
+
+// Shutdown flushes the spans not yet exported and stops the export.
+func (t *Tracing) Shutdown(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	return t.tp.Shutdown(ctx)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.NewResponseController reach the writer's Flush and
+// deadlines.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
