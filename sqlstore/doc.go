@@ -546,4 +546,10 @@
 // through an index on updated_at (SKIP LOCKED on PostgreSQL). Keep transactions that hold a
 // record short: a duplicate delivery waits for them up to the server's
 // lock timeout.
+//
+// For operators, List reads the records of one status (dead messages,
+// failed ones waiting for their redelivery, processing ones whose
+// consumer may have died), least recently updated first, and Revive makes
+// a dead record failed with no attempt counted, so that the message,
+// published again with its ID, is handled again.
 package sqlstore

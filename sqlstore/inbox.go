@@ -15,7 +15,7 @@ import (
 // inboxStatements are the statements of InboxStore, in the block of
 // queries/NAME.sql whose names start with "inbox_".
 type inboxStatements struct {
-	insert, lock, update, finish, fail, extend, get, sweep *query
+	insert, lock, update, finish, fail, extend, get, sweep, list, revive *query
 }
 
 func (st *inboxStatements) byName() map[string]**query {
@@ -28,6 +28,8 @@ func (st *inboxStatements) byName() map[string]**query {
 		"inbox_extend": &st.extend,
 		"inbox_get":    &st.get,
 		"inbox_sweep":  &st.sweep,
+		"inbox_list":   &st.list,
+		"inbox_revive": &st.revive,
 	}
 }
 
@@ -41,11 +43,13 @@ const (
 	inboxExtend
 	inboxGet
 	inboxSweep
+	inboxList
+	inboxRevive
 	numInboxQueries
 )
 
 func (st *inboxStatements) query(i int) *query {
-	return [...]*query{st.insert, st.lock, st.update, st.finish, st.fail, st.extend, st.get, st.sweep}[i]
+	return [...]*query{st.insert, st.lock, st.update, st.finish, st.fail, st.extend, st.get, st.sweep, st.list, st.revive}[i]
 }
 
 // inboxAttempts bounds how often a claim runs again after a deadlock or
@@ -519,4 +523,97 @@ func (s *InboxStore) Sweep(ctx context.Context, retention time.Duration, limit i
 		return 0, s.fail(ctx, op, err)
 	}
 	return int(n), nil
+}
+
+// DefaultInboxListLimit is the number of records InboxStore.List returns
+// when its limit is 0 or less.
+const DefaultInboxListLimit = 100
+
+// List returns the records of status (processing, succeeded, failed or
+// dead), least recently updated first, at most limit of them (limit <= 0
+// means DefaultInboxListLimit), of every consumer group. It is for
+// operators (the operator page of shopd and idem proxy: stuck and dead
+// messages): it walks the table in updated_at's order, which no index
+// of status serves, so keep it off hot paths. A processing record's
+// lease may have ended: its consumer died, and the next delivery takes
+// it over.
+func (s *InboxStore) List(ctx context.Context, status inbox.Status, limit int) ([]inbox.Record, error) {
+	const op = "list"
+	if err := s.closedErr(op); err != nil {
+		return nil, err
+	}
+	switch status {
+	case inbox.StatusProcessing, inbox.StatusSucceeded, inbox.StatusFailed, inbox.StatusDead:
+	default:
+		return nil, fmt.Errorf("sqlstore: inbox %s: unknown status %q", op, status)
+	}
+	if limit <= 0 {
+		limit = DefaultInboxListLimit
+	}
+	v := values{status: string(status), limit: int64(limit)}
+	var recs []inbox.Record
+	err := s.run(ctx, nil, inboxList, &v, func(st *sql.Stmt, args []any) error {
+		recs = recs[:0]
+		rows, err := st.QueryContext(ctx, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				r                       inbox.Record
+				st                      string
+				until, created, updated int64
+				lastError               []byte
+			)
+			if err := rows.Scan(&r.ID, &r.Group, &st, &r.Attempts, &r.Fence, &until, &lastError, &created, &updated); err != nil {
+				return err
+			}
+			r.Status, r.LastError = inbox.Status(st), string(lastError)
+			r.LeaseUntil, r.CreatedAt, r.UpdatedAt = fromMS(until), fromMS(created), fromMS(updated)
+			recs = append(recs, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.fail(ctx, op, err)
+	}
+	return recs, nil
+}
+
+// Revive makes the dead record of (group, id) failed again, with no
+// attempt counted (its fence, last error and creation time are kept), so
+// that the next delivery of the message claims it and runs the handler
+// again, for up to the inbox's MaxAttempts attempts more. It is an
+// operator's action: the broker gave up on a dead message (dead-lettered
+// it), so nothing delivers it again unless it is published again, with
+// the same message ID. It returns an error wrapping inbox.ErrNotFound
+// when there is no dead record of (group, id): none at all, or one in
+// another status, which Revive leaves as it is.
+func (s *InboxStore) Revive(ctx context.Context, group, id string) error {
+	const op = "revive"
+	if err := s.closedErr(op); err != nil {
+		return err
+	}
+	v := values{messageID: id, group: group}
+	var (
+		res sql.Result
+		err error
+	)
+	for attempt := 1; ; attempt++ {
+		if res, err = s.exec(ctx, nil, inboxRevive, &v); err == nil || !s.d.retryable(err) || attempt == inboxAttempts {
+			break
+		}
+	}
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("sqlstore: inbox %s: no dead record of %q in group %q: %w", op, id, group, inbox.ErrNotFound)
+	}
+	return nil
 }

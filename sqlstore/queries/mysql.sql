@@ -523,3 +523,21 @@ WHERE status IN ('dead', 'failed', 'processing', 'succeeded')
   AND updated_at <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?
   AND (status <> 'processing' OR lease_until <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) - ?)
 LIMIT ?;
+
+-- name: inbox_list
+-- params: status limit
+-- InboxStore.List: the records of one status, least recently updated
+-- first. An operator's read (the operator page): it scans the rows of
+-- every status in updated_at's order and keeps those of status.
+SELECT message_id, consumer_group, status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE status = ?
+ORDER BY updated_at, consumer_group, message_id
+LIMIT ?;
+
+-- name: inbox_revive
+-- params: message_id group
+-- InboxStore.Revive: a dead record becomes failed with no attempt
+-- counted, so that its next delivery claims it (fence + 1) and runs the
+-- handler again, up to max_attempts more times. Only a dead record.
+UPDATE idem_inbox SET status = 'failed', attempts = 0, lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE message_id = ? AND consumer_group = ? AND status = 'dead';

@@ -395,3 +395,21 @@ DELETE FROM idem_inbox WHERE ctid = ANY (ARRAY(
     ORDER BY updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED));
+
+-- name: inbox_list
+-- params: status limit
+-- InboxStore.List: the records of one status, least recently updated
+-- first. An operator's read (the operator page): it scans the rows of
+-- every status in updated_at's order and keeps those of status.
+SELECT message_id, consumer_group, status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE status = $1
+ORDER BY updated_at, consumer_group, message_id
+LIMIT $2;
+
+-- name: inbox_revive
+-- params: message_id group
+-- InboxStore.Revive: a dead record becomes failed with no attempt
+-- counted, so that its next delivery claims it (fence + 1) and runs the
+-- handler again, up to max_attempts more times. Only a dead record.
+UPDATE idem_inbox SET status = 'failed', attempts = 0, lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE message_id = $1 AND consumer_group = $2 AND status = 'dead';

@@ -341,3 +341,21 @@ DELETE FROM idem_inbox WHERE rowid IN (
     WHERE updated_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1
       AND (status <> 'processing' OR lease_until <= CAST(unixepoch('subsec') * 1000 AS INTEGER) - ?1)
     LIMIT ?2);
+
+-- name: inbox_list
+-- params: status limit
+-- InboxStore.List: the records of one status, least recently updated
+-- first. An operator's read (the operator page): it scans the rows of
+-- every status in updated_at's order and keeps those of status.
+SELECT message_id, consumer_group, status, attempts, fence, lease_until, last_error, created_at, updated_at
+FROM idem_inbox WHERE status = ?1
+ORDER BY updated_at, consumer_group, message_id
+LIMIT ?2;
+
+-- name: inbox_revive
+-- params: message_id group
+-- InboxStore.Revive: a dead record becomes failed with no attempt
+-- counted, so that its next delivery claims it (fence + 1) and runs the
+-- handler again, up to max_attempts more times. Only a dead record.
+UPDATE idem_inbox SET status = 'failed', attempts = 0, lease_until = CAST(unixepoch('subsec') * 1000 AS INTEGER), updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
+WHERE message_id = ?1 AND consumer_group = ?2 AND status = 'dead';

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/tracing"
+	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/idemhttp"
 )
 
@@ -130,6 +131,8 @@ type proxyFlags struct {
 	maxBody         int64
 	wait            time.Duration
 	shutdownTimeout time.Duration
+	adminToken      string
+	adminLogKeys    bool
 }
 
 func init() {
@@ -167,6 +170,9 @@ func newProxyFlags(fs *flag.FlagSet) *proxyFlags {
 	fs.Int64Var(&p.maxBody, "max-body", idemhttp.DefaultMaxRequestBody, "the largest request body of a covered route, in `bytes` (and the largest answer kept for replay)")
 	fs.DurationVar(&p.wait, "wait", 0, "how long a retry that arrives while its key is in flight waits for the answer to replay; 0 answers it 409 at once")
 	fs.DurationVar(&p.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long a stop waits for the requests in flight")
+	fs.StringVar(&p.adminToken, "admin-token", "", "serve the operator page at /admin/ behind this token (at least 16 bytes; default $"+adminTokenEnv+"); "+
+		"without one, /admin/ goes to the upstream like any path")
+	fs.BoolVar(&p.adminLogKeys, "admin-log-keys", false, "log the raw idempotency key of the operator page's evictions (default: its hash only)")
 	return p
 }
 
@@ -317,6 +323,12 @@ func (p *proxyFlags) check() (*url.URL, []route, error) {
 	if _, _, _, err := p.store.parse(); err != nil {
 		return nil, nil, err
 	}
+	if p.adminToken == "" {
+		p.adminToken = os.Getenv(adminTokenEnv)
+	}
+	if p.adminToken != "" && len(p.adminToken) < admin.MinTokenLen {
+		return nil, nil, usagef("the operator page's token (-admin-token or $%s) must be at least %d bytes", adminTokenEnv, admin.MinTokenLen)
+	}
 	return u, routes, nil
 }
 
@@ -370,8 +382,27 @@ func (p *proxyFlags) run(e *env) error {
 		}
 	}()
 
+	var handler http.Handler = h
+	if p.adminToken != "" {
+		// The operator page takes /admin/ from the upstream. Its live
+		// counters: TODO(issue 12): report to them once the middleware
+		// takes an idem.Observer.
+		cfg := &admin.Config{Token: p.adminToken, Name: "idem proxy", Logger: log, LogKeys: p.adminLogKeys,
+			Counters: &admin.Counters{}, Store: st.store, RecordsNote: "the Redis store cannot list its records"}
+		if st.sql != nil {
+			cfg.Records = st.sql
+		}
+		page, err := admin.New(cfg)
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/admin/", page)
+		mux.Handle("/", h)
+		handler = mux
+	}
 	srv := &http.Server{
-		Handler:           traces.Handler(h),
+		Handler:           traces.Handler(handler),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(e.ctx) },
@@ -387,6 +418,9 @@ func (p *proxyFlags) run(e *env) error {
 	}
 	fmt.Fprintf(e.stdout, "idem proxy listening on http://%s\nupstream: %s\nstore: %s\ncovered: %s\nscope: %s\n",
 		ln.Addr(), upstream.Redacted(), st.display, covered, scope)
+	if p.adminToken != "" {
+		fmt.Fprintf(e.stdout, "operator page: http://%s/admin/\n", ln.Addr())
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -408,6 +442,10 @@ func (p *proxyFlags) run(e *env) error {
 	log.Info("idem proxy: stopped")
 	return nil
 }
+
+// adminTokenEnv is the environment variable of the operator page's
+// token, read when -admin-token is not given.
+const adminTokenEnv = "IDEM_ADMIN_TOKEN"
 
 // proxy is idem proxy's handler: the covered routes through the
 // middleware to the reverse proxy, the others straight to it.

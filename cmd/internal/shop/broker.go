@@ -133,6 +133,9 @@ func eventOfTopic(topic string) string {
 var (
 	afterPublishHook func(outbox.Message)
 	loyaltyHook      func(inbox.Message, inbox.Outcome)
+	// loyaltyFailHook, when it returns an error, fails HandleLoyalty's
+	// attempt at ev (before it writes anything).
+	loyaltyFailHook func(ev OrderEvent) error
 	// natsAckWait is the loyalty durable's AckWait; 0: natsjs's default.
 	natsAckWait time.Duration
 )
@@ -234,6 +237,7 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 		return nil, err
 	}
 	handle := func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
+		m.ID = cfg.shop.retriedID(m) // an event the operator page retried
 		o, err := in.HandleTx(ctx, cfg.db, m, cfg.shop.HandleLoyalty)
 		if h := loyaltyHook; h != nil && err == nil {
 			h(m, o)

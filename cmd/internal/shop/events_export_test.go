@@ -28,3 +28,8 @@ func SetLoyaltyHook(f func(inbox.Message, inbox.Outcome)) { loyaltyHook = f }
 // SetNATSAckWait sets the loyalty durable's AckWait (0: natsjs's default).
 // Set it before shopd starts.
 func SetNATSAckWait(d time.Duration) { natsAckWait = d }
+
+// SetLoyaltyFailure makes the loyalty consumers of this process fail
+// every attempt at an event for which f returns an error. Set it before
+// shopd starts.
+func SetLoyaltyFailure(f func(ev OrderEvent) error) { loyaltyFailHook = f }

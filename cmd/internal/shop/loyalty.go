@@ -102,6 +102,11 @@ func (s *Shop) HandleLoyalty(ctx context.Context, tx *sql.Tx, d inbox.Delivery) 
 	default:
 		return nil
 	}
+	if h := loyaltyFailHook; h != nil {
+		if err := h(ev); err != nil {
+			return err
+		}
+	}
 	at, err := time.Parse(time.RFC3339Nano, ev.At)
 	if err != nil || ev.OrderNo == "" || ev.UserID <= 0 || ev.AmountCents < 0 {
 		return fmt.Errorf("%w: %.200s", errBadEvent, d.Payload)

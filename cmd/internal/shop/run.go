@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/cmd/internal/dsn"
 	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/sqlstore"
@@ -154,6 +155,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs (the inbox de-duplicates by them: keep it for the database's life)")
 	eventRetention := fs.Duration("event-retention", DefaultRetention, "how long sent events (idem_outbox) and the loyalty consumer's finished records (idem_inbox) are kept; "+
 		"at least 1h, and longer than the broker may redeliver a message (a redelivery after its record went is handled again)")
+	adminToken := fs.String("admin-token", "", "token of the operator page at /admin/ (at least 16 bytes; default $"+adminTokenEnv+"; "+
+		"neither: the page is off); prefer the environment variable, which ps does not show")
+	adminLogKeys := fs.Bool("admin-log-keys", false, "log the raw idempotency key and message ID of the operator page's actions (default: their hash only)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -274,6 +278,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if set["admin-token"] && *adminToken == "" {
+		return errors.New("shopd: -admin-token must not be empty (leave it out to use $" + adminTokenEnv + ", or for no operator page)")
+	}
+	if !set["admin-token"] {
+		*adminToken = os.Getenv(adminTokenEnv)
+	}
+	if *adminToken != "" && len(*adminToken) < admin.MinTokenLen {
+		return fmt.Errorf("shopd: the operator page's token must be at least %d bytes", admin.MinTokenLen)
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	// Listen before touching any data: an address in use or nonsense ends
@@ -338,6 +351,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		log.Info("shopd: payment callbacks are verified with the secret of "+secretFrom, "from", secretFrom)
 	}
+	// The operator page's live counters. TODO(issue 12): report to them
+	// once the middleware and the inbox take an idem.Observer.
+	counters := &admin.Counters{}
 	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix})
 	if err != nil {
 		return err
@@ -374,8 +390,28 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
+	// The operator page, at /admin/ (404 without a token).
+	adminInbox, err := sqlstore.NewInboxStore(db, target.Dialect)
+	if err != nil {
+		return err
+	}
+	defer adminInbox.Close()
+	adminPage, err := admin.New(&admin.Config{
+		Token: *adminToken, Name: "shopd", Logger: log, LogKeys: *adminLogKeys,
+		Counters: counters, Store: store, Records: sqlStore, Messages: adminInbox,
+		Retry: func(ctx context.Context, group, id string) error {
+			return shop.RetryEvent(ctx, adminInbox, group, id)
+		},
+		RetryHelp: RetryHelp, Held: shop.HeldPayments, HeldNote: HeldNote,
+	})
+	if err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	handler := http.NewServeMux()
+	handler.Handle("/admin/", adminPage)
+	handler.Handle("/", shop)
 	srv := &http.Server{
-		Handler:           traces.Handler(shop),
+		Handler:           traces.Handler(handler),
 		ReadHeaderTimeout: min(maxReadHeaderTimeout, *readTimeout),
 		ReadTimeout:       *readTimeout,
 		WriteTimeout:      *writeTimeout,
@@ -396,6 +432,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"  (run it again: the same order comes back with Idempotent-Replayed: true)\n"+
 		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, base, base)
 
+	if *adminToken != "" {
+		fmt.Fprintf(stdout, "operator page: %s/admin/ (token of -admin-token or $%s)\n", base, adminTokenEnv)
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	select {
@@ -418,6 +457,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log.Info("shopd: stopped")
 	return nil
 }
+
+// adminTokenEnv is the environment variable of the operator page's
+// token, read when -admin-token is not given.
+const adminTokenEnv = "SHOPD_ADMIN_TOKEN"
 
 // minEventRetention bounds -event-retention from below: an hour, far
 // longer than NATS's 2-minute de-duplication window and the consumer's

@@ -73,6 +73,8 @@ type Shop struct {
 	events *sqlstore.OutboxStore
 	// points reads the loyalty ledger (loyalty.go).
 	points pointsQueries
+	// eventPrefix is Config.EventIDPrefix (admin.go's retries).
+	eventPrefix string
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -135,6 +137,7 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.EventIDPrefix == "" {
 		cfg.EventIDPrefix = DefaultEventIDPrefix
 	}
+	s.eventPrefix = cfg.EventIDPrefix
 	if s.events, err = sqlstore.NewOutboxStore(cfg.DB, &sqlstore.OutboxConfig{Dialect: cfg.Dialect, IDPrefix: cfg.EventIDPrefix}); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,481 @@
+package admin
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+)
+
+// MinTokenLen is the shortest token New accepts.
+const MinTokenLen = 16
+
+// DefaultLimit is Config.Limit's default.
+const DefaultLimit = 50
+
+// sessionTTL is how long a login lasts; maxSessions bounds the logins
+// kept (the oldest goes first).
+const (
+	sessionTTL  = 12 * time.Hour
+	maxSessions = 64
+	cookieName  = "idem_admin"
+)
+
+// Records lists idempotency records: sqlstore's Store.List.
+type Records interface {
+	List(ctx context.Context, status idem.Status, limit int) ([]idem.Record, error)
+}
+
+// Messages lists consume records: sqlstore's InboxStore.List.
+type Messages interface {
+	List(ctx context.Context, status inbox.Status, limit int) ([]inbox.Record, error)
+}
+
+// Held is a payment held for reconciliation, or another item the
+// application wants an operator to look at.
+type Held struct {
+	// Ref identifies it (a trade number).
+	Ref string
+	// Order is the order it is about.
+	Order       string
+	AmountCents int64
+	// Reason says why it is held.
+	Reason string
+	At     time.Time
+}
+
+// Config configures the operator page.
+type Config struct {
+	// Token is the operator's secret, at least MinTokenLen bytes. Empty:
+	// the page is off, and every request under it is answered 404.
+	Token string
+	// Name is the program's name, shown in the page's title ("shopd").
+	Name string
+	// Logger logs every action and every failed login; nil discards.
+	Logger *slog.Logger
+	// LogKeys logs the raw scope and key of an evicted record and the
+	// message ID of a retried message; by default only their
+	// idem.HashKey, which identifies them in traces and logs without
+	// revealing them.
+	LogKeys bool
+	// Counters are the live counters shown; nil: none.
+	Counters *Counters
+	// Store evicts records (Delete); nil: no eviction.
+	Store idem.Store
+	// Records lists the in-flight and the oldest records; nil: the page
+	// says RecordsNote (or that the store cannot list them).
+	Records     Records
+	RecordsNote string
+	// Messages lists stuck and dead consume records; nil: no such
+	// section.
+	Messages Messages
+	// Retry retries the dead message id of group: it must make the
+	// record handled again on its next delivery and publish the message
+	// again. RetryHelp says what it does, on the confirmation page. Nil:
+	// no retry button.
+	Retry     func(ctx context.Context, group, id string) error
+	RetryHelp string
+	// Held lists the payments held for reconciliation; nil: no such
+	// section. HeldNote describes them.
+	Held     func(ctx context.Context, limit int) ([]Held, error)
+	HeldNote string
+	// Limit bounds each list; 0 means DefaultLimit.
+	Limit int
+	// Now is the clock the page compares leases with; nil: time.Now.
+	Now func() time.Time
+}
+
+// Handler serves the operator page under /admin/.
+type Handler struct {
+	cfg      Config
+	log      *slog.Logger
+	tokenSum [sha256.Size]byte
+	static   http.Handler
+
+	mu       sync.Mutex
+	sessions map[string]*session
+}
+
+type session struct {
+	csrf    string
+	expires time.Time
+	created time.Time
+}
+
+// New returns the operator page's handler, to be mounted at /admin/ (it
+// serves the paths under /admin/ and answers 404 to the others). A Config
+// without a Token gives a handler that answers 404 to everything.
+func New(cfg *Config) (http.Handler, error) {
+	if cfg == nil || cfg.Token == "" {
+		return http.NotFoundHandler(), nil
+	}
+	c := *cfg
+	if len(c.Token) < MinTokenLen {
+		return nil, fmt.Errorf("admin: the token must be at least %d bytes (use e.g. 32 random hex digits)", MinTokenLen)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Limit <= 0 {
+		c.Limit = DefaultLimit
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Name == "" {
+		c.Name = "idem"
+	}
+	sub, err := fs.Sub(assets, "assets")
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{cfg: c, log: c.Logger, tokenSum: sha256.Sum256([]byte(c.Token)), sessions: map[string]*session{},
+		static: http.StripPrefix("/admin/static/", http.FileServerFS(sub))}
+	return h, nil
+}
+
+// who is how a request was authenticated.
+type who struct {
+	// via is "bearer" or "session".
+	via string
+	// sess is the login's session (nil for a bearer token).
+	sess *session
+	// id identifies the session in logs (a hash of its cookie).
+	id string
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Referrer-Policy", "same-origin") // no-referrer would make a browser send "Origin: null" on the page's own posts
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	if r.Method == http.MethodPost {
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+	}
+	path := r.URL.Path
+	switch {
+	case strings.HasPrefix(path, "/admin/static/") && r.Method == http.MethodGet:
+		h.static.ServeHTTP(w, r)
+		return
+	case path == "/admin/login" && r.Method == http.MethodPost:
+		h.login(w, r)
+		return
+	case path == "/admin" || !strings.HasPrefix(path, "/admin/"):
+		http.NotFound(w, r)
+		return
+	}
+	u, status := h.authenticate(r)
+	if status != 0 {
+		if status == http.StatusUnauthorized && r.Method == http.MethodGet && path == "/admin/" && r.Header.Get("Authorization") == "" {
+			h.render(w, http.StatusUnauthorized, "login", loginPage{Name: h.cfg.Name})
+			return
+		}
+		http.Error(w, http.StatusText(status), status)
+		return
+	}
+	switch {
+	case path == "/admin/" && r.Method == http.MethodGet:
+		h.page(w, r, u)
+	case path == "/admin/counters.json" && r.Method == http.MethodGet:
+		h.countersJSON(w)
+	case path == "/admin/logout" && r.Method == http.MethodPost:
+		if !h.checkCSRF(w, r, u) {
+			return
+		}
+		h.logout(w, r, u)
+	case path == "/admin/evict" && r.Method == http.MethodPost:
+		if !h.checkCSRF(w, r, u) {
+			return
+		}
+		h.evict(w, r, u)
+	case path == "/admin/retry" && r.Method == http.MethodPost:
+		if !h.checkCSRF(w, r, u) {
+			return
+		}
+		h.retry(w, r, u)
+	case path == "/admin/" || path == "/admin/counters.json" || path == "/admin/logout" || path == "/admin/evict" || path == "/admin/retry":
+		w.Header().Set("Allow", "GET, POST")
+		http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// tokenOK compares given with the token in constant time (over their
+// hashes, so that the length does not show either).
+func (h *Handler) tokenOK(given string) bool {
+	sum := sha256.Sum256([]byte(given))
+	return subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) == 1
+}
+
+// authenticate finds the request's operator: a bearer token, or a
+// session cookie. 401 when neither is valid.
+func (h *Handler) authenticate(r *http.Request) (who, int) {
+	if a := r.Header.Get("Authorization"); a != "" {
+		scheme, tok, ok := strings.Cut(a, " ")
+		if ok && strings.EqualFold(scheme, "Bearer") && h.tokenOK(strings.TrimSpace(tok)) {
+			return who{via: "bearer"}, 0
+		}
+		return who{}, http.StatusUnauthorized
+	}
+	c, err := r.Cookie(cookieName)
+	if err != nil || c.Value == "" {
+		return who{}, http.StatusUnauthorized
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sessions[c.Value]
+	if s == nil {
+		return who{}, http.StatusUnauthorized
+	}
+	if h.cfg.Now().After(s.expires) {
+		delete(h.sessions, c.Value)
+		return who{}, http.StatusUnauthorized
+	}
+	return who{via: "session", sess: s, id: sessionID(c.Value)}, 0
+}
+
+// sessionID names a session in logs without giving its cookie away.
+func sessionID(cookie string) string {
+	sum := sha256.Sum256([]byte(cookie))
+	return hex.EncodeToString(sum[:6])
+}
+
+// checkCSRF refuses (403) a form post of a session without the session's
+// CSRF token, or from another origin. A bearer token is not sent by a
+// browser on its own, so its requests need none.
+func (h *Handler) checkCSRF(w http.ResponseWriter, r *http.Request, u who) bool {
+	if !sameOrigin(r) {
+		h.log.WarnContext(r.Context(), "admin: refused a post from another origin", "remote", r.RemoteAddr, "origin", r.Header.Get("Origin"), "path", r.URL.Path)
+		http.Error(w, "cross-origin post refused", http.StatusForbidden)
+		return false
+	}
+	if u.sess == nil {
+		return true
+	}
+	given := r.PostFormValue("csrf")
+	if given == "" || subtle.ConstantTimeCompare([]byte(given), []byte(u.sess.csrf)) != 1 {
+		h.log.WarnContext(r.Context(), "admin: refused a post without the session's CSRF token", "remote", r.RemoteAddr, "session", u.id, "path", r.URL.Path)
+		http.Error(w, "missing or wrong CSRF token: reload the page", http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
+// sameOrigin reports whether a post's Origin (when the browser sends
+// one) is the page's own.
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	u, err := url.Parse(o)
+	return err == nil && u.Host == r.Host
+}
+
+func randomString() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// login takes the token from the login form and opens a session: an
+// HttpOnly, SameSite=Strict cookie under /admin/.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		http.Error(w, "cross-origin post refused", http.StatusForbidden)
+		return
+	}
+	if !h.tokenOK(r.PostFormValue("token")) {
+		h.log.WarnContext(r.Context(), "admin: failed login", "remote", r.RemoteAddr)
+		h.render(w, http.StatusUnauthorized, "login", loginPage{Name: h.cfg.Name, Failed: true})
+		return
+	}
+	id, now := randomString(), h.cfg.Now()
+	h.mu.Lock()
+	for k, s := range h.sessions {
+		if now.After(s.expires) {
+			delete(h.sessions, k)
+		}
+	}
+	if len(h.sessions) >= maxSessions {
+		var oldest string
+		for k, s := range h.sessions {
+			if oldest == "" || s.created.Before(h.sessions[oldest].created) {
+				oldest = k
+			}
+		}
+		delete(h.sessions, oldest)
+	}
+	h.sessions[id] = &session{csrf: randomString(), created: now, expires: now.Add(sessionTTL)}
+	h.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/admin/", HttpOnly: true, Secure: r.TLS != nil,
+		SameSite: http.SameSiteStrictMode, MaxAge: int(sessionTTL / time.Second)})
+	h.log.InfoContext(r.Context(), "admin: login", "remote", r.RemoteAddr, "session", sessionID(id))
+	http.Redirect(w, r, "/admin/", http.StatusSeeOther)
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request, u who) {
+	if c, err := r.Cookie(cookieName); err == nil {
+		h.mu.Lock()
+		delete(h.sessions, c.Value)
+		h.mu.Unlock()
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/admin/", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	h.log.InfoContext(r.Context(), "admin: logout", "remote", r.RemoteAddr, "session", u.id)
+	http.Redirect(w, r, "/admin/", http.StatusSeeOther)
+}
+
+// whoAttrs are the log attributes of the operator who acts.
+func whoAttrs(r *http.Request, u who) []any {
+	a := []any{"remote", r.RemoteAddr, "auth", u.via}
+	if u.id != "" {
+		a = append(a, "session", u.id)
+	}
+	return a
+}
+
+// evict deletes a record, after its confirmation page.
+func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
+	if h.cfg.Store == nil {
+		http.Error(w, "this program cannot evict records", http.StatusNotFound)
+		return
+	}
+	scope, key, ok := formPair(r, "scope", "key")
+	if !ok || key == "" {
+		http.Error(w, "the form names no record (scope and key)", http.StatusBadRequest)
+		return
+	}
+	hash := idem.HashKey(scope, key)
+	if r.PostFormValue("confirm") != "yes" {
+		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/evict",
+			Title: "Evict record " + hash + "?",
+			Lines: []string{"scope " + quote(scope), "key " + quote(key),
+				"The record is deleted from the store: a retry with this key runs the request again, as a new one."},
+			Fields: map[string]string{"scope64": enc(scope), "key64": enc(key)}, Button: "Evict"})
+		return
+	}
+	attrs := append(whoAttrs(r, u), "action", "evict", "key_hash", hash)
+	if h.cfg.LogKeys {
+		attrs = append(attrs, "scope", scope, "key", key)
+	}
+	if err := h.cfg.Store.Delete(r.Context(), scope, key); err != nil {
+		msg := h.redact(err, scope, key)
+		h.log.ErrorContext(r.Context(), "admin: evict failed", append(attrs, "error", msg)...)
+		http.Error(w, "evict failed: "+msg, http.StatusBadGateway)
+		return
+	}
+	h.log.InfoContext(r.Context(), "admin: record evicted", attrs...)
+	http.Redirect(w, r, "/admin/?done=evicted&ref="+hash, http.StatusSeeOther)
+}
+
+// retry retries a dead message, after its confirmation page.
+func (h *Handler) retry(w http.ResponseWriter, r *http.Request, u who) {
+	if h.cfg.Retry == nil {
+		http.Error(w, "this program cannot retry messages", http.StatusNotFound)
+		return
+	}
+	group, id, ok := formPair(r, "group", "id")
+	if !ok || group == "" || id == "" {
+		http.Error(w, "the form names no message (group and id)", http.StatusBadRequest)
+		return
+	}
+	hash := idem.HashKey(group, id)
+	if r.PostFormValue("confirm") != "yes" {
+		lines := []string{"group " + quote(group), "message " + quote(id)}
+		if h.cfg.RetryHelp != "" {
+			lines = append(lines, h.cfg.RetryHelp)
+		}
+		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/retry",
+			Title: "Retry dead message " + hash + "?", Lines: lines,
+			Fields: map[string]string{"group64": enc(group), "id64": enc(id)}, Button: "Retry"})
+		return
+	}
+	attrs := append(whoAttrs(r, u), "action", "retry", "group", group, "message_hash", hash)
+	if h.cfg.LogKeys {
+		attrs = append(attrs, "message_id", id)
+	}
+	if err := h.cfg.Retry(r.Context(), group, id); err != nil {
+		msg := h.redact(err, "", id)
+		h.log.ErrorContext(r.Context(), "admin: retry failed", append(attrs, "error", msg)...)
+		status := http.StatusBadGateway
+		if errors.Is(err, inbox.ErrNotFound) {
+			status = http.StatusConflict
+		}
+		http.Error(w, "retry failed: "+msg, status)
+		return
+	}
+	h.log.InfoContext(r.Context(), "admin: dead message retried", attrs...)
+	http.Redirect(w, r, "/admin/?done=retried&ref="+hash, http.StatusSeeOther)
+}
+
+// redact returns err's text with scope and key (which a store's error
+// may quote) replaced by their hash, unless the operator opted in to
+// raw keys.
+func (h *Handler) redact(err error, scope, key string) string {
+	msg := err.Error()
+	if h.cfg.LogKeys {
+		return msg
+	}
+	hash := "<" + idem.HashKey(scope, key) + ">"
+	for _, s := range []string{key, scope} {
+		if len(s) >= 3 {
+			msg = strings.ReplaceAll(msg, s, hash)
+		}
+	}
+	return msg
+}
+
+// formPair reads two fields of a post, base64url-encoded under NAME64
+// (the page's buttons: keys of any bytes round-trip) or as they are
+// under NAME (a form typed in).
+func formPair(r *http.Request, a, b string) (string, string, bool) {
+	read := func(name string) (string, bool) {
+		if v := r.PostFormValue(name + "64"); v != "" {
+			d, err := base64.RawURLEncoding.DecodeString(v)
+			return string(d), err == nil
+		}
+		return r.PostFormValue(name), true
+	}
+	x, ok1 := read(a)
+	y, ok2 := read(b)
+	return x, y, ok1 && ok2
+}
+
+func enc(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func csrfOf(u who) string {
+	if u.sess == nil {
+		return ""
+	}
+	return u.sess.csrf
+}
+
+func (h *Handler) countersJSON(w http.ResponseWriter) {
+	var out []Count
+	if h.cfg.Counters != nil {
+		out = h.cfg.Counters.Snapshot()
+	}
+	if out == nil {
+		out = []Count{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}

@@ -1,0 +1,58 @@
+// Package admin is the operator page that shopd and idem proxy serve at
+// /admin/: live counters of what idem decided, the in-flight and the
+// oldest idempotency records, stuck consume records and dead messages,
+// payments held for reconciliation, and buttons to evict a record or to
+// retry a dead message. It is served by the program itself: html/template
+// pages, with a small stylesheet and script embedded, no build step.
+//
+// # Access
+//
+// The page is off unless the program is given a token (Config.Token, at
+// least MinTokenLen bytes): without one every path under /admin/ is
+// answered 404. With one, a request is the operator's when it carries
+// the token as "Authorization: Bearer TOKEN" (for scripts), or the
+// cookie of a session opened by the login form, which takes the token:
+// an HttpOnly, SameSite=Strict cookie, limited to /admin/, Secure over
+// TLS, valid for 12 hours (at most 64 sessions are kept; the oldest
+// goes first). The token is compared in constant time. A request with
+// neither is answered 401 (GET /admin/ with the login form).
+//
+// Every action is a POST, refused with 403 when the browser says it
+// comes from another origin (Origin) or, in a session, when it does not
+// carry the session's CSRF token (a hidden field of every form of the
+// page). Each action asks for confirmation first: the button posts to a
+// confirmation page that names the record or the message, and only its
+// Confirm button (confirm=yes) acts. Then the page is shown again
+// (303), saying what was done.
+//
+// # Actions
+//
+//   - Evict deletes a record from the store (idem.Store.Delete): a
+//     retry with its key runs as a new request. A record listed is named
+//     by its exact bytes; "Evict by key" takes a scope and a key typed in
+//     (for stores that cannot list, such as Redis).
+//   - Retry is the program's (Config.Retry; see shopd's for the shop's
+//     loyalty consumer): it makes the dead message's consume record
+//     handled again on its next delivery and publishes the message again.
+//
+// Every action, and every failed login, is logged (log/slog) with the
+// remote address, how the operator authenticated (bearer or session, and
+// a hash of the session's cookie), the action, and the record by
+// idem.HashKey(scope, key) (a message by idem.HashKey(group, id) and its
+// group): the raw key or message ID only when Config.LogKeys is set.
+//
+// # Counters
+//
+// Counters is an idem.Observer that counts the operations that ended by
+// their bounded labels (kind, route, operation, outcome); the page shows
+// them and its script refreshes them from /admin/counters.json every two
+// seconds.
+//
+// # What it does not do
+//
+// It does not limit login attempts (use a long random token) and keeps
+// sessions in the process's memory (a restart signs everyone out; two
+// instances behind one address each want their own login). Lists are
+// bounded (Config.Limit) and read by the stores' operator reads, which
+// scan their tables: the page is for looking at, not for polling.
+package admin

@@ -1,0 +1,139 @@
+package shop
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/cmd/internal/admin"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/sqlstore"
+)
+
+// The operator page's shop parts (shopd -admin-token): the payments held
+// for reconciliation, and the retry of a dead loyalty event.
+
+// RetryOfHeader is the header of an event that the operator page's Retry
+// published again: the ID of the dead message it retries. The loyalty
+// consumer handles such a message under that ID (when it is one of the
+// shop's, -event-prefix), so that it claims the revived consume record.
+// The event itself has an ID of its own, the new outbox row's: NATS
+// drops a message whose Nats-Msg-Id it saw within its 2-minute
+// de-duplication window, and a dead message is usually younger than
+// that.
+const RetryOfHeader = "Idem-Retry-Of"
+
+// RetryHelp says what RetryEvent does, on the operator page's
+// confirmation.
+const RetryHelp = "Retry makes the message's consume record failed again with no attempt counted, and writes the event again to the outbox, " +
+	"rebuilt from the order as it is now (its user and amount; the event's name and time are the original's), " +
+	"with the header " + RetryOfHeader + " naming this message: the relay publishes it, and the loyalty consumer handles it under this message's ID, " +
+	"up to 5 attempts more. The ledger grants an order's points once whatever happens (a ledger row per order and event)."
+
+const sqlOutboxEvent = `SELECT topic, msg_key, payload FROM idem_outbox WHERE id = ?`
+
+// RetryEvent retries the dead loyalty event id (see RetryHelp): it reads
+// the event's outbox row (which must not have been swept: -event-retention),
+// revives the consume record of id in group (sqlstore's
+// InboxStore.Revive), and adds the event to the outbox again. It fails,
+// changing nothing, when id is not one of the shop's events, its row is
+// gone, or its record is not dead; if adding the event fails after the
+// record was revived, the record waits, failed, for a delivery that only
+// a retry (or the broker's dead letter, published again by hand) brings.
+func (s *Shop) RetryEvent(ctx context.Context, in *sqlstore.InboxStore, group, id string) error {
+	if group != LoyaltyGroup {
+		return fmt.Errorf("shop: retry: group %q is not the loyalty consumer's (%s)", group, LoyaltyGroup)
+	}
+	rest, ok := strings.CutPrefix(id, s.eventPrefix)
+	row, err := strconv.ParseInt(rest, 10, 64)
+	if !ok || err != nil || row <= 0 {
+		return fmt.Errorf("shop: retry: %q is not an event of this shop (IDs %s<number>)", id, s.eventPrefix)
+	}
+	var (
+		topic, orderNo string
+		payload        []byte
+	)
+	err = s.db.QueryRowContext(ctx, rebind(s.dialect, sqlOutboxEvent), row).Scan(&topic, &orderNo, &payload)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("shop: retry: event %s is no longer in the outbox (swept after -event-retention); publish its dead letter again by hand", id)
+	}
+	if err != nil {
+		return fmt.Errorf("shop: retry: read event: %w", err)
+	}
+	event := eventOfTopic(topic)
+	at := time.Now().UTC().Format(eventTimeLayout)
+	var old OrderEvent
+	if json.Unmarshal(payload, &old) == nil {
+		if _, err := time.Parse(time.RFC3339Nano, old.At); err == nil {
+			at = old.At
+		}
+	}
+	if err := in.Revive(ctx, group, id); err != nil {
+		return fmt.Errorf("shop: retry: %w", err)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	ev := OrderEvent{OrderNo: orderNo, Event: event, At: at}
+	if err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderForEvent), orderNo).Scan(&ev.UserID, &ev.AmountCents); err != nil {
+		return fmt.Errorf("shop: retry: the record was revived, the event not added: read order %q: %w", orderNo, err)
+	}
+	p, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: p, Headers: map[string]string{RetryOfHeader: id}}); err != nil {
+		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+	}
+	s.log.InfoContext(ctx, "shop: dead event written to the outbox again", "event", event, "order_no", orderNo)
+	return nil
+}
+
+// retriedID is the ID the loyalty consumer handles m under: the dead
+// message's that the operator retried (RetryOfHeader, when it is one of
+// the shop's), else m's own.
+func (s *Shop) retriedID(m inbox.Message) string {
+	if orig := m.Headers[RetryOfHeader]; orig != "" && strings.HasPrefix(orig, s.eventPrefix) {
+		return orig
+	}
+	return m.ID
+}
+
+const sqlHeld = `SELECT trade_no, order_no, amount_cents, reason, created_ms FROM shop_reconciliations ORDER BY created_ms, id LIMIT ?`
+
+// HeldNote describes HeldPayments on the operator page.
+const HeldNote = "Signed payment callbacks the shop did not apply (an unknown order, a wrong amount, an order paid by another trade or no longer payable): refund or apply them by hand."
+
+// HeldPayments lists the payments held for reconciliation (the table
+// shop_reconciliations), the oldest first.
+func (s *Shop) HeldPayments(ctx context.Context, limit int) ([]admin.Held, error) {
+	rows, err := s.db.QueryContext(ctx, rebind(s.dialect, sqlHeld), limit)
+	if err != nil {
+		return nil, fmt.Errorf("read reconciliations: %w", err)
+	}
+	defer rows.Close()
+	var out []admin.Held
+	for rows.Next() {
+		var (
+			h  admin.Held
+			ms int64
+		)
+		if err := rows.Scan(&h.Ref, &h.Order, &h.AmountCents, &h.Reason, &ms); err != nil {
+			return nil, fmt.Errorf("read reconciliations: %w", err)
+		}
+		h.At = time.UnixMilli(ms)
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
