@@ -23,8 +23,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/cmd/internal/admin"
+	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/idemhttp"
 )
 
