@@ -51,5 +51,31 @@
 //     space: derive the scope from authenticated identity, never from input
 //     the caller chooses freely.
 //
+// # Logs
+//
+// idem, idemhttp, idemgrpc, sqlstore, redisstore and tieredstore log with
+// log/slog, under these attribute names (constants Log* of this package):
+//
+//	idem.key_hash  HashKey of the record's scope and key: one key's lines, without the key
+//	idem.scope     the scope, only when the operator opts in (LogKeys in the configs)
+//	idem.key       the key, only when the operator opts in
+//	idem.route     the route pattern (HTTP) or full method (gRPC)
+//	idem.outcome   what the request got: an Outcome* constant
+//	idem.store     the store's name
+//	idem.fence     the lease's fence
+//	idem.status    the HTTP status of a response
+//	err            the error
+//
+// Keys and scopes may identify users or carry secrets: by default a line
+// carries idem.key_hash only ([LogKey]).
+//
+// # Observers
+//
+// An [Observer] set in [GuardConfig] (or in idemhttp's and idemgrpc's
+// Config) receives every decision and store call; [ObserveStore] reports
+// the calls of any store. The idemprom module turns them into Prometheus
+// metrics; with no Observer, nothing is reported and nothing is paid but a
+// comparison.
+//
 // Package idem imports the standard library only.
 package idem

@@ -53,6 +53,23 @@ type GuardConfig struct {
 	// modify resp's header map or body in place. Nil keeps responses as
 	// given.
 	Prepare func(resp Response) Response
+	// Observer, when set, receives a KindStore event for every call the
+	// guard makes to its store (NewGuard wraps the store with
+	// ObserveStore, under StoreName) and a KindLease event for each
+	// renewal of a lease (OutcomeRenewed, OutcomeRenewFailed) and each
+	// lease lost (OutcomeLost: the store said so, or no renewal confirmed
+	// the lease in time). Nil reports nothing, at the cost of one
+	// comparison per renewal.
+	Observer Observer
+	// StoreName is the Store of the events reported to Observer: "memory",
+	// "sqlite", "postgres", "mysql", "redis", "tiered", or what suits a
+	// custom store. Empty means DefaultStoreName.
+	StoreName string
+	// LogKeys lets the guard's log lines carry a record's scope and key
+	// (attributes idem.scope and idem.key) beside its hash
+	// (idem.key_hash). False, the default, logs the hash alone: keys and
+	// scopes may identify users or carry secrets.
+	LogKeys bool
 }
 
 // Guard runs executions against a Store: acquire, renew the lease while the
@@ -93,6 +110,14 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.StoreName == "" {
+		c.StoreName = DefaultStoreName
+	}
+	if c.Observer != nil {
+		if _, observed := ObservedStore(s); !observed {
+			s = ObserveStore(s, c.StoreName, c.Observer)
+		}
+	}
 	return &Guard{store: s, cfg: c}, nil
 }
 
@@ -104,7 +129,8 @@ func (g *Guard) prepare(resp Response) Response {
 	return g.cfg.Prepare(resp)
 }
 
-// Store returns the guard's store.
+// Store returns the guard's store (wrapped by ObserveStore when
+// GuardConfig.Observer is set).
 func (g *Guard) Store() Store { return g.store }
 
 // Config returns the guard's configuration with defaults filled in.
@@ -152,7 +178,7 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 		// at once and a retry runs without waiting for the lease.
 		if rerr := g.store.Release(e.bound(context.WithoutCancel(ctx)), res.Lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			g.cfg.Logger.WarnContext(ctx, "idem: cannot release a key acquired for a caller that went away; left to its lease",
-				"scope", scope, "key", key, "error", rerr)
+				LogKey(scope, key, g.cfg.LogKeys), slog.Any(LogErr, rerr))
 		}
 		e.unbound()
 		return nil, AcquireResult{}, err
@@ -310,6 +336,7 @@ type Execution struct {
 	completing  int                // completion calls in flight
 	txOpen      bool               // a CompleteTx succeeded and Committed has not reported on its transaction
 	renewing    bool               // a renewal of the current epoch waits for its answer
+	lostShown   bool               // the lease lost was reported to the Observer
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
@@ -583,23 +610,52 @@ func (e *Execution) tick() {
 		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()
+	if o := e.g.cfg.Observer; o != nil && !errors.Is(err, ErrLeaseLost) && (err != nil || cause == nil) {
+		outcome := OutcomeRenewed
+		if err != nil {
+			outcome = OutcomeRenewFailed
+		}
+		o.End(&e.ctx, Event{Kind: KindLease, Op: OpExtend, Outcome: outcome, Store: e.g.cfg.StoreName,
+			Duration: now.Sub(sent), Err: err, KeyHash: HashKey(l.Scope, l.Key)})
+	}
 	e.report(l, cause, err)
 }
 
 // report logs what the watchdog found (err: a renewal's error), and
 // cancels the context with cause if it is set.
 func (e *Execution) report(l Lease, cause, err error) {
+	log := e.g.cfg.Logger
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease lost", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
+		log.WarnContext(&e.ctx, "idem: lease lost", LogKey(l.Scope, l.Key, e.g.cfg.LogKeys), slog.Int64(LogFence, l.Fence))
 	case err != nil:
-		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease renewal failed", "scope", l.Scope, "key", l.Key, "fence", l.Fence, "error", err)
+		log.WarnContext(&e.ctx, "idem: lease renewal failed", LogKey(l.Scope, l.Key, e.g.cfg.LogKeys), slog.Int64(LogFence, l.Fence), slog.Any(LogErr, err))
 	}
 	if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
-		e.g.cfg.Logger.WarnContext(&e.ctx, "idem: lease may have ended: no renewal confirmed it in time", "scope", l.Scope, "key", l.Key, "fence", l.Fence)
+		log.WarnContext(&e.ctx, "idem: lease may have ended: no renewal confirmed it in time", LogKey(l.Scope, l.Key, e.g.cfg.LogKeys), slog.Int64(LogFence, l.Fence))
+	}
+	if errors.Is(cause, ErrLeaseLost) {
+		e.lost(l)
 	}
 	if cause != nil {
 		e.cancel(cause)
+	}
+}
+
+// lost reports the lease l lost to the observer, if any, once per
+// execution (the watchdog and the completion may both find it lost).
+func (e *Execution) lost(l Lease) {
+	o := e.g.cfg.Observer
+	if o == nil {
+		return
+	}
+	e.mu.Lock()
+	shown := e.lostShown
+	e.lostShown = true
+	e.mu.Unlock()
+	if !shown {
+		o.End(&e.ctx, Event{Kind: KindLease, Outcome: OutcomeLost, Store: e.g.cfg.StoreName,
+			Err: ErrLeaseLost, KeyHash: HashKey(l.Scope, l.Key)})
 	}
 }
 
@@ -646,6 +702,9 @@ func (e *Execution) settle(err error, holdTx bool) {
 	}
 	e.mu.Unlock()
 	if cause != nil {
+		if cause == ErrLeaseLost {
+			e.lost(l)
+		}
 		e.cancel(cause)
 	}
 	e.report(l, expired, nil)

@@ -142,9 +142,15 @@ const (
 	OutcomeInvalidKey = "invalid_key" // refused: the key is malformed (400)
 	OutcomeStoreError = "store_error" // the store failed (503, Unavailable)
 	OutcomeTooLarge   = "too_large"   // refused: the body is over the limit (413)
-	OutcomeLeaseLost  = "lease_lost"  // the execution's lease was lost
-	OutcomeReleased   = "released"    // the handler ran and the key was released (a 5xx); a lock released
-	OutcomePassed     = "passed"      // not covered: passed through unguarded
+	// refused: the request cannot be read or fingerprinted (400), or a
+	// gRPC request cannot be fingerprinted
+	OutcomeInvalidRequest = "invalid_request"
+	// refused: the caller cannot be identified, or its scope is invalid
+	// (401, 400 INVALID_SCOPE; Unauthenticated)
+	OutcomeUnauthenticated = "unauthenticated"
+	OutcomeLeaseLost       = "lease_lost" // the execution's lease was lost
+	OutcomeReleased        = "released"   // the handler ran and the key was released (a 5xx); a lock released
+	OutcomePassed          = "passed"     // not covered: passed through unguarded
 
 	// Store calls and other operations.
 	OutcomeOK    = "ok"
@@ -175,16 +181,18 @@ const (
 // prefixed. It does not reveal the key, and two different pairs share it
 // only by chance (1 in 2⁶⁴).
 func HashKey(scope, key string) string {
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
-	h.Write(n[:])
-	h.Write([]byte(scope))
-	binary.BigEndian.PutUint64(n[:], uint64(len(key)))
-	h.Write(n[:])
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
+	// One buffer on the stack for the usual short pair, so that a key's
+	// hash costs no allocation but its string.
+	var stack [256]byte
+	b := stack[:0]
+	b = binary.BigEndian.AppendUint64(b, uint64(len(scope)))
+	b = append(b, scope...)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(key)))
+	b = append(b, key...)
+	sum := sha256.Sum256(b)
+	var out [16]byte
+	hex.Encode(out[:], sum[:8])
+	return string(out[:])
 }
 
 // Observers returns an Observer that reports to each of obs in turn (nil

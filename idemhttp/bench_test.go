@@ -42,3 +42,9 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkObserver: the middleware with a counting Observer against none,
+// in one loop. The Observer's floor: what any adapter adds at least.
+func BenchmarkObserver(b *testing.B) {
+	httpharness.BenchObserver(b, &httpharness.CountingObserver{})
+}

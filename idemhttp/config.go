@@ -155,8 +155,38 @@ type Config struct {
 	ReplayHeaders []string
 
 	// Logger receives store failures, fail-open runs and lost leases. Nil
-	// discards them.
+	// discards them. Lines identify a key by its hash (idem.key_hash)
+	// only, unless LogKeys is set.
 	Logger *slog.Logger
+
+	// LogKeys adds the scope and the key themselves (idem.scope, idem.key)
+	// to the log lines that concern a key. Keys and scopes may identify
+	// users or carry secrets: false, the default, logs only their hash.
+	LogKeys bool
+
+	// Observer, when set, receives one KindRequest event per guarded
+	// request (Start when the middleware takes it, End with its Outcome:
+	// executed, replayed, in_flight, mismatch, missing_key, invalid_key,
+	// invalid_request, unauthenticated, store_error, too_large,
+	// lease_lost, released, or passed for a request let through without a
+	// key under KeyOptional), the store calls made for it (KindStore,
+	// started from the context the request's Start returned), and the
+	// lease events of its execution. Requests whose method is not guarded
+	// are not reported. Nil reports nothing and costs one comparison per
+	// request.
+	Observer idem.Observer
+
+	// Route names a request's route in the events reported to Observer. It
+	// must return a bounded set of values (a route template, never the
+	// raw path, which holds identifiers). Nil means the pattern of the
+	// http.ServeMux route that matched the request (r.Pattern, Go 1.22+),
+	// which is "" when the middleware wraps the mux rather than a route.
+	Route func(r *http.Request) string
+
+	// StoreName is the Store of the events reported to Observer ("memory",
+	// "sqlite", "postgres", "mysql", "redis", "tiered"). Empty means
+	// idem.DefaultStoreName.
+	StoreName string
 }
 
 // DefaultRelease is the release policy when Config.Release is nil: a
@@ -222,6 +252,11 @@ type Middleware struct {
 	store idem.Store
 	log   *slog.Logger
 
+	obs       idem.Observer
+	route     func(*http.Request) string
+	storeName string
+	logKeys   bool
+
 	defaultMethods bool
 	methods        []string
 	replayHeaders  []string // allow-listed header names, canonical
@@ -285,6 +320,13 @@ func New(cfg *Config) (*Middleware, error) {
 		wait:        c.Wait,
 		keyOptional: c.KeyOptional,
 		failOpen:    c.FailOpen,
+		obs:         c.Observer,
+		route:       c.Route,
+		storeName:   c.StoreName,
+		logKeys:     c.LogKeys,
+	}
+	if m.storeName == "" {
+		m.storeName = idem.DefaultStoreName
 	}
 	if m.fingerprint == nil {
 		m.fingerprint = FingerprintV1
@@ -335,11 +377,15 @@ func New(cfg *Config) (*Middleware, error) {
 		StoreTimeout: c.StoreTimeout,
 		Logger:       logger,
 		Prepare:      m.storable,
+		Observer:     c.Observer,
+		StoreName:    m.storeName,
+		LogKeys:      c.LogKeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
 	m.guard = guard
+	m.store = guard.Store() // observed, when Observer is set
 	return m, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -45,7 +46,66 @@ func (g *guarded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.next.ServeHTTP(w, r)
 		return
 	}
-	g.m.serve(w, r, g.next)
+	if g.m.obs != nil {
+		g.m.serveObserved(w, r, g.next)
+		return
+	}
+	g.m.serve(w, r, g.next, nil)
+}
+
+// reqObs is what an observed request reports when it ends: the outcome
+// and error, and the key once known. A nil *reqObs (no Observer) records
+// nothing.
+type reqObs struct {
+	outcome    string
+	err        error
+	scope, key string
+	keyed      bool
+}
+
+func (o *reqObs) set(outcome string, err error) {
+	if o != nil {
+		o.outcome, o.err = outcome, err
+	}
+}
+
+func (o *reqObs) setKey(scope, key string) {
+	if o != nil {
+		o.scope, o.key, o.keyed = scope, key, true
+	}
+}
+
+// serveObserved serves a guarded request, reporting it to the Observer:
+// Start before anything is read, End with the outcome when the answer is
+// decided (or the handler panicked: OutcomeReleased, and the panic goes on).
+func (m *Middleware) serveObserved(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	route := m.routeOf(r)
+	ctx := m.obs.Start(r.Context(), idem.Event{Kind: idem.KindRequest, Route: route, Store: m.storeName})
+	if ctx != r.Context() { // a tracer's span: the handler and the store calls run in it
+		r = r.WithContext(ctx)
+	}
+	o := &reqObs{outcome: idem.OutcomeReleased, err: errHandlerPanicked}
+	t0 := time.Now()
+	defer func() {
+		e := idem.Event{Kind: idem.KindRequest, Route: route, Store: m.storeName, Outcome: o.outcome,
+			Duration: time.Since(t0), Err: o.err}
+		if o.keyed {
+			e.KeyHash = idem.HashKey(o.scope, o.key)
+		}
+		m.obs.End(ctx, e)
+	}()
+	m.serve(w, r, next, o)
+}
+
+var errHandlerPanicked = errors.New("idemhttp: the handler panicked")
+
+// routeOf is the request's bounded route name: Config.Route's, else the
+// pattern of the ServeMux route that matched it, else "".
+func (m *Middleware) routeOf(r *http.Request) string {
+	if m.route != nil {
+		return m.route(r)
+	}
+	return r.Pattern
 }
 
 // covers reports whether requests with method are guarded.
@@ -109,31 +169,35 @@ func (b *buffers) release() {
 }
 
 // serve handles a request whose method is guarded.
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, o *reqObs) {
 	var key string
 	if m.key == nil {
 		values := r.Header[HeaderIdempotencyKey]
 		if len(values) == 0 {
 			if m.keyOptional {
+				o.set(idem.OutcomePassed, nil)
 				next.ServeHTTP(w, r)
 				return
 			}
+			o.set(idem.OutcomeMissingKey, nil)
 			WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
 				"this request needs an Idempotency-Key header with a value unique to it")
 			return
 		}
 		if len(values) > 1 {
+			o.set(idem.OutcomeInvalidKey, nil)
 			WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
 				"the request has more than one Idempotency-Key header field")
 			return
 		}
 		var err error
 		if key, err = ParseKey(values[0]); err != nil {
+			o.set(idem.OutcomeInvalidKey, err)
 			WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
 			return
 		}
 	}
-	scope, ok := m.scopeOf(w, r)
+	scope, ok := m.scopeOf(w, r, o)
 	if !ok {
 		return
 	}
@@ -145,36 +209,47 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
+			o.set(idem.OutcomeTooLarge, nil)
 			WriteProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "Request body too large",
 				"the request body is larger than "+strconv.FormatInt(m.maxReq, 10)+" bytes")
 			return
 		}
-		m.log.DebugContext(r.Context(), "idemhttp: cannot read the request body", "key", key, "error", err)
+		o.set(idem.OutcomeInvalidRequest, err)
+		m.log.DebugContext(r.Context(), "idemhttp: cannot read the request body", slog.Any(idem.LogErr, err))
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request body cannot be read")
 		return
 	}
 	if m.key != nil {
-		if key, ok = m.derivedKey(w, r, body); !ok {
+		if key, ok = m.derivedKey(w, r, body, o); !ok {
 			return
 		}
 		if key == "" { // KeyOptional
+			o.set(idem.OutcomePassed, nil)
 			m.runUnguarded(w, r, next, body)
 			return
 		}
 	}
+	o.setKey(scope, key)
 	fp, err := m.fingerprint(r, body)
 	if err != nil {
-		m.log.WarnContext(r.Context(), "idemhttp: cannot fingerprint the request", "key", key, "error", err)
+		o.set(idem.OutcomeInvalidRequest, err)
+		m.log.WarnContext(r.Context(), "idemhttp: cannot fingerprint the request", m.logKey(scope, key), slog.Any(idem.LogErr, err))
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request cannot be fingerprinted")
 		return
 	}
-	m.acquire(w, r, next, bufs, scope, key, fp, body)
+	m.acquire(w, r, next, bufs, scope, key, fp, body, o)
+}
+
+// logKey is the log attribute of (scope, key): its hash, and the scope
+// and key themselves under Config.LogKeys.
+func (m *Middleware) logKey(scope, key string) slog.Attr {
+	return idem.LogKey(scope, key, m.logKeys)
 }
 
 // derivedKey returns the key Config.Key takes from the request, or
 // answers the request and returns false. It returns "" and true for a
 // request without a key under KeyOptional.
-func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []byte) (string, bool) {
+func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []byte, o *reqObs) (string, bool) {
 	// Key gets a copy of the request whose Body reads body: r.Body is
 	// drained already, and a form Key parses (r.FormValue) would be parsed
 	// from nothing, then seen empty by the handler, whose request is a
@@ -188,18 +263,21 @@ func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []b
 	key, err := m.key(kr, body)
 	switch {
 	case err != nil:
-		m.log.DebugContext(r.Context(), "idemhttp: no idempotency key in the request", "error", err)
+		o.set(idem.OutcomeInvalidKey, err)
+		m.log.DebugContext(r.Context(), "idemhttp: no idempotency key in the request", slog.Any(idem.LogErr, err))
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
 			"the idempotency key cannot be taken from this request")
 		return "", false
 	case key == "" && m.keyOptional:
 		return "", true
 	case key == "":
+		o.set(idem.OutcomeMissingKey, nil)
 		WriteProblem(w, http.StatusBadRequest, CodeMissingKey, "Idempotency key required",
 			"this request carries no idempotency key where this route takes it from")
 		return "", false
 	}
 	if err := idem.ValidateKey(key); err != nil {
+		o.set(idem.OutcomeInvalidKey, err)
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key",
 			"the idempotency key taken from this request is invalid: "+err.Error())
 		return "", false
@@ -209,7 +287,7 @@ func (m *Middleware) derivedKey(w http.ResponseWriter, r *http.Request, body []b
 
 // scopeOf returns the request's scope, or answers the request and
 // returns false.
-func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request, o *reqObs) (string, bool) {
 	if m.scope == nil {
 		return "", true
 	}
@@ -221,17 +299,19 @@ func (m *Middleware) scopeOf(w http.ResponseWriter, r *http.Request) (string, bo
 	sr.Body = scopeBody{}
 	scope, err := m.scope(sr)
 	if err != nil {
+		o.set(idem.OutcomeUnauthenticated, err)
 		var se *ScopeError
 		if errors.As(err, &se) {
 			WriteProblem(w, se.status(), se.code(), "", se.Detail)
 		} else {
 			WriteProblem(w, http.StatusUnauthorized, CodeUnauthenticated, "Unauthenticated", "the caller cannot be identified")
 		}
-		m.log.DebugContext(r.Context(), "idemhttp: no scope", "error", err)
+		m.log.DebugContext(r.Context(), "idemhttp: no scope", slog.Any(idem.LogErr, err))
 		return "", false
 	}
 	if err := idem.ValidateScope(scope); err != nil {
-		m.log.WarnContext(r.Context(), "idemhttp: invalid scope", "error", err)
+		o.set(idem.OutcomeUnauthenticated, err)
+		m.log.WarnContext(r.Context(), "idemhttp: invalid scope", slog.Any(idem.LogErr, err))
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidScope, "Invalid scope",
 			"the caller's identity cannot scope an idempotency key")
 		return "", false
@@ -285,27 +365,30 @@ func readBody(r *http.Request, limit int64, buf []byte) ([]byte, error) {
 }
 
 // acquire takes the key and runs the handler, replays, or refuses.
-func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, scope, key string, fp idem.Fingerprint, body []byte) {
+func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, scope, key string, fp idem.Fingerprint, body []byte, o *reqObs) {
 	ctx := r.Context()
 	var deadline time.Time // of the Wait mode, once a first Acquire saw the key in flight
 	for {
 		exec, res, err := m.guard.Begin(ctx, scope, key, fp)
 		if err != nil {
+			o.set(idem.OutcomeStoreError, err)
 			switch {
 			case errors.Is(err, idem.ErrInvalidKey):
+				o.set(idem.OutcomeInvalidKey, err)
 				WriteProblem(w, http.StatusBadRequest, CodeInvalidKey, "Invalid idempotency key", err.Error())
 			case errors.Is(err, idem.ErrInvalidScope):
+				o.set(idem.OutcomeUnauthenticated, err)
 				WriteProblem(w, http.StatusBadRequest, CodeInvalidScope, "Invalid scope",
 					"the caller's identity cannot scope an idempotency key")
 			case ctx.Err() != nil:
-				m.log.DebugContext(ctx, "idemhttp: request ended before the key was acquired", "key", key, "error", err)
+				m.log.DebugContext(ctx, "idemhttp: request ended before the key was acquired", m.logKey(scope, key), slog.Any(idem.LogErr, err))
 				m.unavailable(w)
 			case m.failOpen && deadline.IsZero():
 				m.log.WarnContext(ctx, "idemhttp: store unavailable; running the handler unguarded (FailOpen)",
-					"scope", scope, "key", key, "error", err)
+					m.logKey(scope, key), slog.Any(idem.LogErr, err))
 				m.runUnguarded(w, r, next, body)
 			default:
-				m.log.ErrorContext(ctx, "idemhttp: store unavailable", "scope", scope, "key", key, "error", err)
+				m.log.ErrorContext(ctx, "idemhttp: store unavailable", m.logKey(scope, key), slog.Any(idem.LogErr, err))
 				m.unavailable(w)
 			}
 			return
@@ -313,18 +396,20 @@ func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.H
 		switch res.Outcome {
 		case idem.Acquired:
 			if res.TookOver {
-				m.log.InfoContext(ctx, "idemhttp: took over a key whose lease ended", "scope", scope, "key", key, "fence", res.Lease.Fence)
+				m.log.InfoContext(ctx, "idemhttp: took over a key whose lease ended", m.logKey(scope, key), slog.Int64(idem.LogFence, res.Lease.Fence))
 			}
-			m.run(w, r, next, bufs, exec, fp, body)
+			m.run(w, r, next, bufs, exec, fp, body, o)
 			return
 		case idem.Completed:
-			m.replay(w, r, res.Record)
+			m.replay(w, r, res.Record, o)
 			return
 		case idem.Mismatch:
+			o.set(idem.OutcomeMismatch, nil)
 			m.mismatch(w)
 			return
 		case idem.InFlight:
 			if m.wait <= 0 {
+				o.set(idem.OutcomeInFlight, nil)
 				m.processing(w)
 				return
 			}
@@ -334,22 +419,26 @@ func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.H
 			rec, outcome, err := m.poll(ctx, scope, key, fp, deadline)
 			switch outcome {
 			case pollReplay:
-				m.replay(w, r, rec)
+				m.replay(w, r, rec, o)
 				return
 			case pollMismatch:
+				o.set(idem.OutcomeMismatch, nil)
 				m.mismatch(w)
 				return
 			case pollAcquire:
 				continue
 			case pollTimeout:
+				o.set(idem.OutcomeInFlight, nil)
 				m.processing(w)
 				return
 			default:
-				m.log.ErrorContext(ctx, "idemhttp: store unavailable while waiting", "scope", scope, "key", key, "error", err)
+				o.set(idem.OutcomeStoreError, err)
+				m.log.ErrorContext(ctx, "idemhttp: store unavailable while waiting", m.logKey(scope, key), slog.Any(idem.LogErr, err))
 				m.unavailable(w)
 				return
 			}
 		default:
+			o.set(idem.OutcomeStoreError, nil)
 			m.log.ErrorContext(ctx, "idemhttp: store returned an unknown outcome", "outcome", res.Outcome.String())
 			m.unavailable(w)
 			return
@@ -420,7 +509,7 @@ func (m *Middleware) get(ctx context.Context, scope, key string) (idem.Record, e
 }
 
 // run runs the handler under exec and ends the execution.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, fp idem.Fingerprint, body []byte) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, fp idem.Fingerprint, body []byte, o *reqObs) {
 	ex := &exchange{}
 	if h := w.Header(); len(h) > 0 {
 		// Set before the handler (by a middleware around this one): kept
@@ -454,34 +543,36 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		l := exec.Lease()
 		switch err := m.releaseExec(bg, exec); {
 		case err == nil:
-			m.log.WarnContext(bg, "idemhttp: handler panicked; key released", "scope", l.Scope, "key", l.Key)
+			m.log.WarnContext(bg, "idemhttp: handler panicked; key released", m.logKey(l.Scope, l.Key))
 		case errors.Is(err, idem.ErrFinished):
-			m.log.DebugContext(bg, "idemhttp: handler panicked after it ended its execution; record left as it was", "scope", l.Scope, "key", l.Key)
+			m.log.DebugContext(bg, "idemhttp: handler panicked after it ended its execution; record left as it was", m.logKey(l.Scope, l.Key))
 		case errors.Is(err, idem.ErrLeaseLost):
-			m.log.WarnContext(bg, "idemhttp: handler panicked after its lease was lost; the key is another execution's", "scope", l.Scope, "key", l.Key)
+			m.log.WarnContext(bg, "idemhttp: handler panicked after its lease was lost; the key is another execution's", m.logKey(l.Scope, l.Key))
 		}
 		// Other errors: releaseExec logged that the key is left to its lease.
 	}()
 	next.ServeHTTP(rec, r2)
 	returned = true
-	m.finish(bg, r, exec, fp, ex)
+	m.finish(bg, r, exec, fp, ex, o)
 }
 
 // finish ends exec after the handler returned, then answers the client.
 // ctx is detached from the request's; r is the request.
-func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Execution, fp idem.Fingerprint, ex *exchange) {
+func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Execution, fp idem.Fingerprint, ex *exchange, o *reqObs) {
 	rec := &ex.rec
 	if rec.hijacked {
 		var err error
-		if m.release(rec.finalStatus()) {
+		released := m.release(rec.finalStatus())
+		if released {
 			err = m.releaseExec(ctx, exec)
 		} else {
 			err = m.complete(ctx, exec, rec.response())
 		}
+		o.setEnded(released, exec, err)
 		if leaseLost(exec, err) {
 			m.log.WarnContext(ctx, "idemhttp: lease lost after the response had started (hijacked); "+
 				"the client got this execution's response, which no retry replays",
-				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", rec.finalStatus())
+				m.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Int(idem.LogStatus, rec.finalStatus()))
 		}
 		return
 	}
@@ -491,24 +582,48 @@ func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Exe
 		// The handler completed in its transaction, and whether that
 		// committed cannot be read: leave the record to its lease.
 		exec.Abandon()
+		o.set(idem.OutcomeStoreError, err)
 		m.log.ErrorContext(ctx, "idemhttp: cannot read whether the handler's completion committed; key left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+			m.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, err))
 		rec.send()
 		return
 	case committed:
+		o.set(idem.OutcomeExecuted, nil)
 		rec.sendCommitted(stored)
 		return
 	}
-	if m.release(rec.finalStatus()) {
+	released := m.release(rec.finalStatus())
+	if released {
 		err = m.releaseExec(ctx, exec)
 	} else {
 		err = m.complete(ctx, exec, rec.response())
 	}
+	o.setEnded(released, exec, err)
 	if leaseLost(exec, err) {
 		m.answerLost(r, exec, fp, ex)
 		return
 	}
 	rec.send()
+}
+
+// setEnded records the outcome of an execution ended by the middleware
+// (released or completed, with err).
+func (o *reqObs) setEnded(released bool, exec *idem.Execution, err error) {
+	switch {
+	case o == nil:
+	case leaseLost(exec, err):
+		o.set(idem.OutcomeLeaseLost, err)
+	case errors.Is(err, idem.ErrFinished), err == nil:
+		if released {
+			o.set(idem.OutcomeReleased, nil)
+		} else {
+			o.set(idem.OutcomeExecuted, nil)
+		}
+	default:
+		// The response was sent but could not be stored (or released):
+		// the record is left to its lease.
+		o.set(idem.OutcomeStoreError, err)
+	}
 }
 
 // leaseLost reports whether the execution lost its key to another: err,
@@ -532,7 +647,7 @@ func (m *Middleware) answerLost(r *http.Request, exec *idem.Execution, fp idem.F
 	if rec.forwarded {
 		m.log.WarnContext(ctx, "idemhttp: lease lost after the response had started; "+
 			"the client got this execution's response, which no retry replays",
-			"scope", l.Scope, "key", l.Key, "status", rec.finalStatus())
+			m.logKey(l.Scope, l.Key), slog.Int(idem.LogStatus, rec.finalStatus()))
 		rec.send()
 		return
 	}
@@ -549,11 +664,11 @@ func (m *Middleware) answerLost(r *http.Request, exec *idem.Execution, fp idem.F
 	switch {
 	case err == nil && got.Fingerprint == fp && got.Status == idem.StatusCompleted && got.Response != nil:
 		m.log.WarnContext(ctx, "idemhttp: lease lost; the client gets the response of the execution that took the key over",
-			"scope", l.Scope, "key", l.Key, "fence", l.Fence, "winner_fence", got.Fence)
-		m.replay(w, r, got)
+			m.logKey(l.Scope, l.Key), slog.Int64(idem.LogFence, l.Fence), "winner_fence", got.Fence)
+		m.replay(w, r, got, nil)
 	case err == nil && got.Fingerprint == fp && got.Status == idem.StatusProcessing:
 		m.log.WarnContext(ctx, "idemhttp: lease lost; the execution that took the key over still runs: answered 409",
-			"scope", l.Scope, "key", l.Key, "fence", l.Fence, "winner_fence", got.Fence)
+			m.logKey(l.Scope, l.Key), slog.Int64(idem.LogFence, l.Fence), "winner_fence", got.Fence)
 		m.processing(w)
 	default:
 		var state string
@@ -567,9 +682,9 @@ func (m *Middleware) answerLost(r *http.Request, exec *idem.Execution, fp idem.F
 		default:
 			state = "record completed without a response"
 		}
-		attrs := []any{"scope", l.Scope, "key", l.Key, "fence", l.Fence, "record", state}
+		attrs := []any{m.logKey(l.Scope, l.Key), slog.Int64(idem.LogFence, l.Fence), "record", state}
 		if err != nil {
-			attrs = append(attrs, "error", err)
+			attrs = append(attrs, slog.Any(idem.LogErr, err))
 		}
 		m.log.WarnContext(ctx, "idemhttp: lease lost, and the key holds no response to replay: answered 409", attrs...)
 		m.processing(w)
@@ -587,7 +702,7 @@ func (m *Middleware) complete(ctx context.Context, exec *idem.Execution, resp id
 	default:
 		exec.Abandon()
 		m.log.ErrorContext(ctx, "idemhttp: response sent but not stored; key left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "status", resp.StatusCode, "error", err)
+			m.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Int(idem.LogStatus, resp.StatusCode), slog.Any(idem.LogErr, err))
 	}
 	return err
 }
@@ -601,7 +716,7 @@ func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) erro
 	default:
 		exec.Abandon()
 		m.log.ErrorContext(ctx, "idemhttp: cannot release the key; left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+			m.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, err))
 	}
 	return err
 }
@@ -620,12 +735,14 @@ func (m *Middleware) runUnguarded(w http.ResponseWriter, r *http.Request, next h
 // replay answers with a stored response: its replayable headers only,
 // whoever stored it (a record written by an earlier version, or by a
 // writer without this middleware's filter, may hold Set-Cookie).
-func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec idem.Record) {
+func (m *Middleware) replay(w http.ResponseWriter, r *http.Request, rec idem.Record, o *reqObs) {
 	if rec.Response == nil {
-		m.log.ErrorContext(r.Context(), "idemhttp: completed record without a response", "scope", rec.Scope, "key", rec.Key)
+		o.set(idem.OutcomeStoreError, nil)
+		m.log.ErrorContext(r.Context(), "idemhttp: completed record without a response", m.logKey(rec.Scope, rec.Key))
 		m.unavailable(w)
 		return
 	}
+	o.set(idem.OutcomeReplayed, nil)
 	resp := *rec.Response
 	resp.Header = m.replayableHeader(resp.Header)
 	w.Header()[HeaderReplayed] = []string{"true"}

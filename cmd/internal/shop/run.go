@@ -5,6 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idemkit/idem/idemprom"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"io"
 	"log/slog"
 	"net"
@@ -351,10 +355,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		log.Info("shopd: payment callbacks are verified with the secret of "+secretFrom, "from", secretFrom)
 	}
-	// The operator page's live counters. TODO(issue 12): report to them
-	// once the middleware and the inbox take an idem.Observer.
+	storeName := target.Dialect.String()
+	if redisOpts != nil {
+		storeName = "tiered"
+	}
+	reg, obs, err := newMetrics()
+	if err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	// The operator page's live counters hear what the metrics hear.
 	counters := &admin.Counters{}
-	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix})
+	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
+		Observer: idem.Observers(obs, counters), StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
 		return err
 	}
@@ -485,4 +497,13 @@ func choosePaySecret(flagSet bool, flagValue string) (secret, from string, err e
 		return v, paySecretEnv, nil
 	}
 	return DevPaySecret, "", nil
+}
+
+// newMetrics returns shopd's Prometheus registry, with the Go runtime's
+// and the process's collectors, and the idem Observer registered in it.
+func newMetrics() (*prometheus.Registry, *idemprom.Observer, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	obs, err := idemprom.New(reg, nil)
+	return reg, obs, err
 }

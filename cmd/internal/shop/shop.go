@@ -51,6 +51,15 @@ type Config struct {
 	// DefaultEventIDPrefix ("shop-"); two shops whose events meet in one
 	// stream or one consumer need different prefixes.
 	EventIDPrefix string
+	// Observer receives the idempotency middleware's events (request
+	// outcomes by route, store calls, leases); nil reports nothing.
+	Observer idem.Observer
+	// StoreName names Store in Observer's events; empty means the
+	// dialect's name ("sqlite", "postgres", "mysql").
+	StoreName string
+	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
+	// handler of its registry). Nil leaves /metrics unrouted.
+	Metrics http.Handler
 }
 
 // Shop serves the shop's HTTP API.
@@ -149,16 +158,24 @@ func New(cfg Config) (*Shop, error) {
 		s.Close()
 		return nil, err
 	}
+	if cfg.StoreName == "" {
+		cfg.StoreName = cfg.Dialect.String()
+	}
 	idm, err := idemhttp.New(&idemhttp.Config{
-		Store:  cfg.Store,
-		Scope:  scopeOf,
-		Wait:   cfg.Wait,
-		Logger: cfg.Logger,
+		Store:     cfg.Store,
+		Scope:     scopeOf,
+		Wait:      cfg.Wait,
+		Logger:    cfg.Logger,
+		Observer:  cfg.Observer,
+		StoreName: cfg.StoreName,
 	})
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", cfg.Metrics)
+	}
 	mux.Handle("POST /orders", s.authenticated(idm.Handler(http.HandlerFunc(s.createOrder))))
 	mux.Handle("GET /orders", s.authenticated(http.HandlerFunc(s.listOrders)))
 	mux.Handle("GET /orders/{order_no}", pageOrAPI(s.pageAuthenticated(http.HandlerFunc(s.orderPage)), s.authenticated(http.HandlerFunc(s.getOrder))))
