@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/outbox"
@@ -189,6 +190,9 @@ type eventsConfig struct {
 	db            *sql.DB
 	dialect       sqlstore.Dialect
 	log           *slog.Logger
+	// observer hears the loyalty consumer's messages and the relay's
+	// batches and backlog; nil hears nothing.
+	observer idem.Observer
 }
 
 // runningEvents is the relay and the loyalty consumer, running.
@@ -232,7 +236,7 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 	if err := store.Prepare(ctx); err != nil {
 		return nil, fmt.Errorf("loyalty inbox: %w", err)
 	}
-	in, err := inbox.New(store, &inbox.Config{Group: LoyaltyGroup, MaxAttempts: loyaltyAttempts})
+	in, err := inbox.New(store, &inbox.Config{Group: LoyaltyGroup, MaxAttempts: loyaltyAttempts, Observer: cfg.observer})
 	if err != nil {
 		return nil, err
 	}
@@ -341,6 +345,7 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 	// The close job sweeps sent events (-event-retention), not the relay.
 	relay, err := outbox.NewRelay(events, namedPublisher{ns: names.name, next: pub}, &outbox.RelayConfig{
 		PollInterval: relayPollInterval, Retention: -1, Logger: cfg.log,
+		Observer: cfg.observer, Name: names.name,
 	})
 	if err != nil {
 		return nil, err

@@ -128,6 +128,36 @@ func TestRunEmbeddedNATSGrantsPoints(t *testing.T) {
 		t.Errorf("shopd's output does not say %q and the store under -data:\n%s", want, stdout.String())
 	}
 	payAndSeePoints(t, base, 42)
+
+	// /metrics heard the loyalty consumer and the relay: two events
+	// processed (order.paid, order.refunded), the duplicates of the five
+	// callbacks never became events, and the relay published both.
+	r := do(t, "GET", base+"/metrics", "", "", "")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", r.status)
+	}
+	for _, want := range []string{
+		`idem_inbox_messages_total{group="shop-loyalty",result="processed"} 2`,
+		`idem_outbox_published_total{relay="shop"} 2`,
+	} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("/metrics has no %q:\n%s", want, grepLines(string(r.body), "idem_inbox", "idem_outbox"))
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain one of subs.
+func grepLines(s string, subs ...string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		for _, sub := range subs {
+			if strings.Contains(line, sub) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // brokerNamespace returns an -events name of t's own on the broker svc at

@@ -363,10 +363,27 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("shopd: %w", err)
 	}
-	// The operator page's live counters hear what the metrics hear.
+	// Spans go to the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is
+	// set; they are flushed after everything else stopped.
+	traces, err := tracing.Start(ctx, "shopd")
+	if err != nil {
+		return fmt.Errorf("shopd: OpenTelemetry export: %w", err)
+	}
+	defer func() {
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := traces.Shutdown(tctx); err != nil {
+			log.Warn("shopd: OpenTelemetry export: spans lost at shutdown", "error", err)
+		}
+	}()
+
+	// The metrics, the operator page's live counters and the spans hear
+	// the same decisions: the requests', the store calls', the loyalty
+	// consumer's and the relay's.
 	counters := &admin.Counters{}
+	observer := idem.Observers(obs, counters, traces.Observer())
 	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
-		Observer: idem.Observers(obs, counters), StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
 		return err
 	}
@@ -382,25 +399,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The outbox relay and the loyalty consumer stop (deferred) after the
 	// HTTP server drained and before the database closes.
-	events, err := startEvents(ctx, eventsConfig{target: broker, names: newTopology(*eventsFlag), storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.Dialect, log: log})
+	events, err := startEvents(ctx, eventsConfig{target: broker, names: newTopology(*eventsFlag), storeDir: *natsStore, storeExplicit: set["nats-store"], shop: shop, db: db, dialect: target.Dialect, log: log, observer: observer})
 	if err != nil {
 		return stopped(fmt.Errorf("shopd: events: %w", err))
 	}
 	defer events.stop()
-
-	// Spans go to the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is
-	// set; they are flushed after the server drained.
-	traces, err := tracing.Start(ctx, "shopd")
-	if err != nil {
-		return fmt.Errorf("shopd: OpenTelemetry export: %w", err)
-	}
-	defer func() {
-		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := traces.Shutdown(tctx); err != nil {
-			log.Warn("shopd: OpenTelemetry export: spans lost at shutdown", "error", err)
-		}
-	}()
 
 	// The operator page, at /admin/ (404 without a token).
 	adminInbox, err := sqlstore.NewInboxStore(db, target.Dialect)
