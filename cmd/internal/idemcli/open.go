@@ -44,6 +44,7 @@ type openedStore struct {
 	db      *sql.DB           // sql's database
 	dialect sqlstore.Dialect  // sql's dialect
 	display string            // the store, without passwords
+	kind    string            // its kind, as metrics name it: "sqlite", "postgres", "mysql", "redis", "tiered"
 	closers []func() error
 }
 
@@ -113,7 +114,7 @@ func (f storeFlags) open(ctx context.Context, o openOptions) (*openedStore, erro
 			out.Close()
 			return nil, fmt.Errorf("-%s: %w", f.name, err)
 		}
-		out.store, out.redis, out.display = rs, rs, dsn.Redact(f.raw)
+		out.store, out.redis, out.display, out.kind = rs, rs, dsn.Redact(f.raw), "redis"
 		return out, nil
 	}
 	db, err := target.Open(ctx)
@@ -133,7 +134,7 @@ func (f storeFlags) open(ctx context.Context, o openOptions) (*openedStore, erro
 			return nil, fmt.Errorf("-%s %s: migrate: %w", f.name, target.Display, err)
 		}
 	}
-	out.store, out.sql, out.db, out.dialect, out.display = ss, ss, db, target.Dialect, target.Display
+	out.store, out.sql, out.db, out.dialect, out.display, out.kind = ss, ss, db, target.Dialect, target.Display, target.Dialect.String()
 	if cacheOpts != nil {
 		rdb := redis.NewClient(cacheOpts)
 		out.closers = append(out.closers, rdb.Close)
@@ -148,7 +149,7 @@ func (f storeFlags) open(ctx context.Context, o openOptions) (*openedStore, erro
 			out.Close()
 			return nil, fmt.Errorf("-cache: %w", err)
 		}
-		out.store = ts
+		out.store, out.kind = ts, "tiered"
 		out.display += ", cache " + dsn.Redact(f.cache)
 	}
 	return out, nil

@@ -22,10 +22,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/idemprom"
 )
 
 // Problem codes of the proxy's own answers.
@@ -118,6 +123,7 @@ type proxyFlags struct {
 	fs              *flag.FlagSet
 	upstream        string
 	listen          string
+	metricsListen   string
 	store           storeFlags
 	scopeHeader     string
 	routes          string
@@ -156,6 +162,7 @@ func newProxyFlags(fs *flag.FlagSet) *proxyFlags {
 	p := &proxyFlags{fs: fs, store: storeFlags{name: "store"}}
 	fs.StringVar(&p.upstream, "upstream", "", "the service's base `URL`, e.g. http://127.0.0.1:8080 (required)")
 	fs.StringVar(&p.listen, "listen", "127.0.0.1:8081", "the `address` to listen on")
+	fs.StringVar(&p.metricsListen, "metrics-listen", "", "an `address` of its own for GET /metrics (Prometheus), e.g. 127.0.0.1:9091; empty: no metrics")
 	fs.StringVar(&p.store.raw, "store", "sqlite:idem-proxy.db", "where the records live: a `DSN` (see above)")
 	fs.StringVar(&p.store.cache, "cache", "", "Redis in front of a SQL -store: redis://host:port/db")
 	fs.StringVar(&p.scopeHeader, "scope-header", "", "the request `header` whose value (hashed) scopes the keys, e.g. X-Api-Key")
@@ -362,12 +369,6 @@ func (p *proxyFlags) run(e *env) error {
 	}
 	defer st.Close()
 
-	h, err := newProxy(p, upstream, routes, st.store, log)
-	if err != nil {
-		return err
-	}
-	defer h.transport.CloseIdleConnections()
-
 	// Spans go to the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is
 	// set; they are flushed after the server drained.
 	traces, err := tracing.Start(e.ctx, "idem-proxy")
@@ -382,13 +383,42 @@ func (p *proxyFlags) run(e *env) error {
 		}
 	}()
 
+	// The metrics (-metrics-listen), the operator page's live counters
+	// and the spans hear the same decisions.
+	counters := &admin.Counters{}
+	obs := idem.Observers(counters, traces.Observer())
+	metricsAt := "none (-metrics-listen)"
+	if p.metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		prom, err := idemprom.New(reg, nil)
+		if err != nil {
+			return err
+		}
+		obs = idem.Observers(prom, obs)
+		mln, err := net.Listen("tcp", p.metricsListen)
+		if err != nil {
+			return fmt.Errorf("-metrics-listen %s: %w (give a free address, e.g. -metrics-listen 127.0.0.1:9091)", p.metricsListen, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(mln) }()
+		defer msrv.Close()
+		metricsAt = "http://" + mln.Addr().String() + "/metrics"
+	}
+
+	h, err := newProxy(p, upstream, routes, st.store, st.kind, obs, log)
+	if err != nil {
+		return err
+	}
+	defer h.transport.CloseIdleConnections()
+
 	var handler http.Handler = h
 	if p.adminToken != "" {
-		// The operator page takes /admin/ from the upstream. Its live
-		// counters: TODO(issue 12): report to them once the middleware
-		// takes an idem.Observer.
+		// The operator page takes /admin/ from the upstream.
 		cfg := &admin.Config{Token: p.adminToken, Name: "idem proxy", Logger: log, LogKeys: p.adminLogKeys,
-			Counters: &admin.Counters{}, Store: st.store, RecordsNote: "the Redis store cannot list its records"}
+			Counters: counters, Store: st.store, RecordsNote: "the Redis store cannot list its records"}
 		if st.sql != nil {
 			cfg.Records = st.sql
 		}
@@ -416,8 +446,8 @@ func (p *proxyFlags) run(e *env) error {
 	if p.scopeHeader != "" {
 		scope = p.scopeHeader + " (hashed)"
 	}
-	fmt.Fprintf(e.stdout, "idem proxy listening on http://%s\nupstream: %s\nstore: %s\ncovered: %s\nscope: %s\n",
-		ln.Addr(), upstream.Redacted(), st.display, covered, scope)
+	fmt.Fprintf(e.stdout, "idem proxy listening on http://%s\nupstream: %s\nstore: %s\ncovered: %s\nscope: %s\nmetrics: %s\n",
+		ln.Addr(), upstream.Redacted(), st.display, covered, scope, metricsAt)
 	if p.adminToken != "" {
 		fmt.Fprintf(e.stdout, "operator page: http://%s/admin/\n", ln.Addr())
 	}
@@ -459,7 +489,7 @@ type proxy struct {
 }
 
 // newProxy builds the handler of idem proxy.
-func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store, log *slog.Logger) (*proxy, error) {
+func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store, storeName string, obs idem.Observer, log *slog.Logger) (*proxy, error) {
 	dialer := &net.Dialer{Timeout: p.dialTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -510,6 +540,9 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 		MaxResponseBody: p.maxBody,
 		Wait:            p.wait,
 		Logger:          log,
+		Observer:        obs,
+		StoreName:       storeName,
+		Route:           px.route,
 	}
 	if name := p.scopeHeader; name != "" {
 		cfg.Scope = func(r *http.Request) (string, error) {
@@ -624,9 +657,18 @@ func upgradeRequested(h http.Header) string {
 }
 
 // covers reports whether r's route is covered.
-func (px *proxy) covers(r *http.Request) bool {
+func (px *proxy) covers(r *http.Request) bool { return px.route(r) != "" }
+
+// route returns the covered route r matches, as its metrics and spans
+// name it (a bounded label: the -routes entry "POST /orders/*", or the
+// method alone when every POST and PATCH is covered), or "" when r is not
+// covered.
+func (px *proxy) route(r *http.Request) string {
 	if px.routes == nil {
-		return r.Method == http.MethodPost || r.Method == http.MethodPatch
+		if r.Method == http.MethodPost || r.Method == http.MethodPatch {
+			return r.Method
+		}
+		return ""
 	}
 	folded := foldPath(r.URL.Path)
 	for _, rt := range px.routes {
@@ -634,13 +676,13 @@ func (px *proxy) covers(r *http.Request) bool {
 			continue
 		}
 		if ok, _ := path.Match(rt.pattern, r.URL.Path); ok {
-			return true
+			return rt.method + " " + rt.pattern
 		}
 		if ok, _ := path.Match(rt.folded, folded); ok {
-			return true
+			return rt.method + " " + rt.pattern
 		}
 	}
-	return false
+	return ""
 }
 
 // foldPath returns p cleaned (no trailing or doubled slash, no dot

@@ -118,7 +118,7 @@ func benchProxy(b *testing.B, up *url.URL, store idem.Store, counter *roundTrips
 	if err := fs.Parse([]string{"-upstream", up.String()}); err != nil {
 		b.Fatal(err)
 	}
-	px, err := newProxy(p, up, nil, store, slog.New(slog.DiscardHandler))
+	px, err := newProxy(p, up, nil, store, "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -56,8 +56,14 @@ func startProxy(t *testing.T, args ...string) string {
 // to stderr.
 func startProxyLog(t *testing.T, stderr *syncBuffer, args ...string) string {
 	t.Helper()
+	return startProxyOut(t, &syncBuffer{}, stderr, args...)
+}
+
+// startProxyOut is startProxyLog with the proxy's standard output in
+// stdout.
+func startProxyOut(t *testing.T, stdout, stderr *syncBuffer, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout := &syncBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, append([]string{"proxy", "-listen", "127.0.0.1:0"}, args...), strings.NewReader(""), stdout, stderr)
