@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/keyhash"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -34,10 +35,12 @@ func (i *Interceptor) Unary(ctx context.Context, req any, info *grpc.UnaryServer
 // error, and the key once known. A nil *callObs (no Observer) records
 // nothing.
 type callObs struct {
-	outcome    string
-	err        error
-	scope, key string
-	keyed      bool
+	outcome string
+	err     error
+	kh      keyhash.Value // the key and its hash, once known
+	// Context is the context of the guard's Begin, which o is: it hands
+	// the key's hash to the guard without an allocation (see begin).
+	context.Context
 }
 
 func (o *callObs) set(outcome string, err error) {
@@ -46,10 +49,30 @@ func (o *callObs) set(outcome string, err error) {
 	}
 }
 
+// setKey records the call's key, and computes its hash: once per call,
+// for its event, its store calls' and its lease's.
 func (o *callObs) setKey(scope, key string) {
 	if o != nil {
-		o.scope, o.key, o.keyed = scope, key, true
+		o.kh = keyhash.Value{Scope: scope, Key: key, Hash: idem.HashKey(scope, key)}
 	}
+}
+
+// begin returns the context for the guard's Begin: ctx, carrying the
+// key's hash when o has it.
+func (o *callObs) begin(ctx context.Context) context.Context {
+	if o == nil || o.kh.Hash == "" {
+		return ctx
+	}
+	o.Context = ctx
+	return o
+}
+
+// Value returns the key's hash for keyhash.CtxKey, else ctx's value.
+func (o *callObs) Value(k any) any {
+	if k == (keyhash.CtxKey{}) {
+		return &o.kh
+	}
+	return o.Context.Value(k)
 }
 
 // setEnded records the outcome of an execution ended by the interceptor
@@ -86,9 +109,7 @@ func (i *Interceptor) unaryObserved(ctx context.Context, req any, info *grpc.Una
 	defer func() {
 		e := idem.Event{Kind: idem.KindRequest, Route: route, Store: i.storeName, Outcome: o.outcome,
 			Duration: time.Since(t0), Err: o.err}
-		if o.keyed {
-			e.KeyHash = idem.HashKey(o.scope, o.key)
-		}
+		e.KeyHash = o.kh.Hash
 		i.obs.End(ctx, e)
 	}()
 	return i.unary(ctx, req, info, handler, o)
@@ -151,7 +172,7 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 		return nil, refusal(codes.InvalidArgument, ReasonInvalidRequest, 0, "the request cannot be fingerprinted")
 	}
 
-	exec, res, err := i.guard.Begin(ctx, scope, key, fp)
+	exec, res, err := i.guard.Begin(o.begin(ctx), scope, key, fp)
 	if err != nil {
 		o.set(idem.OutcomeStoreError, err)
 		switch {
