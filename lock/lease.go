@@ -322,12 +322,12 @@ func (e *Lease) report(cause, err error) {
 	ctx := context.Background()
 	switch {
 	case errors.Is(err, ErrNotHeld):
-		log.WarnContext(ctx, "lock: lease lost: renewal refused", slog.String(idem.LogKeyHash, idem.HashKey("lock", e.name)), slog.Int64(idem.LogFence, e.fence))
+		log.WarnContext(ctx, "lock: lease lost: renewal refused", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence))
 	case err != nil:
-		log.WarnContext(ctx, "lock: lease renewal failed", slog.String(idem.LogKeyHash, idem.HashKey("lock", e.name)), slog.Int64(idem.LogFence, e.fence), slog.Any(idem.LogErr, err))
+		log.WarnContext(ctx, "lock: lease renewal failed", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence), slog.Any(idem.LogErr, err))
 	}
 	if errors.Is(cause, ErrLost) && !errors.Is(err, ErrNotHeld) {
-		log.WarnContext(ctx, "lock: lease may have ended: no renewal confirmed it in time", slog.String(idem.LogKeyHash, idem.HashKey("lock", e.name)), slog.Int64(idem.LogFence, e.fence))
+		log.WarnContext(ctx, "lock: lease may have ended: no renewal confirmed it in time", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence))
 	}
 	if cause != nil {
 		e.cancel(cause)

@@ -474,9 +474,9 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}
 	if ev.Err != nil && ev.Action != Acked {
-		c.log.WarnContext(ctx, "natsjs: delivery", slog.String(idem.LogKeyHash, idem.HashKey("", m.ID)), "seq", ev.Sequence, "result", o.Result.String(), "action", ev.Action.String(), "err", ev.Err)
+		c.log.WarnContext(ctx, "natsjs: delivery", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "result", o.Result.String(), "action", ev.Action.String(), "err", ev.Err)
 	} else if ev.Err != nil {
-		c.log.WarnContext(ctx, "natsjs: ack", slog.String(idem.LogKeyHash, idem.HashKey("", m.ID)), "seq", ev.Sequence, "err", ev.Err)
+		c.log.WarnContext(ctx, "natsjs: ack", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "err", ev.Err)
 	}
 	if c.cfg.Observe != nil {
 		c.cfg.Observe(ev)

@@ -303,7 +303,7 @@ func (c *Consumer) deliver(sctx context.Context, wg *sync.WaitGroup, dl *confirm
 	m := message(d)
 	o, err := c.handle(context.WithoutCancel(sctx), m)
 	attrs := []any{
-		slog.String("queue", c.cfg.Queue), slog.String(idem.LogKeyHash, idem.HashKey("", d.MessageId)),
+		slog.String("queue", c.cfg.Queue), idem.LogKey("", d.MessageId, false),
 		slog.Bool("redelivered", d.Redelivered), slog.String("delivery_count", m.Headers[HeaderDeliveryCount]),
 		slog.String("result", o.Result.String()), slog.Int("attempt", o.Attempt),
 	}
