@@ -53,10 +53,12 @@
 //
 // # Logs
 //
-// idem, idemhttp, idemgrpc, sqlstore, redisstore and tieredstore log with
-// log/slog, under these attribute names (constants Log* of this package):
+// idem, idemhttp, idemgrpc, sqlstore, redisstore, tieredstore, lock,
+// natsjs, rabbitmq and outbox log with log/slog, under these attribute
+// names (constants Log* of this package):
 //
 //	idem.key_hash  HashKey of the record's scope and key: one key's lines, without the key
+//	               (a message: HashKey("", its ID); a lock: HashKey("lock", its name))
 //	idem.scope     the scope, only when the operator opts in (LogKeys in the configs)
 //	idem.key       the key, only when the operator opts in
 //	idem.route     the route pattern (HTTP) or full method (gRPC)
@@ -66,8 +68,10 @@
 //	idem.status    the HTTP status of a response
 //	err            the error
 //
-// Keys and scopes may identify users or carry secrets: by default a line
-// carries idem.key_hash only ([LogKey]).
+// Keys, scopes, message IDs and lock names may identify users or carry
+// secrets: by default a line carries idem.key_hash only ([LogKey]); only
+// idemhttp and idemgrpc (and the Guard) log the scope and key themselves,
+// when their LogKeys is set.
 //
 // # Observers
 //

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/internal/keyhash"
 )
 
 // Defaults of GuardConfig.
@@ -78,6 +80,9 @@ type GuardConfig struct {
 type Guard struct {
 	store Store
 	cfg   GuardConfig
+	// obs is store when it is observed: the guard calls it with the hash
+	// of the execution's key, computed once (see Execution.kh).
+	obs *observedStore
 }
 
 // NewGuard returns a Guard over s. A nil cfg means defaults; cfg is copied.
@@ -118,7 +123,7 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 			s = ObserveStore(s, c.StoreName, c.Observer)
 		}
 	}
-	return &Guard{store: s, cfg: c}, nil
+	return &Guard{store: s, cfg: c, obs: observedOf(s)}, nil
 }
 
 // prepare applies the configured Prepare to resp.
@@ -166,8 +171,20 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 		actx = context.WithoutCancel(ctx)
 	}
 	e := &Execution{g: g}
+	var res AcquireResult
+	var err error
 	sent := time.Now() // the lease is counted from no later than this
-	res, err := g.store.Acquire(e.bound(actx), req)
+	if g.obs != nil {
+		// The key's hash, for the events of the execution's store calls
+		// and lease: the caller's (an observed idemhttp or idemgrpc
+		// request computed it for its own event), else computed here once.
+		if e.kh = keyhash.From(ctx, scope, key); e.kh == nil {
+			e.kh = &keyhash.Value{Scope: scope, Key: key, Hash: HashKey(scope, key)}
+		}
+		res, err = g.obs.acquire(e.bound(actx), req, e.kh.Hash)
+	} else {
+		res, err = g.store.Acquire(e.bound(actx), req)
+	}
 	e.unbound()
 	if err != nil || res.Outcome != Acquired {
 		return nil, res, err
@@ -176,7 +193,7 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 		// The caller went away while the key was being acquired: nobody
 		// will run the work or end the execution, so the key is released
 		// at once and a retry runs without waiting for the lease.
-		if rerr := g.store.Release(e.bound(context.WithoutCancel(ctx)), res.Lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
+		if rerr := e.release(e.bound(context.WithoutCancel(ctx)), res.Lease); rerr != nil && !errors.Is(rerr, ErrLeaseLost) {
 			g.cfg.Logger.WarnContext(ctx, "idem: cannot release a key acquired for a caller that went away; left to its lease",
 				LogKey(scope, key, g.cfg.LogKeys), slog.Any(LogErr, rerr))
 		}
@@ -305,12 +322,29 @@ func (c *execContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
+// keyHash returns HashKey of l's scope and key, computed once.
+func (e *Execution) keyHash(l Lease) string {
+	if e.kh != nil {
+		return e.kh.Hash
+	}
+	return HashKey(l.Scope, l.Key)
+}
+
+// release releases l in the store.
+func (e *Execution) release(ctx context.Context, l Lease) error {
+	if o := e.g.obs; o != nil {
+		return o.release(ctx, l, e.kh.Hash)
+	}
+	return e.g.store.Release(ctx, l)
+}
+
 // Execution is one run of work under a lease. Its methods are safe for
 // concurrent use.
 type Execution struct {
 	g      *Guard
 	ctx    execContext
 	cancel context.CancelCauseFunc
+	kh     *keyhash.Value // the key's hash, when the store is observed
 
 	mu       sync.Mutex
 	lease    Lease
@@ -587,7 +621,13 @@ func (e *Execution) tick() {
 	e.mu.Unlock()
 
 	sent := time.Now()
-	nl, err := e.g.store.Extend(ctx, l, ttl)
+	var nl Lease
+	var err error
+	if o := e.g.obs; o != nil {
+		nl, err = o.extend(ctx, l, ttl, e.kh.Hash)
+	} else {
+		nl, err = e.g.store.Extend(ctx, l, ttl)
+	}
 	cancel()
 
 	e.mu.Lock()
@@ -616,7 +656,7 @@ func (e *Execution) tick() {
 			outcome = OutcomeRenewFailed
 		}
 		o.End(&e.ctx, Event{Kind: KindLease, Op: OpExtend, Outcome: outcome, Store: e.g.cfg.StoreName,
-			Duration: now.Sub(sent), Err: err, KeyHash: HashKey(l.Scope, l.Key)})
+			Duration: now.Sub(sent), Err: err, KeyHash: e.keyHash(l)})
 	}
 	e.report(l, cause, err)
 }
@@ -655,7 +695,7 @@ func (e *Execution) lost(l Lease) {
 	e.mu.Unlock()
 	if !shown {
 		o.End(&e.ctx, Event{Kind: KindLease, Outcome: OutcomeLost, Store: e.g.cfg.StoreName,
-			Err: ErrLeaseLost, KeyHash: HashKey(l.Scope, l.Key)})
+			Err: ErrLeaseLost, KeyHash: e.keyHash(l)})
 	}
 }
 
@@ -722,7 +762,11 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 		return err
 	}
 	resp = e.g.prepare(resp)
-	err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
+	if o := e.g.obs; o != nil {
+		err = o.complete(e.bound(ctx), l, resp, e.g.cfg.Retention, e.kh.Hash)
+	} else {
+		err = e.g.store.Complete(e.bound(ctx), l, resp, e.g.cfg.Retention)
+	}
 	e.unbound()
 	if err == nil {
 		// Committed reports it, so that a caller that lets work complete
@@ -760,7 +804,11 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 		return err
 	}
 	resp = e.g.prepare(resp)
-	err = txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention)
+	if o, ok := txc.(*observedTxStore); ok {
+		err = o.completeTx(ctx, tx, l, resp, e.g.cfg.Retention, e.kh.Hash)
+	} else {
+		err = txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention)
+	}
 	if err == nil || errors.Is(err, ErrFinished) {
 		e.mu.Lock()
 		e.kept = resp
@@ -788,7 +836,13 @@ func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 	if pending == nil {
 		return Response{}, false, nil
 	}
-	rec, err := e.g.store.Get(e.bound(ctx), l.Scope, l.Key)
+	var rec Record
+	var err error
+	if o := e.g.obs; o != nil {
+		rec, err = o.get(e.bound(ctx), l.Scope, l.Key, e.kh.Hash)
+	} else {
+		rec, err = e.g.store.Get(e.bound(ctx), l.Scope, l.Key)
+	}
 	e.unbound()
 	if err == nil && rec.Status == StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence && rec.Response != nil {
 		e.mu.Lock()
@@ -825,7 +879,7 @@ func (e *Execution) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = e.g.store.Release(e.bound(ctx), l)
+	err = e.release(e.bound(ctx), l)
 	e.unbound()
 	e.settle(err, false)
 	return err

@@ -19,11 +19,18 @@ const (
 // LogKey returns the attribute that identifies (scope, key) in a log line:
 // idem.key_hash alone, or, when raw is set (the operator opted in to
 // logging keys), a group of idem.key_hash, idem.scope and idem.key that
-// a handler writes as those three attributes.
+// a handler writes as those three attributes. The hash is computed when
+// a handler writes the line (it is a slog.LogValuer), not for a line
+// that is not logged.
 func LogKey(scope, key string, raw bool) slog.Attr {
-	h := slog.String(LogKeyHash, HashKey(scope, key))
+	h := slog.Any(LogKeyHash, keyHashValue{scope, key})
 	if !raw {
 		return h
 	}
 	return slog.Group("", h, slog.String(LogScope, scope), slog.String(LogKeyRaw, key))
 }
+
+// keyHashValue logs as HashKey(scope, key), computed when logged.
+type keyHashValue struct{ scope, key string }
+
+func (v keyHashValue) LogValue() slog.Value { return slog.StringValue(HashKey(v.scope, v.key)) }

@@ -53,3 +53,11 @@ func BenchmarkGuardDoObserver(b *testing.B) {
 	b.ReportMetric(m[1]/m[0], "first-ratio")
 	b.ReportMetric(m[3]/m[2], "replay-ratio")
 }
+
+// BenchmarkHashKey: what an observed operation pays per Event.KeyHash.
+func BenchmarkHashKey(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = idem.HashKey("tenant-42", "order-7f3c9a2e-55b1-4c1e-9d0a-2b6f8e1d4c77")
+	}
+}

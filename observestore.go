@@ -85,14 +85,15 @@ func (s *observedStore) start(ctx context.Context, op string) (context.Context, 
 	return s.o.Start(ctx, Event{Kind: KindStore, Op: op, Store: s.name}), time.Now()
 }
 
-// end reports the end of a call.
-func (s *observedStore) end(ctx context.Context, op string, t0 time.Time, scope, key string, err error) {
+// end reports the end of a call. kh is HashKey(scope, key) if the caller
+// has it (a Guard computes it once per execution), else "" and it is
+// computed here.
+func (s *observedStore) end(ctx context.Context, op string, t0 time.Time, scope, key, kh string, err error) {
 	outcome := OutcomeOK
 	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFinished) {
 		outcome = OutcomeError
 	}
-	var kh string
-	if scope != "" || key != "" {
+	if kh == "" && (scope != "" || key != "") {
 		kh = HashKey(scope, key)
 	}
 	s.o.End(ctx, Event{Kind: KindStore, Op: op, Store: s.name, Outcome: outcome,
@@ -100,51 +101,69 @@ func (s *observedStore) end(ctx context.Context, op string, t0 time.Time, scope,
 }
 
 func (s *observedStore) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
+	return s.acquire(ctx, req, "")
+}
+
+func (s *observedStore) acquire(ctx context.Context, req AcquireRequest, kh string) (AcquireResult, error) {
 	ctx, t0 := s.start(ctx, OpAcquire)
 	res, err := s.s.Acquire(ctx, req)
-	s.end(ctx, OpAcquire, t0, req.Scope, req.Key, err)
+	s.end(ctx, OpAcquire, t0, req.Scope, req.Key, kh, err)
 	return res, err
 }
 
 func (s *observedStore) Complete(ctx context.Context, l Lease, resp Response, retention time.Duration) error {
+	return s.complete(ctx, l, resp, retention, "")
+}
+
+func (s *observedStore) complete(ctx context.Context, l Lease, resp Response, retention time.Duration, kh string) error {
 	ctx, t0 := s.start(ctx, OpComplete)
 	err := s.s.Complete(ctx, l, resp, retention)
-	s.end(ctx, OpComplete, t0, l.Scope, l.Key, err)
+	s.end(ctx, OpComplete, t0, l.Scope, l.Key, kh, err)
 	return err
 }
 
-func (s *observedStore) Release(ctx context.Context, l Lease) error {
+func (s *observedStore) Release(ctx context.Context, l Lease) error { return s.release(ctx, l, "") }
+
+func (s *observedStore) release(ctx context.Context, l Lease, kh string) error {
 	ctx, t0 := s.start(ctx, OpRelease)
 	err := s.s.Release(ctx, l)
-	s.end(ctx, OpRelease, t0, l.Scope, l.Key, err)
+	s.end(ctx, OpRelease, t0, l.Scope, l.Key, kh, err)
 	return err
 }
 
 func (s *observedStore) Extend(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
+	return s.extend(ctx, l, ttl, "")
+}
+
+func (s *observedStore) extend(ctx context.Context, l Lease, ttl time.Duration, kh string) (Lease, error) {
 	ctx, t0 := s.start(ctx, OpExtend)
 	nl, err := s.s.Extend(ctx, l, ttl)
-	s.end(ctx, OpExtend, t0, l.Scope, l.Key, err)
+	s.end(ctx, OpExtend, t0, l.Scope, l.Key, kh, err)
 	return nl, err
 }
 
 func (s *observedStore) Get(ctx context.Context, scope, key string) (Record, error) {
+	return s.get(ctx, scope, key, "")
+}
+
+func (s *observedStore) get(ctx context.Context, scope, key, kh string) (Record, error) {
 	ctx, t0 := s.start(ctx, OpGet)
 	rec, err := s.s.Get(ctx, scope, key)
-	s.end(ctx, OpGet, t0, scope, key, err)
+	s.end(ctx, OpGet, t0, scope, key, kh, err)
 	return rec, err
 }
 
 func (s *observedStore) Delete(ctx context.Context, scope, key string) error {
 	ctx, t0 := s.start(ctx, OpDelete)
 	err := s.s.Delete(ctx, scope, key)
-	s.end(ctx, OpDelete, t0, scope, key, err)
+	s.end(ctx, OpDelete, t0, scope, key, "", err)
 	return err
 }
 
 func (s *observedStore) Sweep(ctx context.Context, limit int) (int, error) {
 	sctx, t0 := s.start(ctx, OpSweep)
 	n, err := s.s.Sweep(sctx, limit)
-	s.end(sctx, OpSweep, t0, "", "", err)
+	s.end(sctx, OpSweep, t0, "", "", "", err)
 	if err == nil {
 		s.o.End(ctx, Event{Kind: KindSweep, Op: SweepRecords, Store: s.name, N: int64(n)})
 	}
@@ -152,8 +171,24 @@ func (s *observedStore) Sweep(ctx context.Context, limit int) (int, error) {
 }
 
 func (s *observedTxStore) CompleteTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration) error {
+	return s.completeTx(ctx, tx, l, resp, retention, "")
+}
+
+func (s *observedTxStore) completeTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration, kh string) error {
 	ctx, t0 := s.start(ctx, OpCompleteTx)
 	err := s.txc.CompleteTx(ctx, tx, l, resp, retention)
-	s.end(ctx, OpCompleteTx, t0, l.Scope, l.Key, err)
+	s.end(ctx, OpCompleteTx, t0, l.Scope, l.Key, kh, err)
 	return err
+}
+
+// observedOf returns the observed store behind s, or nil if s is not a
+// Store from ObserveStore.
+func observedOf(s Store) *observedStore {
+	switch o := s.(type) {
+	case *observedStore:
+		return o
+	case *observedTxStore:
+		return o.observedStore
+	}
+	return nil
 }

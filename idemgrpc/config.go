@@ -131,8 +131,31 @@ type Config struct {
 	Types protoregistry.MessageTypeResolver
 
 	// Logger receives store failures, fail-open runs, lost leases and
-	// undecodable records. Nil discards them.
+	// undecodable records. Nil discards them. Lines identify a key by its
+	// hash (idem.key_hash) only, unless LogKeys is set.
 	Logger *slog.Logger
+
+	// LogKeys adds the scope and the key themselves (idem.scope, idem.key)
+	// to the log lines that concern a key. Keys and scopes may identify
+	// users or carry secrets: false, the default, logs only their hash.
+	LogKeys bool
+
+	// Observer, when set, receives one KindRequest event per covered call
+	// (Start when the interceptor takes it, End with its Outcome:
+	// executed, replayed, in_flight, mismatch, missing_key, invalid_key,
+	// invalid_request, unauthenticated, store_error, lease_lost, released,
+	// or passed for a call let through without a key under KeyOptional),
+	// with Route the call's full method ("/pkg.Service/Method"), the store
+	// calls made for it (KindStore, started from the context the call's
+	// Start returned, which the handler also receives), and the lease
+	// events of its execution. Calls of methods not covered are not
+	// reported. Nil reports nothing and costs one comparison per call.
+	Observer idem.Observer
+
+	// StoreName is the Store of the events reported to Observer ("memory",
+	// "sqlite", "postgres", "mysql", "redis", "tiered"). Empty means
+	// idem.DefaultStoreName.
+	StoreName string
 }
 
 // DefaultRelease is the release policy when Config.Release is nil. The
@@ -251,6 +274,9 @@ type Interceptor struct {
 	retryDelay  time.Duration
 	keyOptional bool
 	failOpen    bool
+	logKeys     bool
+	obs         idem.Observer
+	storeName   string
 }
 
 // New returns an Interceptor for cfg, which it copies. It refuses a nil
@@ -278,6 +304,12 @@ func New(cfg *Config) (*Interceptor, error) {
 		retryDelay:  c.RetryDelay,
 		keyOptional: c.KeyOptional,
 		failOpen:    c.FailOpen,
+		logKeys:     c.LogKeys,
+		obs:         c.Observer,
+		storeName:   c.StoreName,
+	}
+	if i.storeName == "" {
+		i.storeName = idem.DefaultStoreName
 	}
 	if i.covers == nil {
 		i.covers = DefaultCovers
@@ -300,10 +332,14 @@ func New(cfg *Config) (*Interceptor, error) {
 		Retention:    c.Retention,
 		StoreTimeout: c.StoreTimeout,
 		Logger:       logger,
+		Observer:     c.Observer,
+		StoreName:    i.storeName,
+		LogKeys:      c.LogKeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: %w", err)
 	}
 	i.guard = guard
+	i.store = guard.Store() // observed, when Observer is set
 	return i, nil
 }

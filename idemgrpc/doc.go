@@ -101,6 +101,15 @@
 // (grpc.SetHeader, grpc.SetTrailer). A replay carries only the message
 // or status, and idempotency-replayed.
 //
+// # Observing it
+//
+// Config.Observer (an idem.Observer, such as idemprom's or idemotel's)
+// receives one idem.KindRequest event per covered call, with Route the
+// call's full method and the Outcome idemhttp reports for the same
+// decision (executed, replayed, in_flight, mismatch, missing_key, ...),
+// the store calls made for it as its children, and its lease events.
+// Log lines identify a key by idem.key_hash unless Config.LogKeys is set.
+//
 // # The client interceptor
 //
 // Client.Unary gives a covered call without idempotency-key metadata a

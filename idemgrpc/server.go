@@ -3,10 +3,12 @@ package idemgrpc
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/keyhash"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,80 +25,191 @@ func (i *Interceptor) Unary(ctx context.Context, req any, info *grpc.UnaryServer
 	if !i.covers(info.FullMethod) {
 		return handler(ctx, req)
 	}
+	if i.obs != nil {
+		return i.unaryObserved(ctx, req, info, handler)
+	}
+	return i.unary(ctx, req, info, handler, nil)
+}
+
+// callObs is what an observed call reports when it ends: the outcome and
+// error, and the key once known. A nil *callObs (no Observer) records
+// nothing.
+type callObs struct {
+	outcome string
+	err     error
+	kh      keyhash.Value // the key and its hash, once known
+	// Context is the context of the guard's Begin, which o is: it hands
+	// the key's hash to the guard without an allocation (see begin).
+	context.Context
+}
+
+func (o *callObs) set(outcome string, err error) {
+	if o != nil {
+		o.outcome, o.err = outcome, err
+	}
+}
+
+// setKey records the call's key, and computes its hash: once per call,
+// for its event, its store calls' and its lease's.
+func (o *callObs) setKey(scope, key string) {
+	if o != nil {
+		o.kh = keyhash.Value{Scope: scope, Key: key, Hash: idem.HashKey(scope, key)}
+	}
+}
+
+// begin returns the context for the guard's Begin: ctx, carrying the
+// key's hash when o has it.
+func (o *callObs) begin(ctx context.Context) context.Context {
+	if o == nil || o.kh.Hash == "" {
+		return ctx
+	}
+	o.Context = ctx
+	return o
+}
+
+// Value returns the key's hash for keyhash.CtxKey, else ctx's value.
+func (o *callObs) Value(k any) any {
+	if k == (keyhash.CtxKey{}) {
+		return &o.kh
+	}
+	return o.Context.Value(k)
+}
+
+// setEnded records the outcome of an execution ended by the interceptor
+// (released or completed, with err).
+func (o *callObs) setEnded(released bool, exec *idem.Execution, err error) {
+	switch {
+	case o == nil:
+	case leaseLost(exec, err):
+		o.set(idem.OutcomeLeaseLost, err)
+	case errors.Is(err, idem.ErrFinished), err == nil:
+		if released {
+			o.set(idem.OutcomeReleased, nil)
+		} else {
+			o.set(idem.OutcomeExecuted, nil)
+		}
+	default:
+		// The answer was sent but could not be stored (or released): the
+		// record is left to its lease.
+		o.set(idem.OutcomeStoreError, err)
+	}
+}
+
+var errHandlerPanicked = errors.New("idemgrpc: the handler panicked")
+
+// unaryObserved serves a covered call, reporting it to the Observer:
+// Start before anything is read, End with the outcome when the answer is
+// decided (or the handler panicked: OutcomeReleased, and the panic goes
+// on). The handler and the store calls run in the context Start returned.
+func (i *Interceptor) unaryObserved(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	route := info.FullMethod
+	ctx = i.obs.Start(ctx, idem.Event{Kind: idem.KindRequest, Route: route, Store: i.storeName})
+	o := &callObs{outcome: idem.OutcomeReleased, err: errHandlerPanicked}
+	t0 := time.Now()
+	defer func() {
+		e := idem.Event{Kind: idem.KindRequest, Route: route, Store: i.storeName, Outcome: o.outcome,
+			Duration: time.Since(t0), Err: o.err}
+		e.KeyHash = o.kh.Hash
+		i.obs.End(ctx, e)
+	}()
+	return i.unary(ctx, req, info, handler, o)
+}
+
+// logKey is the attribute that identifies (scope, key) in a log line: its
+// hash, and the scope and key themselves under Config.LogKeys.
+func (i *Interceptor) logKey(scope, key string) slog.Attr {
+	return idem.LogKey(scope, key, i.logKeys)
+}
+
+// unary guards a covered call, recording its outcome in o.
+func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, o *callObs) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md[MetadataKey]
 	switch {
 	case len(values) == 0 && i.keyOptional:
+		o.set(idem.OutcomePassed, nil)
 		return handler(ctx, req)
 	case len(values) == 0:
+		o.set(idem.OutcomeMissingKey, nil)
 		return nil, refusal(codes.InvalidArgument, ReasonMissingKey, 0,
 			"this call needs idempotency-key metadata with a value unique to it")
 	case len(values) > 1:
+		o.set(idem.OutcomeInvalidKey, nil)
 		return nil, refusal(codes.InvalidArgument, ReasonInvalidKey, 0,
 			"the call has more than one idempotency-key value")
 	}
 	key, err := idemhttp.ParseKey(values[0])
 	if err != nil {
+		o.set(idem.OutcomeInvalidKey, err)
 		return nil, refusal(codes.InvalidArgument, ReasonInvalidKey, 0, "invalid idempotency-key: "+err.Error())
 	}
 	var scope string
 	if i.scope != nil {
 		if scope, err = i.scope(ctx); err != nil {
-			i.log.DebugContext(ctx, "idemgrpc: no scope", "method", info.FullMethod, "error", err)
+			o.set(idem.OutcomeUnauthenticated, err)
+			i.log.DebugContext(ctx, "idemgrpc: no scope", slog.String(idem.LogRoute, info.FullMethod), slog.Any(idem.LogErr, err))
 			if st, ok := status.FromError(err); ok && st.Code() != codes.OK && st.Code() != codes.Unknown {
 				return nil, st.Err()
 			}
 			return nil, status.Error(codes.Unauthenticated, "the caller cannot be identified")
 		}
 		if err := idem.ValidateScope(scope); err != nil {
-			i.log.WarnContext(ctx, "idemgrpc: invalid scope", "method", info.FullMethod, "error", err)
+			o.set(idem.OutcomeUnauthenticated, err)
+			i.log.WarnContext(ctx, "idemgrpc: invalid scope", slog.String(idem.LogRoute, info.FullMethod), slog.Any(idem.LogErr, err))
 			return nil, refusal(codes.InvalidArgument, ReasonInvalidScope, 0,
 				"the caller's identity cannot scope an idempotency key")
 		}
 	}
+	o.setKey(scope, key)
 	fp, err := i.fingerprint(info.FullMethod, req)
 	if err == nil {
 		err = idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: 1, Retention: 1}.Validate()
 	}
 	if err != nil {
-		i.log.WarnContext(ctx, "idemgrpc: cannot fingerprint the request", "method", info.FullMethod, "key", key, "error", err)
+		o.set(idem.OutcomeInvalidRequest, err)
+		i.log.WarnContext(ctx, "idemgrpc: cannot fingerprint the request", slog.String(idem.LogRoute, info.FullMethod),
+			i.logKey(scope, key), slog.Any(idem.LogErr, err))
 		return nil, refusal(codes.InvalidArgument, ReasonInvalidRequest, 0, "the request cannot be fingerprinted")
 	}
 
-	exec, res, err := i.guard.Begin(ctx, scope, key, fp)
+	exec, res, err := i.guard.Begin(o.begin(ctx), scope, key, fp)
 	if err != nil {
+		o.set(idem.OutcomeStoreError, err)
 		switch {
 		case ctx.Err() != nil:
 			return nil, status.FromContextError(ctx.Err()).Err()
 		case i.failOpen:
 			i.log.WarnContext(ctx, "idemgrpc: store unavailable; running the handler unguarded (FailOpen)",
-				"scope", scope, "key", key, "error", err)
+				i.logKey(scope, key), slog.Any(idem.LogErr, err))
 			return handler(ctx, req)
 		default:
-			i.log.ErrorContext(ctx, "idemgrpc: store unavailable", "scope", scope, "key", key, "error", err)
+			i.log.ErrorContext(ctx, "idemgrpc: store unavailable", i.logKey(scope, key), slog.Any(idem.LogErr, err))
 			return nil, i.unavailable()
 		}
 	}
 	switch res.Outcome {
 	case idem.Acquired:
 		if res.TookOver {
-			i.log.InfoContext(ctx, "idemgrpc: took over a key whose lease ended", "scope", scope, "key", key, "fence", res.Lease.Fence)
+			i.log.InfoContext(ctx, "idemgrpc: took over a key whose lease ended", i.logKey(scope, key), slog.Int64(idem.LogFence, res.Lease.Fence))
 		}
-		return i.run(ctx, req, handler, exec, fp)
+		return i.run(ctx, req, handler, exec, fp, o)
 	case idem.Completed:
-		return i.replay(ctx, res.Record)
+		return i.replay(ctx, res.Record, o)
 	case idem.Mismatch:
+		o.set(idem.OutcomeMismatch, nil)
 		return nil, mismatch()
 	case idem.InFlight:
+		o.set(idem.OutcomeInFlight, nil)
 		return nil, i.inFlight()
 	default:
-		i.log.ErrorContext(ctx, "idemgrpc: store returned an unknown outcome", "outcome", res.Outcome.String())
+		o.set(idem.OutcomeStoreError, nil)
+		i.log.ErrorContext(ctx, "idemgrpc: store returned an unknown outcome", slog.String(idem.LogOutcome, res.Outcome.String()))
 		return nil, i.unavailable()
 	}
 }
 
 // run runs the handler under exec and ends the execution.
-func (i *Interceptor) run(ctx context.Context, req any, handler grpc.UnaryHandler, exec *idem.Execution, fp idem.Fingerprint) (any, error) {
+func (i *Interceptor) run(ctx context.Context, req any, handler grpc.UnaryHandler, exec *idem.Execution, fp idem.Fingerprint, o *callObs) (any, error) {
 	bg := context.WithoutCancel(ctx)
 	returned := false
 	defer func() {
@@ -106,37 +219,40 @@ func (i *Interceptor) run(ctx context.Context, req any, handler grpc.UnaryHandle
 		// The handler panicked (or called runtime.Goexit): release the key
 		// so that a retry runs again, and let the panic go on.
 		i.releaseExec(bg, exec)
-		i.log.WarnContext(bg, "idemgrpc: handler panicked; key released", "scope", exec.Lease().Scope, "key", exec.Lease().Key)
+		i.log.WarnContext(bg, "idemgrpc: handler panicked; key released", i.logKey(exec.Lease().Scope, exec.Lease().Key))
 	}()
 	resp, herr := handler(exec.Context(), req)
 	returned = true
-	return i.finish(ctx, bg, exec, fp, resp, herr)
+	return i.finish(ctx, bg, exec, fp, resp, herr, o)
 }
 
 // finish ends exec after the handler returned resp and herr, and returns
 // the call's answer. bg is ctx without its cancellation.
-func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp idem.Fingerprint, resp any, herr error) (any, error) {
+func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp idem.Fingerprint, resp any, herr error, o *callObs) (any, error) {
 	stored, committed, err := exec.Committed(bg)
 	switch {
 	case err != nil:
 		// The handler completed in its transaction, and whether that
 		// committed cannot be read: leave the record to its lease.
 		exec.Abandon()
+		o.set(idem.OutcomeStoreError, err)
 		i.log.ErrorContext(ctx, "idemgrpc: cannot read whether the handler's completion committed; key left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+			i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, err))
 		return resp, herr
 	case committed:
 		// What retries will replay is what the handler committed.
+		o.set(idem.OutcomeExecuted, nil)
 		m, serr, derr := decode(stored, i.types)
 		if derr != nil {
 			i.log.ErrorContext(ctx, "idemgrpc: the handler committed an answer this server cannot decode",
-				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", derr)
+				i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, derr))
 			return resp, herr
 		}
 		return m, serr
 	}
 
 	var end error
+	released := false
 	if herr == nil {
 		m, ok := resp.(proto.Message)
 		var r idem.Response
@@ -149,21 +265,23 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 			// retry run its effect again. The record keeps no answer, and
 			// retries are answered Internal IDEMPOTENCY_RECORD_UNREADABLE.
 			i.log.ErrorContext(ctx, "idemgrpc: the handler's response cannot be stored; the record keeps no answer",
-				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "type", typeName(resp), "error", eerr)
+				i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.String("type", typeName(resp)), slog.Any(idem.LogErr, eerr))
 			r = omitted(codes.OK)
 		}
 		end = i.complete(bg, exec, r)
 	} else if st := status.Convert(herr); i.release(st.Code()) {
+		released = true
 		end = i.releaseExec(bg, exec)
 	} else {
 		r, eerr := EncodeStatus(st)
 		if eerr != nil {
 			i.log.ErrorContext(ctx, "idemgrpc: the handler's error cannot be stored; the record keeps no answer",
-				"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", eerr)
+				i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, eerr))
 			r = omitted(st.Code())
 		}
 		end = i.complete(bg, exec, r)
 	}
+	o.setEnded(released, exec, end)
 	if leaseLost(exec, end) {
 		return i.answerLost(ctx, bg, exec, fp, resp, herr)
 	}
@@ -208,12 +326,12 @@ func (i *Interceptor) answerLost(ctx, bg context.Context, exec *idem.Execution, 
 		return resp, herr
 	case err == nil && got.Fingerprint == fp && got.Status == idem.StatusCompleted && got.Response != nil:
 		i.log.WarnContext(ctx, "idemgrpc: lease lost; the caller gets the answer of the execution that took the key over",
-			"scope", l.Scope, "key", l.Key, "fence", l.Fence, "winner_fence", got.Fence)
-		return i.replay(ctx, got)
+			i.logKey(l.Scope, l.Key), slog.Int64(idem.LogFence, l.Fence), slog.Int64("idem.winner_fence", got.Fence))
+		return i.replay(ctx, got, nil)
 	default:
-		attrs := []any{"scope", l.Scope, "key", l.Key, "fence", l.Fence}
+		attrs := []any{i.logKey(l.Scope, l.Key), slog.Int64(idem.LogFence, l.Fence)}
 		if err != nil {
-			attrs = append(attrs, "error", err)
+			attrs = append(attrs, slog.Any(idem.LogErr, err))
 		}
 		i.log.WarnContext(ctx, "idemgrpc: lease lost, and the key holds no answer to replay: answered Aborted", attrs...)
 		return nil, i.inFlight()
@@ -240,7 +358,7 @@ func (i *Interceptor) complete(ctx context.Context, exec *idem.Execution, resp i
 	default:
 		exec.Abandon()
 		i.log.ErrorContext(ctx, "idemgrpc: answer sent but not stored; key left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "code", codes.Code(resp.StatusCode).String(), "error", err)
+			i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.String("code", codes.Code(resp.StatusCode).String()), slog.Any(idem.LogErr, err))
 	}
 	return err
 }
@@ -254,22 +372,25 @@ func (i *Interceptor) releaseExec(ctx context.Context, exec *idem.Execution) err
 	default:
 		exec.Abandon()
 		i.log.ErrorContext(ctx, "idemgrpc: cannot release the key; left to its lease",
-			"scope", exec.Lease().Scope, "key", exec.Lease().Key, "error", err)
+			i.logKey(exec.Lease().Scope, exec.Lease().Key), slog.Any(idem.LogErr, err))
 	}
 	return err
 }
 
 // replay answers with a stored answer, marked in the header metadata.
-func (i *Interceptor) replay(ctx context.Context, rec idem.Record) (any, error) {
+func (i *Interceptor) replay(ctx context.Context, rec idem.Record, o *callObs) (any, error) {
 	if rec.Response == nil {
-		i.log.ErrorContext(ctx, "idemgrpc: completed record without an answer", "scope", rec.Scope, "key", rec.Key)
+		o.set(idem.OutcomeStoreError, nil)
+		i.log.ErrorContext(ctx, "idemgrpc: completed record without an answer", i.logKey(rec.Scope, rec.Key))
 		return nil, refusal(codes.Internal, ReasonUnreadable, 0, "the answer stored for this idempotency key cannot be replayed")
 	}
 	m, serr, derr := decode(*rec.Response, i.types)
 	if derr != nil {
-		i.log.ErrorContext(ctx, "idemgrpc: cannot decode a stored answer", "scope", rec.Scope, "key", rec.Key, "error", derr)
+		o.set(idem.OutcomeStoreError, derr)
+		i.log.ErrorContext(ctx, "idemgrpc: cannot decode a stored answer", i.logKey(rec.Scope, rec.Key), slog.Any(idem.LogErr, derr))
 		return nil, refusal(codes.Internal, ReasonUnreadable, 0, "the answer stored for this idempotency key cannot be replayed")
 	}
+	o.set(idem.OutcomeReplayed, nil)
 	// Outside a gRPC server (a direct call) there is no header to set.
 	_ = grpc.SetHeader(ctx, metadata.MD{MetadataReplayed: {"true"}})
 	return m, serr

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/keyhash"
 )
 
 // Retry-After values, in seconds.
@@ -57,10 +58,12 @@ func (g *guarded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // and error, and the key once known. A nil *reqObs (no Observer) records
 // nothing.
 type reqObs struct {
-	outcome    string
-	err        error
-	scope, key string
-	keyed      bool
+	outcome string
+	err     error
+	kh      keyhash.Value // the key and its hash, once known
+	// Context is the context of the guard's Begin, which o is: it hands
+	// the key's hash to the guard without an allocation (see begin).
+	context.Context
 }
 
 func (o *reqObs) set(outcome string, err error) {
@@ -69,10 +72,34 @@ func (o *reqObs) set(outcome string, err error) {
 	}
 }
 
+// setKey records the request's key, and computes its hash: once per
+// request, for its event, its store calls' and its lease's.
 func (o *reqObs) setKey(scope, key string) {
 	if o != nil {
-		o.scope, o.key, o.keyed = scope, key, true
+		o.kh = keyhash.Value{Scope: scope, Key: key, Hash: idem.HashKey(scope, key)}
 	}
+}
+
+// begin returns the context for the guard's Begin: ctx, carrying the
+// key's hash when o has it.
+func (o *reqObs) begin(ctx context.Context) context.Context {
+	if o == nil || o.kh.Hash == "" {
+		return ctx
+	}
+	if o.Context == nil {
+		o.Context = ctx
+	} else if o.Context != ctx {
+		return ctx
+	}
+	return o
+}
+
+// Value returns the key's hash for keyhash.CtxKey, else ctx's value.
+func (o *reqObs) Value(k any) any {
+	if k == (keyhash.CtxKey{}) {
+		return &o.kh
+	}
+	return o.Context.Value(k)
 }
 
 // serveObserved serves a guarded request, reporting it to the Observer:
@@ -89,9 +116,7 @@ func (m *Middleware) serveObserved(w http.ResponseWriter, r *http.Request, next 
 	defer func() {
 		e := idem.Event{Kind: idem.KindRequest, Route: route, Store: m.storeName, Outcome: o.outcome,
 			Duration: time.Since(t0), Err: o.err}
-		if o.keyed {
-			e.KeyHash = idem.HashKey(o.scope, o.key)
-		}
+		e.KeyHash = o.kh.Hash
 		m.obs.End(ctx, e)
 	}()
 	m.serve(w, r, next, o)
@@ -369,7 +394,7 @@ func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.H
 	ctx := r.Context()
 	var deadline time.Time // of the Wait mode, once a first Acquire saw the key in flight
 	for {
-		exec, res, err := m.guard.Begin(ctx, scope, key, fp)
+		exec, res, err := m.guard.Begin(o.begin(ctx), scope, key, fp)
 		if err != nil {
 			o.set(idem.OutcomeStoreError, err)
 			switch {

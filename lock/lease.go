@@ -3,6 +3,7 @@ package lock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -321,12 +322,12 @@ func (e *Lease) report(cause, err error) {
 	ctx := context.Background()
 	switch {
 	case errors.Is(err, ErrNotHeld):
-		log.WarnContext(ctx, "lock: lease lost: renewal refused", "name", e.name, "fence", e.fence)
+		log.WarnContext(ctx, "lock: lease lost: renewal refused", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence))
 	case err != nil:
-		log.WarnContext(ctx, "lock: lease renewal failed", "name", e.name, "fence", e.fence, "error", err)
+		log.WarnContext(ctx, "lock: lease renewal failed", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence), slog.Any(idem.LogErr, err))
 	}
 	if errors.Is(cause, ErrLost) && !errors.Is(err, ErrNotHeld) {
-		log.WarnContext(ctx, "lock: lease may have ended: no renewal confirmed it in time", "name", e.name, "fence", e.fence)
+		log.WarnContext(ctx, "lock: lease may have ended: no renewal confirmed it in time", idem.LogKey("lock", e.name, false), slog.Int64(idem.LogFence, e.fence))
 	}
 	if cause != nil {
 		e.cancel(cause)

@@ -92,7 +92,8 @@ type Config struct {
 	// duration between half of it and all of it). Defaults 10 ms and 1 s.
 	RetryMin, RetryMax time.Duration
 	// Logger receives the watchdog's warnings (a renewal refused or
-	// failed, a lease lost). Nil discards them.
+	// failed, a lease lost). Nil discards them. A line identifies its
+	// lock by idem.key_hash (idem.HashKey("lock", name)), never by name.
 	Logger *slog.Logger
 	// Observer, if set, is told of each attempt to acquire a lock
 	// (idem.KindLock, Op idem.OpAcquire, Start and End: Outcome acquired,

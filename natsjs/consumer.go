@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -117,7 +118,9 @@ type Config struct {
 	// Observe, if set, is called after each delivery is settled (from
 	// the worker that handled it; it must not block long).
 	Observe func(Event)
-	// Logger receives settlement failures. Nil: discarded.
+	// Logger receives settlement failures. Nil: discarded. A line
+	// identifies its message by idem.key_hash (idem.HashKey("", the
+	// message ID), as the inbox's Observer events do), never by its ID.
 	Logger *slog.Logger
 }
 
@@ -471,9 +474,9 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}
 	if ev.Err != nil && ev.Action != Acked {
-		c.log.WarnContext(ctx, "natsjs: delivery", "id", m.ID, "seq", ev.Sequence, "result", o.Result.String(), "action", ev.Action.String(), "err", ev.Err)
+		c.log.WarnContext(ctx, "natsjs: delivery", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "result", o.Result.String(), "action", ev.Action.String(), "err", ev.Err)
 	} else if ev.Err != nil {
-		c.log.WarnContext(ctx, "natsjs: ack", "id", m.ID, "seq", ev.Sequence, "err", ev.Err)
+		c.log.WarnContext(ctx, "natsjs: ack", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "err", ev.Err)
 	}
 	if c.cfg.Observe != nil {
 		c.cfg.Observe(ev)

@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 )
 
@@ -125,7 +126,9 @@ type ConsumerConfig struct {
 	ReconnectDelay time.Duration
 	MaxReconnect   time.Duration
 	// Logger receives deliveries that are not acked, broker failures and
-	// reconnections. Nil: discarded.
+	// reconnections. Nil: discarded. A line identifies its message by
+	// idem.key_hash (idem.HashKey("", the message ID), as the inbox's
+	// Observer events do), never by its ID.
 	Logger *slog.Logger
 }
 
@@ -300,7 +303,7 @@ func (c *Consumer) deliver(sctx context.Context, wg *sync.WaitGroup, dl *confirm
 	m := message(d)
 	o, err := c.handle(context.WithoutCancel(sctx), m)
 	attrs := []any{
-		slog.String("queue", c.cfg.Queue), slog.String("message_id", d.MessageId),
+		slog.String("queue", c.cfg.Queue), idem.LogKey("", d.MessageId, false),
 		slog.Bool("redelivered", d.Redelivered), slog.String("delivery_count", m.Headers[HeaderDeliveryCount]),
 		slog.String("result", o.Result.String()), slog.Int("attempt", o.Attempt),
 	}

@@ -8,4 +8,3 @@ require (
 )
 
 replace github.com/idemkit/idem => ../
-

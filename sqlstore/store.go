@@ -17,7 +17,7 @@ type Config struct {
 	// Dialect is the database's SQL flavour. Required.
 	Dialect Dialect
 	// Logger receives migrations applied and leases taken over. Nil
-	// discards.
+	// discards. A line identifies a key by its hash (idem.key_hash) only.
 	Logger *slog.Logger
 }
 
@@ -159,7 +159,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return idem.AcquireResult{}, s.fail(ctx, op, err)
 	}
 	if res.TookOver {
-		s.log.InfoContext(ctx, "sqlstore: took over an expired lease", "scope", req.Scope, "key", req.Key, "fence", res.Lease.Fence)
+		s.log.InfoContext(ctx, "sqlstore: took over an expired lease", idem.LogKey(req.Scope, req.Key, false), slog.Int64(idem.LogFence, res.Lease.Fence))
 	}
 	return res, nil
 }

@@ -405,7 +405,7 @@ func (s *store) lookup(ctx context.Context, name, scope, key string) (idem.Recor
 	}
 	rec, err := decodeEntry(scope, key, b)
 	if err != nil {
-		s.log.WarnContext(ctx, "tieredstore: ignoring a cache entry", "entry", name, "error", err)
+		s.log.WarnContext(ctx, "tieredstore: ignoring a cache entry", idem.LogKey(scope, key, false), slog.Any(idem.LogErr, err))
 		return idem.Record{}, false
 	}
 	return rec, true

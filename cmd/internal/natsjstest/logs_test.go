@@ -1,0 +1,65 @@
+package natsjstest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/natsjs"
+)
+
+// TestConsumerLogsHashIDs: the line the consumer logs about a delivery
+// whose Process failed identifies the message by idem.key_hash, the hash
+// of its ID that the inbox's Observer events carry, and never by the ID.
+func TestConsumerLogsHashIDs(t *testing.T) {
+	t.Parallel()
+	const id = "order-ID-30517"
+	e := setup(t, 0)
+	var buf logBuffer
+	var calls atomic.Int64
+	p := func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
+		if calls.Add(1) == 1 {
+			return inbox.Outcome{Result: inbox.Retry}, errors.New("store down")
+		}
+		return inbox.Outcome{Result: inbox.Processed}, nil
+	}
+	c := newConsumer(t, e, p, natsjs.Config{
+		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	run(t, c)
+	e.publish(t, "a", id, "x")
+	waitFor(t, "the message processed after a retry", func() bool { return calls.Load() >= 2 && settled(t, c) })
+	out := buf.String()
+	for _, want := range []string{"natsjs: delivery", `"idem.key_hash":"` + idem.HashKey("", id) + `"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, id) {
+		t.Errorf("the message ID in the log:\n%s", out)
+	}
+}
+
+// logBuffer is a bytes.Buffer safe for concurrent writes.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,70 @@
+package lock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/lock"
+)
+
+// TestLogsHashNames: the watchdog's warnings (a renewal that failed, a
+// renewal refused) identify the lock by the hash of its name
+// (idem.key_hash, as the Observer's events do) and never carry the name,
+// which may hold an identifier.
+func TestLogsHashNames(t *testing.T) {
+	t.Parallel()
+	const name = "order-NAME-66120"
+	var buf syncBuffer
+	h := newHook()
+	h.extend = func(_ context.Context, n int) (error, bool) {
+		if n == 0 {
+			return errors.New("connection reset"), true
+		}
+		return lock.ErrNotHeld, true
+	}
+	l := newLocker(t, h, lock.Config{TTL: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	lease, err := l.TryAcquire(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease)
+	if !errors.Is(lease.Err(), lock.ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost", lease.Err())
+	}
+	out := buf.String()
+	hash := `"idem.key_hash":"` + idem.HashKey("lock", name) + `"`
+	for _, want := range []string{"lock: lease renewal failed", "lock: lease lost: renewal refused", hash, `"idem.fence":`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, name) {
+		t.Errorf("the lock's name in the log:\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
