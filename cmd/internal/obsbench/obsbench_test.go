@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -75,6 +77,28 @@ func BenchmarkObserved(b *testing.B) {
 					}
 				}
 			}
+			// The floor of tracing: the unobserved request plus the spans
+			// the tracing observer records for it (a request and its
+			// store calls: three for a first execution, acquire and
+			// complete; two for a replay), started and ended by hand on
+			// the same SDK with as many attributes: what any tracing of
+			// this request at this granularity pays, whoever records it.
+			tracer := tp.Tracer("floor")
+			attrs := []attribute.KeyValue{
+				attribute.String("idem.kind", "store"), attribute.String("idem.op", "acquire"),
+				attribute.String("idem.route", "POST /orders"), attribute.String("idem.store", "memory"),
+				attribute.String("idem.outcome", "ok"), attribute.String("idem.key_hash", "0123456789abcdef"),
+			}
+			spans := func(n int) {
+				ctx, root := tracer.Start(context.Background(), "idem.request", trace.WithAttributes(attrs...))
+				for range n - 1 {
+					_, sp := tracer.Start(ctx, "idem.store", trace.WithAttributes(attrs...))
+					sp.End()
+				}
+				root.End()
+			}
+			firstFloor := serve(off, key)
+			replayFloor := serve(off, httpharness.ReplayKey)
 			b.ReportAllocs()
 			m := benchpair.Run(b,
 				benchpair.Func{Name: "bare", F: serve(serveBare, nil)},
@@ -84,11 +108,15 @@ func BenchmarkObserved(b *testing.B) {
 				benchpair.Func{Name: "replay-off", F: serve(off, httpharness.ReplayKey)},
 				benchpair.Func{Name: "replay-prom", F: serve(onProm, httpharness.ReplayKey)},
 				benchpair.Func{Name: "replay-all", F: serve(onAll, httpharness.ReplayKey)},
+				benchpair.Func{Name: "first-floor", F: func() { firstFloor(); spans(3) }, Before: next},
+				benchpair.Func{Name: "replay-floor", F: func() { replayFloor(); spans(2) }},
 			)
 			benchpair.Ratio(b, "first-prom/off", m[2], m[1])
 			benchpair.Ratio(b, "first-all/off", m[3], m[1])
 			benchpair.Ratio(b, "replay-prom/off", m[5], m[4])
 			benchpair.Ratio(b, "replay-all/off", m[6], m[4])
+			benchpair.Ratio(b, "first-all/floor", m[3], m[7])
+			benchpair.Ratio(b, "replay-all/floor", m[6], m[8])
 		})
 	}
 }
