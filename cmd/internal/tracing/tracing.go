@@ -65,7 +65,10 @@ func (t *Tracing) Observer() idem.Observer {
 
 // Handler wraps h with a server span per request, a child of the
 // caller's trace context (traceparent), named by the method (the path
-// may hold IDs: it is not recorded).
+// may hold IDs: it is not recorded). A method that is not one of HTTP's
+// own is any string a client sends: its span is named "HTTP" and its
+// http.request.method is "_OTHER" (OpenTelemetry's semantic
+// conventions), so that span names stay a bounded set.
 func (t *Tracing) Handler(h http.Handler) http.Handler {
 	if t == nil {
 		return h
@@ -73,8 +76,12 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 	prop := otel.GetTextMapPropagator()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method)))
+		name, method := r.Method, r.Method
+		if !knownMethod(method) {
+			name, method = "HTTP", "_OTHER"
+		}
+		ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", method)))
 		defer span.End()
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(sw, r.WithContext(ctx))
@@ -83,6 +90,17 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 			span.SetStatus(codes.Error, strconv.Itoa(sw.status))
 		}
 	})
+}
+
+// knownMethod reports whether m is one of the methods of RFC 9110 or
+// PATCH.
+func knownMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // Shutdown flushes the spans not yet exported and stops the export.

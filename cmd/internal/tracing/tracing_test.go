@@ -1,10 +1,13 @@
 package tracing_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -53,5 +56,75 @@ func TestExportsToTheEndpoint(t *testing.T) {
 	}
 	if posts.Load() == 0 || bytes.Load() == 0 {
 		t.Fatal("the collector received no spans")
+	}
+}
+
+// collect starts a collector that keeps the bodies of the OTLP/HTTP posts
+// it receives, and points the exporter at it.
+func collect(t *testing.T) func() []byte {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		body []byte
+	)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		body = append(body, b...)
+		mu.Unlock()
+	}))
+	t.Cleanup(collector.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "none")
+	return func() []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return bytes.Clone(body)
+	}
+}
+
+// TestMethodsOutsideHTTPAreNotNamed: a client's made-up methods do not
+// become span names or attribute values (every one would be a span name
+// of its own in the collector): they are exported as "HTTP" and
+// "_OTHER", while a known method keeps its name.
+func TestMethodsOutsideHTTPAreNotNamed(t *testing.T) {
+	exported := collect(t)
+	tr, err := tracing.Start(context.Background(), "test")
+	if err != nil || tr == nil {
+		t.Fatalf("Start = %v, %v", tr, err)
+	}
+	srv := httptest.NewServer(tr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	defer srv.Close()
+	var made []string
+	for i := range 20 {
+		m := "XMETHOD" + strconv.Itoa(i) + "QZ"
+		made = append(made, m)
+		req, _ := http.NewRequest(m, srv.URL+"/orders", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	req, _ := http.NewRequest(http.MethodDelete, srv.URL+"/orders", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	body := exported()
+	for _, m := range made {
+		if bytes.Contains(body, []byte(m)) {
+			t.Errorf("the method %q a client made up was exported", m)
+		}
+	}
+	for _, want := range []string{"_OTHER", "HTTP", http.MethodDelete} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("the export has no %q", want)
+		}
 	}
 }
