@@ -6,7 +6,9 @@ package tracing
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 
@@ -43,6 +45,14 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	if !Enabled() {
 		return nil, nil
 	}
+	// The exporter logs a malformed endpoint and sends to its default
+	// (localhost:4318) instead: spans would go nowhere while the program
+	// looked fine. Refuse it here, naming the variable.
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if err := checkEndpoint(name, os.Getenv(name)); err != nil {
+			return nil, err
+		}
+	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, err
@@ -52,6 +62,22 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return &Tracing{tp: tp, tracer: tp.Tracer(service), obs: idemotel.New(tp, nil)}, nil
+}
+
+// checkEndpoint returns an error naming the variable name if its value v
+// is set and is not an http or https URL with a host.
+func checkEndpoint(name, v string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		return fmt.Errorf("%s is not a URL (%v); give e.g. http://127.0.0.1:4318", name, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s=%s is not an http:// or https:// URL with a host; give e.g. http://127.0.0.1:4318", name, u.Redacted())
+	}
+	return nil
 }
 
 // Observer returns the idem.Observer that records idem's spans (nil when

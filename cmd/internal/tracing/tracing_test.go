@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -127,4 +128,40 @@ func TestMethodsOutsideHTTPAreNotNamed(t *testing.T) {
 			t.Errorf("the export has no %q", want)
 		}
 	}
+}
+
+// TestMalformedEndpointIsRefused: an endpoint that is not an http(s) URL
+// with a host makes Start fail with an error naming the variable (the
+// exporter would log it and send to its default address instead), and a
+// well-formed one is accepted.
+func TestMalformedEndpointIsRefused(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "://collector"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector"},
+		{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http:///v1/traces"},
+	} {
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+		t.Setenv(tc.name, tc.value)
+		tr, err := tracing.Start(context.Background(), "test")
+		if err == nil || tr != nil {
+			_ = tr.Shutdown(context.Background())
+			t.Errorf("%s=%q: Start = %v, %v; want an error", tc.name, tc.value, tr, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s=%q: the error %q does not name the variable", tc.name, tc.value, err)
+		}
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.example:4318")
+	tr, err := tracing.Start(context.Background(), "test")
+	if err != nil || tr == nil {
+		t.Fatalf("Start with a well-formed endpoint = %v, %v", tr, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing to flush; do not wait for the unreachable host
+	_ = tr.Shutdown(ctx)
 }
