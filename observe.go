@@ -20,7 +20,8 @@ import (
 // Op, Route and Store set, and End when it is over, with the same fields
 // plus Outcome, Duration and Err. The context Start returns is the
 // operation's: a tracer puts its span there, and the operations nested in
-// it (the store calls of a request) start from it. An instant (a lease
+// it (the store calls of a request) start from it. Start returns ctx
+// itself when it has nothing to add (a nil context is taken for ctx). An instant (a lease
 // lost, a sweep's count, an outbox backlog) is reported by End alone.
 type Observer interface {
 	Start(ctx context.Context, e Event) context.Context
@@ -217,7 +218,9 @@ type multiObserver []Observer
 
 func (m multiObserver) Start(ctx context.Context, e Event) context.Context {
 	for _, o := range m {
-		ctx = o.Start(ctx, e)
+		if c := o.Start(ctx, e); c != nil {
+			ctx = c
+		}
 	}
 	return ctx
 }

@@ -81,7 +81,9 @@ func (o *reqObs) setKey(scope, key string) {
 func (m *Middleware) serveObserved(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	route := m.routeOf(r)
 	ctx := m.obs.Start(r.Context(), idem.Event{Kind: idem.KindRequest, Route: route, Store: m.storeName})
-	if ctx != r.Context() { // a tracer's span: the handler and the store calls run in it
+	if ctx == nil {
+		ctx = r.Context()
+	} else if ctx != r.Context() { // a tracer's span: the handler and the store calls run in it
 		r = r.WithContext(ctx)
 	}
 	o := &reqObs{outcome: idem.OutcomeReleased, err: errHandlerPanicked}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -207,4 +208,30 @@ func TestObserverStartsAndEndsPair(t *testing.T) {
 		t.Errorf("wait: the waiting retry's status %d", c)
 	}
 	obs.check(t, "wait")
+}
+
+// TestObserverNilStart: an Observer whose Start returns nil (taken for the
+// request's context) does not break the request: it executes, is stored,
+// and is reported.
+func TestObserverNilStart(t *testing.T) {
+	t.Parallel()
+	obs := &obstest.NilStart{}
+	st := memstore.New(nil)
+	mw, err := idemhttp.New(&idemhttp.Config{Store: st, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, request(http.MethodPost, "/orders", "k1", "{}"))
+	if w.Code != http.StatusCreated {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	rec, err := st.Get(context.Background(), "", "k1")
+	if err != nil || rec.Status != idem.StatusCompleted {
+		t.Fatalf("record %+v, %v; want completed", rec, err)
+	}
+	if obs.Ends() < 3 { // the request, its Acquire and its Complete
+		t.Fatalf("%d ends reported, want at least 3", obs.Ends())
+	}
 }
