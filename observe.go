@@ -12,8 +12,10 @@ import (
 // make, so that metrics, traces and logs can be built outside the core
 // (the idemprom and idemotel modules). An Observer's methods run on the
 // goroutine of the operation they report: they must be safe for
-// concurrent use, fast, and must not block. A nil Observer costs one
-// comparison per operation.
+// concurrent use, fast, and must not block or panic. A panic is not
+// recovered: it goes through the operation reported, as the caller's own
+// would (a record acquired is then left to its lease, as when the process
+// dies). A nil Observer costs one comparison per operation.
 //
 // An operation that lasts (an HTTP request's guard, a store call, a
 // message's handling) is reported twice: Start when it begins, with Kind,
