@@ -397,7 +397,7 @@ func (h *Handler) retry(w http.ResponseWriter, r *http.Request, u who) {
 		http.Error(w, "the form names no message (group and id)", http.StatusBadRequest)
 		return
 	}
-	hash := idem.HashKey(group, id)
+	hash := idem.HashKey("", id) // as the inbox reports it (its Event.KeyHash)
 	if r.PostFormValue("confirm") != "yes" {
 		lines := []string{"group " + quote(group), "message " + quote(id)}
 		if h.cfg.RetryHelp != "" {

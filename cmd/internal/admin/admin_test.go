@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 )
@@ -356,7 +357,7 @@ func TestEvictLogKeys(t *testing.T) {
 func TestRetry(t *testing.T) {
 	f := setup(t, nil)
 	cookie, csrf := f.login(t)
-	hash := idem.HashKey("loyalty", "msg-secret-1")
+	hash := idem.HashKey("", "msg-secret-1")
 	page := f.send(t, "GET", "/admin/", "cookie:"+cookie, nil)
 	if !strings.Contains(page.body, `class="retry" data-hash="`+hash+`"`) || !strings.Contains(page.body, "points service down") {
 		t.Fatalf("the page does not list the dead message with a retry button:\n%s", page.body)
@@ -430,5 +431,37 @@ func TestNoListing(t *testing.T) {
 	}
 	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, url.Values{"scope": {"acct-7"}, "key": {"secret-key-1"}, "confirm": {"yes"}}); a.code != http.StatusSeeOther || f.recordExists(t) {
 		t.Fatalf("evict by key: %d", a.code)
+	}
+}
+
+// TestMessageHashIsTheInboxs: a dead message is shown, and its retry
+// logged, under the hash the inbox reports as the KeyHash of its
+// handling (the idem.key_hash of its span), so that an operator finds
+// its traces from the page.
+func TestMessageHashIsTheInboxs(t *testing.T) {
+	f := setup(t, nil)
+	rec := &obstest.Recorder{}
+	in, err := inbox.New(inbox.NewMemoryStore(), &inbox.Config{Group: "loyalty", Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Handle(t.Context(), inbox.Message{ID: "msg-secret-1"}, func(context.Context, inbox.Delivery) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ends := rec.Ends(idem.KindInbox)
+	if len(ends) != 1 || ends[0].KeyHash == "" {
+		t.Fatalf("inbox ends %+v, want one with a KeyHash", ends)
+	}
+	hash := ends[0].KeyHash
+	page := f.send(t, "GET", "/admin/", "bearer:"+token, nil)
+	if !strings.Contains(page.body, `class="retry" data-hash="`+hash+`"`) {
+		t.Fatalf("the dead message is not shown under the inbox's hash %s:\n%s", hash, page.body)
+	}
+	form := url.Values{"group64": {"bG95YWx0eQ"}, "id64": {"bXNnLXNlY3JldC0x"}, "confirm": {"yes"}}
+	if a := f.send(t, "POST", "/admin/retry", "bearer:"+token, form); a.code != http.StatusSeeOther {
+		t.Fatalf("retry: %d %s", a.code, a.body)
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "message_hash="+hash) {
+		t.Fatalf("the retry is not logged under the inbox's hash %s:\n%s", hash, logs)
 	}
 }

@@ -38,8 +38,9 @@
 // Every action, and every failed login, is logged (log/slog) with the
 // remote address, how the operator authenticated (bearer or session, and
 // a hash of the session's cookie), the action, and the record by
-// idem.HashKey(scope, key) (a message by idem.HashKey(group, id) and its
-// group): the raw key or message ID only when Config.LogKeys is set.
+// idem.HashKey(scope, key) (a message by its group and idem.HashKey("",
+// id), the idem.key_hash of the inbox's span of its handling): the raw
+// key or message ID only when Config.LogKeys is set.
 //
 // # Counters
 //
