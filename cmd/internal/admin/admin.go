@@ -364,6 +364,16 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		return
 	}
 	hash := idem.HashKey(scope, key)
+	// A record whose lease is live is being executed: deleting it would
+	// let a retry run the request again while this execution still runs
+	// (its completion then fails, its effect stays). Refused until the
+	// lease ends; a record whose holder died is evicted as any other.
+	if rec, err := h.cfg.Store.Get(r.Context(), scope, key); err == nil && rec.Status == idem.StatusProcessing && rec.LeaseUntil.After(h.cfg.Now()) {
+		h.log.WarnContext(r.Context(), "admin: refused to evict a record being executed", append(whoAttrs(r, u), "key_hash", hash)...)
+		http.Error(w, "record "+hash+" is being executed (its lease runs until "+rec.LeaseUntil.UTC().Format(time.RFC3339)+
+			"): evicting it would let a retry run the request again while this execution runs; evict it after its lease ends", http.StatusConflict)
+		return
+	}
 	if r.PostFormValue("confirm") != "yes" {
 		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/evict",
 			Title: "Evict record " + hash + "?",

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -463,5 +464,45 @@ func TestMessageHashIsTheInboxs(t *testing.T) {
 	}
 	if logs := f.log.String(); !strings.Contains(logs, "message_hash="+hash) {
 		t.Fatalf("the retry is not logged under the inbox's hash %s:\n%s", hash, logs)
+	}
+}
+
+// TestEvictRefusesALiveExecution: a record whose lease is live is being
+// executed; evicting it would let a retry run the request a second time
+// while the first still runs. The page refuses (409, before and at the
+// confirmation) and keeps it; once its lease ended (the holder died), it
+// is evicted.
+func TestEvictRefusesALiveExecution(t *testing.T) {
+	var now atomic.Pointer[time.Time]
+	t0 := time.Now()
+	now.Store(&t0)
+	f := setup(t, func(c *admin.Config) { c.Now = func() time.Time { return *now.Load() } })
+	ctx := t.Context()
+	acq, err := f.store.Acquire(ctx, idem.AcquireRequest{Scope: "acct-8", Key: "running-key", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatal(acq, err)
+	}
+	exists := func() bool {
+		_, err := f.store.Get(ctx, "acct-8", "running-key")
+		if err != nil && !errors.Is(err, idem.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	form := url.Values{"scope": {"acct-8"}, "key": {"running-key"}}
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusConflict {
+		t.Fatalf("confirmation of a live record's eviction: %d, want 409\n%s", a.code, a.body)
+	}
+	form.Set("confirm", "yes")
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusConflict || !exists() {
+		t.Fatalf("eviction of a live record: %d, record kept %v; want 409 and kept", a.code, exists())
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "refused to evict") || strings.Contains(logs, "running-key") {
+		t.Fatalf("the refusal's log line:\n%s", logs)
+	}
+	later := t0.Add(2 * time.Minute) // the lease ended: its holder died
+	now.Store(&later)
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusSeeOther || exists() {
+		t.Fatalf("eviction after the lease ended: %d, record kept %v; want 303 and gone", a.code, exists())
 	}
 }

@@ -28,7 +28,9 @@
 // # Actions
 //
 //   - Evict deletes a record from the store (idem.Store.Delete): a
-//     retry with its key runs as a new request. A record listed is named
+//     retry with its key runs as a new request. A record being executed
+//     (processing, its lease not ended) is refused (409): a retry would
+//     run while the execution still runs. A record listed is named
 //     by its exact bytes; "Evict by key" takes a scope and a key typed in
 //     (for stores that cannot list, such as Redis).
 //   - Retry is the program's (Config.Retry; see shopd's for the shop's
