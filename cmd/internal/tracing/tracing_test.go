@@ -12,7 +12,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/tracing"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
 )
 
 // TestExportsToTheEndpoint: with OTEL_EXPORTER_OTLP_ENDPOINT set, a
@@ -164,4 +167,85 @@ func TestMalformedEndpointIsRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // nothing to flush; do not wait for the unreachable host
 	_ = tr.Shutdown(ctx)
+}
+
+// TestExportHasNoKey: the OTLP payload of guarded requests (executed,
+// replayed, mismatched, refused as in flight, released by a 5xx) carries
+// the key's hash and the outcomes, never the key, the scope or the path's
+// id.
+func TestExportHasNoKey(t *testing.T) {
+	exported := collect(t)
+	tr, err := tracing.Start(context.Background(), "test")
+	if err != nil || tr == nil {
+		t.Fatalf("Start = %v, %v", tr, err)
+	}
+	const key, scope, id = "secret-key-Qx81", "user-55501", "order-99173"
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil), Observer: tr.Observer(), StoreName: "memory",
+		Scope: func(*http.Request) (string, error) { return scope, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, blocked := make(chan struct{}), make(chan struct{}, 1)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders/{id}", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") != "" {
+			blocked <- struct{}{}
+			<-block
+		}
+		if r.Header.Get("X-Fail") != "" {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})))
+	srv := httptest.NewServer(tr.Handler(mux))
+	defer srv.Close()
+	post := func(k, body string, hdr ...string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders/"+id, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", k)
+		for _, h := range hdr {
+			req.Header.Set(h, "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, c := range []struct {
+		key, body string
+		hdr       []string
+		want      int
+	}{
+		{key, "a", nil, 201}, {key, "a", nil, 201}, {key, "b", nil, 422}, {key + "-5xx", "a", []string{"X-Fail"}, 500},
+	} {
+		if got := post(c.key, c.body, c.hdr...); got != c.want {
+			t.Fatalf("request %d: %d, want %d", i, got, c.want)
+		}
+	}
+	done := make(chan int)
+	go func() { done <- post(key+"-busy", "a", "X-Block") }()
+	<-blocked
+	if got := post(key+"-busy", "a"); got != http.StatusConflict {
+		t.Fatalf("a retry during the execution: %d, want 409", got)
+	}
+	close(block)
+	if got := <-done; got != 201 {
+		t.Fatalf("the blocked execution: %d", got)
+	}
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	body := exported()
+	for _, secret := range []string{key, scope, id} {
+		if bytes.Contains(body, []byte(secret)) {
+			t.Errorf("the export holds %q", secret)
+		}
+	}
+	for _, want := range []string{idem.HashKey(scope, key), "executed", "replayed", "mismatch", "in_flight", "released", "POST /orders/{id}"} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("the export lacks %q", want)
+		}
+	}
 }
