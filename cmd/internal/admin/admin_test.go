@@ -506,3 +506,52 @@ func TestEvictRefusesALiveExecution(t *testing.T) {
 		t.Fatalf("eviction after the lease ended: %d, record kept %v; want 303 and gone", a.code, exists())
 	}
 }
+
+// TestStoredTextIsEscaped: keys, scopes, message IDs and error texts come
+// from clients and handlers: the page, its confirmation pages and its
+// error answers show them as text, never as markup.
+func TestStoredTextIsEscaped(t *testing.T) {
+	const scope, key = `"><img src=x onerror=alert(1)>`, `<script>alert("k")</script>`
+	const id, lastErr = `<script>alert("id")</script>`, `<b onmouseover=alert(2)>down</b>`
+	f := setup(t, func(c *admin.Config) {
+		c.Held = func(context.Context, int) ([]admin.Held, error) {
+			return []admin.Held{{Ref: `<svg onload=alert(3)>`, Order: "o-1", Reason: `<iframe src=javascript:alert(4)>`}}, nil
+		}
+		c.Retry = func(context.Context, string, string) error { return errors.New(`<script>alert("retry")</script>`) }
+	})
+	ctx := t.Context()
+	acq, err := f.store.Acquire(ctx, idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatal(acq, err)
+	}
+	if err := f.store.Complete(ctx, acq.Lease, idem.Response{StatusCode: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.inbox.Claim(ctx, "loyalty", id, time.Minute, 1)
+	if err != nil || !c.Claimed {
+		t.Fatal(c, err)
+	}
+	if _, err := f.inbox.Fail(ctx, "loyalty", id, c.Fence, 1, lastErr); err != nil {
+		t.Fatal(err)
+	}
+	markup := []string{"<script>alert", "<img src=x", "<b onmouseover", "<svg onload", "<iframe src"}
+	check := func(what string, a answer) {
+		t.Helper()
+		for _, m := range markup {
+			if strings.Contains(a.body, m) {
+				t.Errorf("%s (%d) holds the markup %q:\n%s", what, a.code, m, a.body)
+			}
+		}
+	}
+	page := f.send(t, "GET", "/admin/", "bearer:"+token, nil)
+	if page.code != http.StatusOK || !strings.Contains(page.body, idem.HashKey(scope, key)) || !strings.Contains(page.body, idem.HashKey("", id)) {
+		t.Fatalf("the page does not list the record and the message: %d", page.code)
+	}
+	check("the page", page)
+	check("the eviction's confirmation", f.send(t, "POST", "/admin/evict", "bearer:"+token, url.Values{"scope": {scope}, "key": {key}}))
+	check("the retry's confirmation", f.send(t, "POST", "/admin/retry", "bearer:"+token, url.Values{"group": {"loyalty"}, "id": {id}}))
+	failed := f.send(t, "POST", "/admin/retry", "bearer:"+token, url.Values{"group": {"loyalty"}, "id": {id}, "confirm": {"yes"}})
+	if ct := failed.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") || failed.header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("a failed retry's answer is %q (nosniff %q), want text/plain and nosniff", ct, failed.header.Get("X-Content-Type-Options"))
+	}
+}
