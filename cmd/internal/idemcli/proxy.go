@@ -429,10 +429,16 @@ func (p *proxyFlags) run(e *env) error {
 		if err != nil {
 			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/admin/", page)
-		mux.Handle("/", h)
-		handler = mux
+		// Not a ServeMux: it would answer the paths that are not clean
+		// (doubled slashes, dot segments) with a redirect of its own,
+		// where the upstream gets them when the page is off.
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/admin/") {
+				page.ServeHTTP(w, r)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
 	}
 	srv := &http.Server{
 		Handler:           traces.Handler(handler),
