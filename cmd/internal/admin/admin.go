@@ -388,6 +388,13 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 	}
 	if err := h.cfg.Store.Delete(r.Context(), scope, key); err != nil {
 		msg := h.redact(err, scope, key)
+		if errors.Is(err, idem.ErrNotFound) {
+			// A key typed in with another scope, or evicted already:
+			// the operator's mistake, not the store's failure.
+			h.log.WarnContext(r.Context(), "admin: evict found no record", attrs...)
+			http.Error(w, "no record "+hash+" of this scope and key (evicted already, expired, or another scope)", http.StatusNotFound)
+			return
+		}
 		h.log.ErrorContext(r.Context(), "admin: evict failed", append(attrs, "error", msg)...)
 		http.Error(w, "evict failed: "+msg, http.StatusBadGateway)
 		return

@@ -555,3 +555,21 @@ func TestStoredTextIsEscaped(t *testing.T) {
 		t.Errorf("a failed retry's answer is %q (nosniff %q), want text/plain and nosniff", ct, failed.header.Get("X-Content-Type-Options"))
 	}
 }
+
+// TestEvictMissingRecord: evicting a key that has no record (typed with
+// another scope, or evicted already) is answered 404, not as a failure of
+// the store (502), and logged as such by the key's hash.
+func TestEvictMissingRecord(t *testing.T) {
+	f := setup(t, nil)
+	form := url.Values{"scope": {"acct-7"}, "key": {"no-such-key"}, "confirm": {"yes"}}
+	a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form)
+	if a.code != http.StatusNotFound || !strings.Contains(a.body, idem.HashKey("acct-7", "no-such-key")) {
+		t.Fatalf("evict of a missing record: %d %q, want 404 naming its hash", a.code, a.body)
+	}
+	if !f.recordExists(t) {
+		t.Fatal("another record was evicted")
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "evict found no record") || strings.Contains(logs, "evict failed") || strings.Contains(logs, "no-such-key") {
+		t.Fatalf("the log:\n%s", logs)
+	}
+}
