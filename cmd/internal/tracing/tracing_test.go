@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/tracing"
@@ -247,5 +248,47 @@ func TestExportHasNoKey(t *testing.T) {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("the export lacks %q", want)
 		}
+	}
+}
+
+// TestShutdownBoundedByItsContext: a collector that never answers does
+// not hold the program's exit: Shutdown returns, with an error, when its
+// context ends (shopd and idem proxy give it 5 s).
+func TestShutdownBoundedByItsContext(t *testing.T) {
+	stop := make(chan struct{})
+	var posts atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		<-stop
+	}))
+	defer collector.Close()
+	defer close(stop)
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	tr, err := tracing.Start(context.Background(), "test")
+	if err != nil || tr == nil {
+		t.Fatalf("Start = %v, %v", tr, err)
+	}
+	srv := httptest.NewServer(tr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/orders", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- tr.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Shutdown against a collector that never answers returned no error")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Shutdown did not return after its context ended")
+	}
+	if posts.Load() == 0 {
+		t.Error("the export never reached the collector")
 	}
 }
