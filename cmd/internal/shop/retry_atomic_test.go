@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,14 +15,24 @@ import (
 )
 
 // TestRetryEventFailsWhole: a retry of a dead loyalty event that cannot
-// write the event again (here its order is gone) leaves the message dead,
+// write the event again (here its order was deleted) leaves the message dead,
 // so that the operator can retry it once the cause is fixed; a retry that
 // succeeds makes it failed, awaiting the event written again, and a
-// second retry finds nothing dead.
+// second retry finds nothing dead; of two concurrent retries, one is done.
 func TestRetryEventFailsWhole(t *testing.T) {
-	s, db := newShop(t, sqliteBackend)
+	forBackends(t, func(t *testing.T, b backend) { testRetryEventFailsWhole(t, b) })
+}
+
+func testRetryEventFailsWhole(t *testing.T, b backend) {
+	s, db := newShop(t, b)
 	ctx := context.Background()
-	in, err := sqlstore.NewInboxStore(db, sqlstore.SQLite)
+	q := func(query string) string {
+		if b.dialect == sqlstore.PostgreSQL {
+			return strings.ReplaceAll(query, "?", "$1")
+		}
+		return query
+	}
+	in, err := sqlstore.NewInboxStore(db, b.dialect)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +57,7 @@ func TestRetryEventFailsWhole(t *testing.T) {
 			t.Fatalf("callback: %d %s", pay.Code, pay.Body)
 		}
 		var row int64
-		if err := db.QueryRowContext(ctx, `SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?`, o.OrderNo).Scan(&row); err != nil {
+		if err := db.QueryRowContext(ctx, q(`SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?`), o.OrderNo).Scan(&row); err != nil {
 			t.Fatal(err)
 		}
 		id = shop.DefaultEventIDPrefix + fmt.Sprint(row)
@@ -69,7 +80,7 @@ func TestRetryEventFailsWhole(t *testing.T) {
 	}
 
 	id, orderNo := dead("301")
-	if _, err := db.ExecContext(ctx, `UPDATE shop_orders SET order_no = 'gone-' || order_no WHERE order_no = ?`, orderNo); err != nil {
+	if _, err := db.ExecContext(ctx, q(`DELETE FROM shop_orders WHERE order_no = ?`), orderNo); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.RetryEvent(ctx, in, shop.LoyaltyGroup, id); err == nil {
@@ -88,5 +99,31 @@ func TestRetryEventFailsWhole(t *testing.T) {
 	}
 	if err := s.RetryEvent(ctx, in, shop.LoyaltyGroup, id2); err == nil {
 		t.Fatal("a second RetryEvent of the same message: no error")
+	}
+
+	// Two operators retry one dead message at once: one retry is done,
+	// the event is written again once, not twice.
+	id3, orderNo3 := dead("303")
+	retries := func() int {
+		t.Helper()
+		var n int
+		if err := db.QueryRowContext(ctx, q(`SELECT COUNT(*) FROM idem_outbox WHERE msg_key = ?`), orderNo3).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := retries()
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- s.RetryEvent(ctx, in, shop.LoyaltyGroup, id3) }()
+	}
+	ok := 0
+	for range 2 {
+		if err := <-errs; err == nil {
+			ok++
+		}
+	}
+	if ok != 1 || retries() != before+1 || status(id3) != inbox.StatusFailed {
+		t.Fatalf("two concurrent retries: %d done, %d events written, message %s; want 1, 1, failed", ok, retries()-before, status(id3))
 	}
 }
