@@ -12,15 +12,18 @@ import (
 // make, so that metrics, traces and logs can be built outside the core
 // (the idemprom and idemotel modules). An Observer's methods run on the
 // goroutine of the operation they report: they must be safe for
-// concurrent use, fast, and must not block. A nil Observer costs one
-// comparison per operation.
+// concurrent use, fast, and must not block or panic. A panic is not
+// recovered: it goes through the operation reported, as the caller's own
+// would (a record acquired is then left to its lease, as when the process
+// dies). A nil Observer costs one comparison per operation.
 //
 // An operation that lasts (an HTTP request's guard, a store call, a
 // message's handling) is reported twice: Start when it begins, with Kind,
 // Op, Route and Store set, and End when it is over, with the same fields
 // plus Outcome, Duration and Err. The context Start returns is the
 // operation's: a tracer puts its span there, and the operations nested in
-// it (the store calls of a request) start from it. An instant (a lease
+// it (the store calls of a request) start from it. Start returns ctx
+// itself when it has nothing to add (a nil context is taken for ctx). An instant (a lease
 // lost, a sweep's count, an outbox backlog) is reported by End alone.
 type Observer interface {
 	Start(ctx context.Context, e Event) context.Context
@@ -217,7 +220,9 @@ type multiObserver []Observer
 
 func (m multiObserver) Start(ctx context.Context, e Event) context.Context {
 	for _, o := range m {
-		ctx = o.Start(ctx, e)
+		if c := o.Start(ctx, e); c != nil {
+			ctx = c
+		}
 	}
 	return ctx
 }

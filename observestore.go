@@ -82,7 +82,10 @@ func (s *observedStore) Unwrap() Store { return s.s }
 
 // start reports the start of a call.
 func (s *observedStore) start(ctx context.Context, op string) (context.Context, time.Time) {
-	return s.o.Start(ctx, Event{Kind: KindStore, Op: op, Store: s.name}), time.Now()
+	if c := s.o.Start(ctx, Event{Kind: KindStore, Op: op, Store: s.name}); c != nil {
+		ctx = c
+	}
+	return ctx, time.Now()
 }
 
 // end reports the end of a call. kh is HashKey(scope, key) if the caller

@@ -108,7 +108,9 @@ func (o *reqObs) Value(k any) any {
 func (m *Middleware) serveObserved(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	route := m.routeOf(r)
 	ctx := m.obs.Start(r.Context(), idem.Event{Kind: idem.KindRequest, Route: route, Store: m.storeName})
-	if ctx != r.Context() { // a tracer's span: the handler and the store calls run in it
+	if ctx == nil {
+		ctx = r.Context()
+	} else if ctx != r.Context() { // a tracer's span: the handler and the store calls run in it
 		r = r.WithContext(ctx)
 	}
 	o := &reqObs{outcome: idem.OutcomeReleased, err: errHandlerPanicked}

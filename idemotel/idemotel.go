@@ -110,7 +110,13 @@ func (o *observer) Start(ctx context.Context, e idem.Event) context.Context {
 func (o *observer) End(ctx context.Context, e idem.Event) {
 	if s, ok := ctx.Value(startedKey{}).(*started); ok && s.kind == e.Kind && s.op == e.Op && s.ended.CompareAndSwap(false, true) {
 		span := s.span
-		span.SetAttributes(endAttrs(e, nil)...)
+		a := endAttrs(e, nil)
+		if e.KeyHash != "" {
+			// The key is known at the end: a request's Start comes
+			// before its key is read, a store call's carries none.
+			a = append(a, AttrKeyHash.String(e.KeyHash))
+		}
+		span.SetAttributes(a...)
 		if e.Err != nil {
 			span.RecordError(e.Err)
 			span.SetStatus(codes.Error, e.Err.Error())

@@ -240,3 +240,26 @@ func TestLinkedWhenTheConsumerHasASpan(t *testing.T) {
 		t.Fatalf("Inject without a span = %v", got)
 	}
 }
+
+// TestKeyHashFromEnd: the callers know the key only at the end (idemhttp
+// starts a request's span before reading its key; ObserveStore's Start
+// carries none): the KeyHash of the End is the span's idem.key_hash.
+func TestKeyHashFromEnd(t *testing.T) {
+	t.Parallel()
+	rec, tp := setup(t)
+	obs := idemotel.New(tp, nil)
+	hash := idem.HashKey("tenant-7", "order-key-123")
+	req := idem.Event{Kind: idem.KindRequest, Route: "POST /orders", Store: "memory"}
+	ctx := obs.Start(context.Background(), req)
+	st := idem.Event{Kind: idem.KindStore, Op: idem.OpAcquire, Store: "memory"}
+	sctx := obs.Start(ctx, st)
+	st.Outcome, st.KeyHash = idem.OutcomeOK, hash
+	obs.End(sctx, st)
+	req.Outcome, req.KeyHash = idem.OutcomeExecuted, hash
+	obs.End(ctx, req)
+	for _, name := range []string{"idem.request", "idem.store.acquire"} {
+		if s := byName(t, rec.Ended(), name); attr(s, idemotel.AttrKeyHash) != hash {
+			t.Errorf("%s: idem.key_hash %q, want %s (attributes %v)", name, attr(s, idemotel.AttrKeyHash), hash, s.Attributes())
+		}
+	}
+}

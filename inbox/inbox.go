@@ -498,7 +498,10 @@ func (in *Inbox) start(ctx context.Context, obs idem.Observer, m Message) (conte
 	if id, bad := in.id(m); bad == nil {
 		e.KeyHash = idem.HashKey("", id)
 	}
-	return obs.Start(ctx, e), e, time.Now()
+	if c := obs.Start(ctx, e); c != nil {
+		ctx = c
+	}
+	return ctx, e, time.Now()
 }
 
 // outcomes are the idem.Event outcomes of the Results.

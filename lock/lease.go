@@ -164,7 +164,9 @@ func (e *Lease) Release(ctx context.Context) error {
 		return e.lk.b.Release(ctx, e.name, e.owner, e.fence)
 	}
 	ev := e.lk.event(idem.OpRelease, e.name)
-	ctx = obs.Start(ctx, ev)
+	if c := obs.Start(ctx, ev); c != nil {
+		ctx = c
+	}
 	start := time.Now()
 	err := e.lk.b.Release(ctx, e.name, e.owner, e.fence)
 	ev.Duration, ev.Err, ev.Outcome = time.Since(start), err, idem.OutcomeReleased

@@ -266,7 +266,9 @@ func (l *Locker) attempt(ctx context.Context, name string) (*Lease, error) {
 	var e idem.Event
 	if obs != nil {
 		e = l.event(idem.OpAcquire, name)
-		ctx = obs.Start(ctx, e)
+		if c := obs.Start(ctx, e); c != nil {
+			ctx = c
+		}
 	}
 	actx, cancel := context.WithDeadlineCause(ctx, sent.Add(ttl), errAttemptTimeout)
 	fence, err := l.b.Acquire(actx, name, owner, ttl)

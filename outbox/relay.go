@@ -155,7 +155,9 @@ func (r *Relay) Once(ctx context.Context) (int, error) {
 		return r.publish(ctx, b, msgs)
 	}
 	e := idem.Event{Kind: idem.KindOutbox, Op: idem.OpPublish, Route: r.cfg.Name}
-	ctx = obs.Start(ctx, e)
+	if c := obs.Start(ctx, e); c != nil {
+		ctx = c
+	}
 	start := time.Now()
 	n, err := r.publish(ctx, b, msgs)
 	e.Duration, e.N, e.Err, e.Outcome = time.Since(start), int64(n), err, idem.OutcomeOK

@@ -80,7 +80,7 @@ func decodeRecord(scope, key string, v []any) (rec idem.Record, found bool, err 
 		errs = append(errs, fmt.Errorf("status %q", rec.Status))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return idem.Record{}, false, fmt.Errorf("malformed record (%q, %q): %w", scope, key, err)
+		return idem.Record{}, false, fmt.Errorf("malformed record %s: %w", idem.HashKey(scope, key), err)
 	}
 	return rec, true, nil
 }

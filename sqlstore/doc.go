@@ -551,5 +551,6 @@
 // failed ones waiting for their redelivery, processing ones whose
 // consumer may have died), least recently updated first, and Revive makes
 // a dead record failed with no attempt counted, so that the message,
-// published again with its ID, is handled again.
+// published again with its ID, is handled again (ReviveTx does it in the
+// transaction that writes the message again to an outbox).
 package sqlstore

@@ -591,6 +591,20 @@ func (s *InboxStore) List(ctx context.Context, status inbox.Status, limit int) (
 // when there is no dead record of (group, id): none at all, or one in
 // another status, which Revive leaves as it is.
 func (s *InboxStore) Revive(ctx context.Context, group, id string) error {
+	return s.revive(ctx, nil, group, id)
+}
+
+// ReviveTx is Revive in the caller's transaction tx: an operator's retry
+// that also writes the message again (to an outbox) revives the record
+// only if that write commits with it.
+func (s *InboxStore) ReviveTx(ctx context.Context, tx *sql.Tx, group, id string) error {
+	if tx == nil {
+		return errors.New("sqlstore: inbox revive in tx: nil *sql.Tx")
+	}
+	return s.revive(ctx, tx, group, id)
+}
+
+func (s *InboxStore) revive(ctx context.Context, tx *sql.Tx, group, id string) error {
 	const op = "revive"
 	if err := s.closedErr(op); err != nil {
 		return err
@@ -601,7 +615,7 @@ func (s *InboxStore) Revive(ctx context.Context, group, id string) error {
 		err error
 	)
 	for attempt := 1; ; attempt++ {
-		if res, err = s.exec(ctx, nil, inboxRevive, &v); err == nil || !s.d.retryable(err) || attempt == inboxAttempts {
+		if res, err = s.exec(ctx, tx, inboxRevive, &v); err == nil || tx != nil || !s.d.retryable(err) || attempt == inboxAttempts {
 			break
 		}
 	}

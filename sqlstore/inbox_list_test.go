@@ -13,8 +13,9 @@ import (
 )
 
 // List returns the records of one status, least recently updated first,
-// of every group; Revive makes a dead record failed with no attempt
-// counted, and the next delivery runs the handler again.
+// of every group; Revive (and ReviveTx, when its transaction commits)
+// makes a dead record failed with no attempt counted, and the next
+// delivery runs the handler again.
 func TestInboxListAndRevive(t *testing.T) {
 	forDialects(t, func(t *testing.T, srv server) {
 		db, _, s := inboxSetup(t, srv)
@@ -111,7 +112,28 @@ func TestInboxListAndRevive(t *testing.T) {
 		wantRecord(t, s, "loyalty", "failed-1", inbox.StatusFailed, 1)
 		wantRecord(t, s, "mail", "dead-2", inbox.StatusDead, 2)
 
-		if err := s.Revive(ctx, "loyalty", "dead-1"); err != nil {
+		// ReviveTx: the record is revived only if the transaction commits.
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReviveTx(ctx, tx, "loyalty", "dead-1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		wantRecord(t, s, "loyalty", "dead-1", inbox.StatusDead, 2)
+		if tx, err = db.BeginTx(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReviveTx(ctx, tx, "loyalty", "failed-1"); !errors.Is(err, inbox.ErrNotFound) {
+			t.Errorf("ReviveTx of a failed record = %v, want ErrNotFound", err)
+		}
+		if err := s.ReviveTx(ctx, tx, "loyalty", "dead-1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		r := wantRecord(t, s, "loyalty", "dead-1", inbox.StatusFailed, 0)

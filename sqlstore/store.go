@@ -816,13 +816,13 @@ func (r *recordRow) record() (idem.Record, error) {
 		if r.header.Valid && r.header.String != "" {
 			h, err := decodeHeader(r.header.String)
 			if err != nil {
-				return idem.Record{}, fmt.Errorf("record (%q, %q) has a malformed header: %w", scope, key, err)
+				return idem.Record{}, fmt.Errorf("record %s has a malformed header: %w", idem.HashKey(scope, key), err)
 			}
 			resp.Header = h
 		}
 		rec.Response = resp
 	default:
-		return idem.Record{}, fmt.Errorf("record (%q, %q) has unknown status %q", scope, key, r.status)
+		return idem.Record{}, fmt.Errorf("record %s has unknown status %q", idem.HashKey(scope, key), r.status)
 	}
 	return rec, nil
 }

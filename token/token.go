@@ -172,7 +172,9 @@ func (t *Tokens) Issue(ctx context.Context, scope string) (Token, error) {
 		exp, err = t.store.Insert(ctx, scope, d, t.ttl)
 	} else {
 		e, start := idem.Event{Kind: idem.KindToken, Op: idem.OpIssue, KeyHash: idem.HashKey(scope, d)}, time.Now()
-		ctx = t.obs.Start(ctx, e)
+		if c := t.obs.Start(ctx, e); c != nil {
+			ctx = c
+		}
 		exp, err = t.store.Insert(ctx, scope, d, t.ttl)
 		t.end(ctx, e, start, err, idem.OutcomeIssued)
 	}
@@ -210,7 +212,9 @@ func (t *Tokens) Consume(ctx context.Context, scope, id string, result []byte) e
 		return wrapStore("consume", t.store.Consume(ctx, scope, d, result))
 	}
 	e, start := t.consumeEvent(scope, d), time.Now()
-	ctx = t.obs.Start(ctx, e)
+	if c := t.obs.Start(ctx, e); c != nil {
+		ctx = c
+	}
 	if err == nil {
 		err = wrapStore("consume", t.store.Consume(ctx, scope, d, result))
 	}
@@ -271,7 +275,9 @@ func (t *Tokens) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, id string, re
 		return wrapStore("consume in tx", ts.ConsumeTx(ctx, tx, scope, d, result))
 	}
 	e, start := t.consumeEvent(scope, d), time.Now()
-	ctx = t.obs.Start(ctx, e)
+	if c := t.obs.Start(ctx, e); c != nil {
+		ctx = c
+	}
 	if err == nil {
 		err = wrapStore("consume in tx", ts.ConsumeTx(ctx, tx, scope, d, result))
 	}

@@ -80,3 +80,28 @@ func (r *Recorder) Outcomes(kind idem.Kind) []string {
 	}
 	return out
 }
+
+// NilStart is an idem.Observer whose Start returns a nil context (taken
+// for the context it was given) and whose End counts the ends. It is safe
+// for concurrent use.
+type NilStart struct {
+	mu   sync.Mutex
+	ends int
+}
+
+// Start implements idem.Observer: it returns nil.
+func (n *NilStart) Start(context.Context, idem.Event) context.Context { return nil }
+
+// End implements idem.Observer.
+func (n *NilStart) End(context.Context, idem.Event) {
+	n.mu.Lock()
+	n.ends++
+	n.mu.Unlock()
+}
+
+// Ends returns the number of ends so far.
+func (n *NilStart) Ends() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ends
+}

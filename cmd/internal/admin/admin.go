@@ -364,6 +364,16 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		return
 	}
 	hash := idem.HashKey(scope, key)
+	// A record whose lease is live is being executed: deleting it would
+	// let a retry run the request again while this execution still runs
+	// (its completion then fails, its effect stays). Refused until the
+	// lease ends; a record whose holder died is evicted as any other.
+	if rec, err := h.cfg.Store.Get(r.Context(), scope, key); err == nil && rec.Status == idem.StatusProcessing && rec.LeaseUntil.After(h.cfg.Now()) {
+		h.log.WarnContext(r.Context(), "admin: refused to evict a record being executed", append(whoAttrs(r, u), "key_hash", hash)...)
+		http.Error(w, "record "+hash+" is being executed (its lease runs until "+rec.LeaseUntil.UTC().Format(time.RFC3339)+
+			"): evicting it would let a retry run the request again while this execution runs; evict it after its lease ends", http.StatusConflict)
+		return
+	}
 	if r.PostFormValue("confirm") != "yes" {
 		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/evict",
 			Title: "Evict record " + hash + "?",
@@ -378,6 +388,13 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 	}
 	if err := h.cfg.Store.Delete(r.Context(), scope, key); err != nil {
 		msg := h.redact(err, scope, key)
+		if errors.Is(err, idem.ErrNotFound) {
+			// A key typed in with another scope, or evicted already:
+			// the operator's mistake, not the store's failure.
+			h.log.WarnContext(r.Context(), "admin: evict found no record", attrs...)
+			http.Error(w, "no record "+hash+" of this scope and key (evicted already, expired, or another scope)", http.StatusNotFound)
+			return
+		}
 		h.log.ErrorContext(r.Context(), "admin: evict failed", append(attrs, "error", msg)...)
 		http.Error(w, "evict failed: "+msg, http.StatusBadGateway)
 		return
@@ -397,7 +414,7 @@ func (h *Handler) retry(w http.ResponseWriter, r *http.Request, u who) {
 		http.Error(w, "the form names no message (group and id)", http.StatusBadRequest)
 		return
 	}
-	hash := idem.HashKey(group, id)
+	hash := idem.HashKey("", id) // as the inbox reports it (its Event.KeyHash)
 	if r.PostFormValue("confirm") != "yes" {
 		lines := []string{"group " + quote(group), "message " + quote(id)}
 		if h.cfg.RetryHelp != "" {

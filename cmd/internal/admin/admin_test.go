@@ -13,12 +13,14 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 )
@@ -356,7 +358,7 @@ func TestEvictLogKeys(t *testing.T) {
 func TestRetry(t *testing.T) {
 	f := setup(t, nil)
 	cookie, csrf := f.login(t)
-	hash := idem.HashKey("loyalty", "msg-secret-1")
+	hash := idem.HashKey("", "msg-secret-1")
 	page := f.send(t, "GET", "/admin/", "cookie:"+cookie, nil)
 	if !strings.Contains(page.body, `class="retry" data-hash="`+hash+`"`) || !strings.Contains(page.body, "points service down") {
 		t.Fatalf("the page does not list the dead message with a retry button:\n%s", page.body)
@@ -430,5 +432,144 @@ func TestNoListing(t *testing.T) {
 	}
 	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, url.Values{"scope": {"acct-7"}, "key": {"secret-key-1"}, "confirm": {"yes"}}); a.code != http.StatusSeeOther || f.recordExists(t) {
 		t.Fatalf("evict by key: %d", a.code)
+	}
+}
+
+// TestMessageHashIsTheInboxs: a dead message is shown, and its retry
+// logged, under the hash the inbox reports as the KeyHash of its
+// handling (the idem.key_hash of its span), so that an operator finds
+// its traces from the page.
+func TestMessageHashIsTheInboxs(t *testing.T) {
+	f := setup(t, nil)
+	rec := &obstest.Recorder{}
+	in, err := inbox.New(inbox.NewMemoryStore(), &inbox.Config{Group: "loyalty", Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Handle(t.Context(), inbox.Message{ID: "msg-secret-1"}, func(context.Context, inbox.Delivery) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ends := rec.Ends(idem.KindInbox)
+	if len(ends) != 1 || ends[0].KeyHash == "" {
+		t.Fatalf("inbox ends %+v, want one with a KeyHash", ends)
+	}
+	hash := ends[0].KeyHash
+	page := f.send(t, "GET", "/admin/", "bearer:"+token, nil)
+	if !strings.Contains(page.body, `class="retry" data-hash="`+hash+`"`) {
+		t.Fatalf("the dead message is not shown under the inbox's hash %s:\n%s", hash, page.body)
+	}
+	form := url.Values{"group64": {"bG95YWx0eQ"}, "id64": {"bXNnLXNlY3JldC0x"}, "confirm": {"yes"}}
+	if a := f.send(t, "POST", "/admin/retry", "bearer:"+token, form); a.code != http.StatusSeeOther {
+		t.Fatalf("retry: %d %s", a.code, a.body)
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "message_hash="+hash) {
+		t.Fatalf("the retry is not logged under the inbox's hash %s:\n%s", hash, logs)
+	}
+}
+
+// TestEvictRefusesALiveExecution: a record whose lease is live is being
+// executed; evicting it would let a retry run the request a second time
+// while the first still runs. The page refuses (409, before and at the
+// confirmation) and keeps it; once its lease ended (the holder died), it
+// is evicted.
+func TestEvictRefusesALiveExecution(t *testing.T) {
+	var now atomic.Pointer[time.Time]
+	t0 := time.Now()
+	now.Store(&t0)
+	f := setup(t, func(c *admin.Config) { c.Now = func() time.Time { return *now.Load() } })
+	ctx := t.Context()
+	acq, err := f.store.Acquire(ctx, idem.AcquireRequest{Scope: "acct-8", Key: "running-key", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatal(acq, err)
+	}
+	exists := func() bool {
+		_, err := f.store.Get(ctx, "acct-8", "running-key")
+		if err != nil && !errors.Is(err, idem.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	form := url.Values{"scope": {"acct-8"}, "key": {"running-key"}}
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusConflict {
+		t.Fatalf("confirmation of a live record's eviction: %d, want 409\n%s", a.code, a.body)
+	}
+	form.Set("confirm", "yes")
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusConflict || !exists() {
+		t.Fatalf("eviction of a live record: %d, record kept %v; want 409 and kept", a.code, exists())
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "refused to evict") || strings.Contains(logs, "running-key") {
+		t.Fatalf("the refusal's log line:\n%s", logs)
+	}
+	later := t0.Add(2 * time.Minute) // the lease ended: its holder died
+	now.Store(&later)
+	if a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form); a.code != http.StatusSeeOther || exists() {
+		t.Fatalf("eviction after the lease ended: %d, record kept %v; want 303 and gone", a.code, exists())
+	}
+}
+
+// TestStoredTextIsEscaped: keys, scopes, message IDs and error texts come
+// from clients and handlers: the page, its confirmation pages and its
+// error answers show them as text, never as markup.
+func TestStoredTextIsEscaped(t *testing.T) {
+	const scope, key = `"><img src=x onerror=alert(1)>`, `<script>alert("k")</script>`
+	const id, lastErr = `<script>alert("id")</script>`, `<b onmouseover=alert(2)>down</b>`
+	f := setup(t, func(c *admin.Config) {
+		c.Held = func(context.Context, int) ([]admin.Held, error) {
+			return []admin.Held{{Ref: `<svg onload=alert(3)>`, Order: "o-1", Reason: `<iframe src=javascript:alert(4)>`}}, nil
+		}
+		c.Retry = func(context.Context, string, string) error { return errors.New(`<script>alert("retry")</script>`) }
+	})
+	ctx := t.Context()
+	acq, err := f.store.Acquire(ctx, idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+	if err != nil || acq.Outcome != idem.Acquired {
+		t.Fatal(acq, err)
+	}
+	if err := f.store.Complete(ctx, acq.Lease, idem.Response{StatusCode: 201}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.inbox.Claim(ctx, "loyalty", id, time.Minute, 1)
+	if err != nil || !c.Claimed {
+		t.Fatal(c, err)
+	}
+	if _, err := f.inbox.Fail(ctx, "loyalty", id, c.Fence, 1, lastErr); err != nil {
+		t.Fatal(err)
+	}
+	markup := []string{"<script>alert", "<img src=x", "<b onmouseover", "<svg onload", "<iframe src"}
+	check := func(what string, a answer) {
+		t.Helper()
+		for _, m := range markup {
+			if strings.Contains(a.body, m) {
+				t.Errorf("%s (%d) holds the markup %q:\n%s", what, a.code, m, a.body)
+			}
+		}
+	}
+	page := f.send(t, "GET", "/admin/", "bearer:"+token, nil)
+	if page.code != http.StatusOK || !strings.Contains(page.body, idem.HashKey(scope, key)) || !strings.Contains(page.body, idem.HashKey("", id)) {
+		t.Fatalf("the page does not list the record and the message: %d", page.code)
+	}
+	check("the page", page)
+	check("the eviction's confirmation", f.send(t, "POST", "/admin/evict", "bearer:"+token, url.Values{"scope": {scope}, "key": {key}}))
+	check("the retry's confirmation", f.send(t, "POST", "/admin/retry", "bearer:"+token, url.Values{"group": {"loyalty"}, "id": {id}}))
+	failed := f.send(t, "POST", "/admin/retry", "bearer:"+token, url.Values{"group": {"loyalty"}, "id": {id}, "confirm": {"yes"}})
+	if ct := failed.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") || failed.header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("a failed retry's answer is %q (nosniff %q), want text/plain and nosniff", ct, failed.header.Get("X-Content-Type-Options"))
+	}
+}
+
+// TestEvictMissingRecord: evicting a key that has no record (typed with
+// another scope, or evicted already) is answered 404, not as a failure of
+// the store (502), and logged as such by the key's hash.
+func TestEvictMissingRecord(t *testing.T) {
+	f := setup(t, nil)
+	form := url.Values{"scope": {"acct-7"}, "key": {"no-such-key"}, "confirm": {"yes"}}
+	a := f.send(t, "POST", "/admin/evict", "bearer:"+token, form)
+	if a.code != http.StatusNotFound || !strings.Contains(a.body, idem.HashKey("acct-7", "no-such-key")) {
+		t.Fatalf("evict of a missing record: %d %q, want 404 naming its hash", a.code, a.body)
+	}
+	if !f.recordExists(t) {
+		t.Fatal("another record was evicted")
+	}
+	if logs := f.log.String(); !strings.Contains(logs, "evict found no record") || strings.Contains(logs, "evict failed") || strings.Contains(logs, "no-such-key") {
+		t.Fatalf("the log:\n%s", logs)
 	}
 }

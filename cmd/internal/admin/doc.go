@@ -28,7 +28,9 @@
 // # Actions
 //
 //   - Evict deletes a record from the store (idem.Store.Delete): a
-//     retry with its key runs as a new request. A record listed is named
+//     retry with its key runs as a new request. A record being executed
+//     (processing, its lease not ended) is refused (409): a retry would
+//     run while the execution still runs. A record listed is named
 //     by its exact bytes; "Evict by key" takes a scope and a key typed in
 //     (for stores that cannot list, such as Redis).
 //   - Retry is the program's (Config.Retry; see shopd's for the shop's
@@ -38,8 +40,9 @@
 // Every action, and every failed login, is logged (log/slog) with the
 // remote address, how the operator authenticated (bearer or session, and
 // a hash of the session's cookie), the action, and the record by
-// idem.HashKey(scope, key) (a message by idem.HashKey(group, id) and its
-// group): the raw key or message ID only when Config.LogKeys is set.
+// idem.HashKey(scope, key) (a message by its group and idem.HashKey("",
+// id), the idem.key_hash of the inbox's span of its handling): the raw
+// key or message ID only when Config.LogKeys is set.
 //
 // # Counters
 //

@@ -185,7 +185,7 @@ func (h *Handler) records(ctx context.Context, status idem.Status, now time.Time
 func (h *Handler) messages(ctx context.Context, now time.Time) (stuck, dead []messageRow, err error) {
 	row := func(r inbox.Record) messageRow {
 		m := messageRow{Group: quote(r.Group), ID: quote(r.ID), Group64: enc(r.Group), ID64: enc(r.ID),
-			Hash: idem.HashKey(r.Group, r.ID), Status: string(r.Status), Attempts: r.Attempts,
+			Hash: idem.HashKey("", r.ID), Status: string(r.Status), Attempts: r.Attempts,
 			LastError: r.LastError, Updated: r.UpdatedAt}
 		if r.Status == inbox.StatusProcessing {
 			m.LeaseUntil, m.LeaseEnded = r.LeaseUntil, !r.LeaseUntil.After(now)

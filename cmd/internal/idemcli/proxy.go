@@ -352,13 +352,20 @@ func (p *proxyFlags) run(e *env) error {
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 
-	// Listen before touching the store: an address in use ends the proxy
-	// with no database created.
+	// Listen (and on the metrics address) before touching the store: an
+	// address in use ends the proxy with no database created.
 	ln, err := net.Listen("tcp", p.listen)
 	if err != nil {
 		return fmt.Errorf("-listen %s: %w (give a free address, e.g. -listen 127.0.0.1:8082)", p.listen, err)
 	}
 	defer ln.Close()
+	var mln net.Listener
+	if p.metricsListen != "" {
+		if mln, err = net.Listen("tcp", p.metricsListen); err != nil {
+			return fmt.Errorf("-metrics-listen %s: %w (give a free address, e.g. -metrics-listen 127.0.0.1:9091)", p.metricsListen, err)
+		}
+		defer mln.Close()
+	}
 
 	st, err := p.store.open(e.ctx, openOptions{migrate: true, log: log})
 	if err != nil {
@@ -396,10 +403,6 @@ func (p *proxyFlags) run(e *env) error {
 			return err
 		}
 		obs = idem.Observers(prom, obs)
-		mln, err := net.Listen("tcp", p.metricsListen)
-		if err != nil {
-			return fmt.Errorf("-metrics-listen %s: %w (give a free address, e.g. -metrics-listen 127.0.0.1:9091)", p.metricsListen, err)
-		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -426,10 +429,16 @@ func (p *proxyFlags) run(e *env) error {
 		if err != nil {
 			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/admin/", page)
-		mux.Handle("/", h)
-		handler = mux
+		// Not a ServeMux: it would answer the paths that are not clean
+		// (doubled slashes, dot segments) with a redirect of its own,
+		// where the upstream gets them when the page is off.
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/admin/") {
+				page.ServeHTTP(w, r)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
 	}
 	srv := &http.Server{
 		Handler:           traces.Handler(handler),

@@ -40,12 +40,11 @@ const sqlOutboxEvent = `SELECT topic, msg_key, payload FROM idem_outbox WHERE id
 
 // RetryEvent retries the dead loyalty event id (see RetryHelp): it reads
 // the event's outbox row (which must not have been swept: -event-retention),
-// revives the consume record of id in group (sqlstore's
-// InboxStore.Revive), and adds the event to the outbox again. It fails,
-// changing nothing, when id is not one of the shop's events, its row is
-// gone, or its record is not dead; if adding the event fails after the
-// record was revived, the record waits, failed, for a delivery that only
-// a retry (or the broker's dead letter, published again by hand) brings.
+// and, in one transaction, revives the consume record of id in group
+// (sqlstore's InboxStore.ReviveTx) and adds the event to the outbox
+// again. It fails, changing nothing, when id is not one of the shop's
+// events, its row is gone, its record is not dead, or the event cannot be
+// written: the message stays dead, and can be retried again.
 func (s *Shop) RetryEvent(ctx context.Context, in *sqlstore.InboxStore, group, id string) error {
 	if group != LoyaltyGroup {
 		return fmt.Errorf("shop: retry: group %q is not the loyalty consumer's (%s)", group, LoyaltyGroup)
@@ -74,27 +73,31 @@ func (s *Shop) RetryEvent(ctx context.Context, in *sqlstore.InboxStore, group, i
 			at = old.At
 		}
 	}
-	if err := in.Revive(ctx, group, id); err != nil {
-		return fmt.Errorf("shop: retry: %w", err)
-	}
+	// The record is revived in the transaction that writes the event
+	// again: a retry that fails leaves the message dead, to be retried
+	// again (a revived record without its event would wait for a delivery
+	// that never comes, and the page retries only dead messages).
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+		return fmt.Errorf("shop: retry: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if err := in.ReviveTx(ctx, tx, group, id); err != nil {
+		return fmt.Errorf("shop: retry: %w", err)
+	}
 	ev := OrderEvent{OrderNo: orderNo, Event: event, At: at}
 	if err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderForEvent), orderNo).Scan(&ev.UserID, &ev.AmountCents); err != nil {
-		return fmt.Errorf("shop: retry: the record was revived, the event not added: read order %q: %w", orderNo, err)
+		return fmt.Errorf("shop: retry: read order %q: %w", orderNo, err)
 	}
 	p, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
 	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: p, Headers: map[string]string{RetryOfHeader: id}}); err != nil {
-		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+		return fmt.Errorf("shop: retry: add the event: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("shop: retry: the record was revived, the event not added: %w", err)
+		return fmt.Errorf("shop: retry: %w", err)
 	}
 	s.log.InfoContext(ctx, "shop: dead event written to the outbox again", "event", event, "order_no", orderNo)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,34 +21,7 @@ import (
 // "POST /orders", the SQLite store's acquires and its completion inside
 // the order's transaction, and neither the key nor the user id.
 func TestMetrics(t *testing.T) {
-	db, _ := sqliteBackend.fresh(t)
-	ctx := context.Background()
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := shop.Migrate(ctx, db, sqlstore.SQLite); err != nil {
-		t.Fatal(err)
-	}
-	if err := shop.Seed(ctx, db, sqlstore.SQLite, shop.DefaultCatalog()); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	obs, err := idemprom.New(reg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: sqlstore.SQLite, Store: store, Observer: obs,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	srv := httptest.NewServer(s)
-	defer srv.Close()
+	s, srv := metricsShop(t)
 
 	const key, user = "ORDER-KEY-66120", "774411"
 	h := map[string]string{"X-User-ID": user, "Idempotency-Key": key, "Content-Type": "application/json"}
@@ -82,5 +56,102 @@ func TestMetrics(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(out)
+	}
+}
+
+// metricsShop returns a shop on a fresh SQLite database whose requests
+// report to idemprom, with its /metrics, and a server of it.
+func metricsShop(t *testing.T) (*shop.Shop, *httptest.Server) {
+	t.Helper()
+	db, _ := sqliteBackend.fresh(t)
+	ctx := context.Background()
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+		t.Fatal(err)
+	}
+	if err := shop.Seed(ctx, db, sqlstore.SQLite, shop.DefaultCatalog()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	obs, err := idemprom.New(reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := shop.New(shop.Config{DB: db, Dialect: sqlstore.SQLite, Store: store, Observer: obs,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	return s, srv
+
+}
+
+// scrape returns the idem_ lines of s's /metrics.
+func scrape(t *testing.T, srv *httptest.Server) []string {
+	t.Helper()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(l, "idem_") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// TestMetricsBounded: a flood of requests with random paths, made-up
+// methods, random keys and user ids adds no series to /metrics beyond
+// those of the shop's routes and outcomes, and shows none of what was
+// sent.
+func TestMetricsBounded(t *testing.T) {
+	s, srv := metricsShop(t)
+	order := func(key, user string) {
+		h := map[string]string{"X-User-ID": user, "Idempotency-Key": key, "Content-Type": "application/json"}
+		serve(s, "POST", "/orders", h, `{"sku":"BOOK-1","quantity":1}`)
+	}
+	order("warm-key-1", "1")
+	order("warm-key-1", "1")
+	before := len(scrape(t, srv))
+	var sent []string
+	for i := range 40 {
+		n := strconv.Itoa(i)
+		key, user, path, method := "flood-key-"+n+"-q9", strconv.Itoa(880000+i), "/x9flood"+n, "FLOOD"+n+"M"
+		sent = append(sent, key, user, path, method)
+		order(key, user)
+		h := map[string]string{"X-User-ID": user, "Idempotency-Key": key}
+		serve(s, "POST", path, h, "{}")
+		serve(s, method, "/orders", h, "{}")
+		serve(s, "POST", "/orders/"+key+"/refunds", h, "{}")
+		serve(s, "PATCH", "/orders"+path, h, "{}")
+		serve(s, "POST", "/orders", map[string]string{"X-User-ID": user, "Idempotency-Key": key + "\x01"}, "{}")
+	}
+	after := scrape(t, srv)
+	t.Logf("%d idem_ lines before the flood, %d after", before, len(after))
+	// The new lines are those of outcomes the warm-up did not have
+	// (invalid keys, refunds of unknown orders): a few series of a counter
+	// and a histogram (some 30 lines); a label taken from the requests
+	// would add at least 40 series of 17 lines each.
+	if len(after) > before+100 {
+		t.Errorf("%d idem_ lines after the flood, %d before: labels grow with the requests:\n%s", len(after), before, strings.Join(after, "\n"))
+	}
+	all := strings.Join(after, "\n")
+	for _, x := range sent {
+		if strings.Contains(all, x) {
+			t.Errorf("/metrics shows %q, sent by a client", x)
+		}
 	}
 }

@@ -58,7 +58,8 @@ type Config struct {
 	// dialect's name ("sqlite", "postgres", "mysql").
 	StoreName string
 	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
-	// handler of its registry). Nil leaves /metrics unrouted.
+	// handler of its registry), to any caller: no token, no user. Nil
+	// leaves /metrics unrouted.
 	Metrics http.Handler
 }
 

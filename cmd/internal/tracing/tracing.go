@@ -6,7 +6,9 @@ package tracing
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 
@@ -43,6 +45,14 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	if !Enabled() {
 		return nil, nil
 	}
+	// The exporter logs a malformed endpoint and sends to its default
+	// (localhost:4318) instead: spans would go nowhere while the program
+	// looked fine. Refuse it here, naming the variable.
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if err := checkEndpoint(name, os.Getenv(name)); err != nil {
+			return nil, err
+		}
+	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, err
@@ -52,6 +62,22 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return &Tracing{tp: tp, tracer: tp.Tracer(service), obs: idemotel.New(tp, nil)}, nil
+}
+
+// checkEndpoint returns an error naming the variable name if its value v
+// is set and is not an http or https URL with a host.
+func checkEndpoint(name, v string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		return fmt.Errorf("%s is not a URL (%v); give e.g. http://127.0.0.1:4318", name, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s=%s is not an http:// or https:// URL with a host; give e.g. http://127.0.0.1:4318", name, u.Redacted())
+	}
+	return nil
 }
 
 // Observer returns the idem.Observer that records idem's spans (nil when
@@ -65,7 +91,10 @@ func (t *Tracing) Observer() idem.Observer {
 
 // Handler wraps h with a server span per request, a child of the
 // caller's trace context (traceparent), named by the method (the path
-// may hold IDs: it is not recorded).
+// may hold IDs: it is not recorded). A method that is not one of HTTP's
+// own is any string a client sends: its span is named "HTTP" and its
+// http.request.method is "_OTHER" (OpenTelemetry's semantic
+// conventions), so that span names stay a bounded set.
 func (t *Tracing) Handler(h http.Handler) http.Handler {
 	if t == nil {
 		return h
@@ -73,8 +102,12 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 	prop := otel.GetTextMapPropagator()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attribute.String("http.request.method", r.Method)))
+		name, method := r.Method, r.Method
+		if !knownMethod(method) {
+			name, method = "HTTP", "_OTHER"
+		}
+		ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", method)))
 		defer span.End()
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		h.ServeHTTP(sw, r.WithContext(ctx))
@@ -83,6 +116,17 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 			span.SetStatus(codes.Error, strconv.Itoa(sw.status))
 		}
 	})
+}
+
+// knownMethod reports whether m is one of the methods of RFC 9110 or
+// PATCH.
+func knownMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // Shutdown flushes the spans not yet exported and stops the export.
