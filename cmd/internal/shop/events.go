@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/idemotel"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -63,7 +64,11 @@ func (s *Shop) addEvent(ctx context.Context, tx *sql.Tx, event, orderNo string) 
 	if err != nil {
 		return err
 	}
-	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: payload}); err != nil {
+	// The trace of the request that moved the order (when shopd exports
+	// spans) travels in the event's headers: the loyalty consumer's span
+	// continues it.
+	headers := idemotel.Inject(ctx, nil)
+	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: payload, Headers: headers}); err != nil {
 		return fmt.Errorf("event %s: %w", event, err)
 	}
 	return nil
