@@ -664,6 +664,12 @@ func (e *Execution) tick() {
 // report logs what the watchdog found (err: a renewal's error), and
 // cancels the context with cause if it is set.
 func (e *Execution) report(l Lease, cause, err error) {
+	// The execution is over for whoever asks before anything is logged or
+	// observed: a slow log must not leave the context live past the
+	// lease.
+	if cause != nil {
+		e.cancel(cause)
+	}
 	log := e.g.cfg.Logger
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -676,9 +682,6 @@ func (e *Execution) report(l Lease, cause, err error) {
 	}
 	if errors.Is(cause, ErrLeaseLost) {
 		e.lost(l)
-	}
-	if cause != nil {
-		e.cancel(cause)
 	}
 }
 

@@ -156,9 +156,8 @@ func (e *Lease) Release(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	e.released = true
-	e.endWatch()
+	e.endWatch(ErrReleased)
 	e.mu.Unlock()
-	e.cancel(ErrReleased)
 	obs := e.lk.cfg.Observer
 	if obs == nil {
 		return e.lk.b.Release(ctx, e.name, e.owner, e.fence)
@@ -207,9 +206,14 @@ func (e *Lease) endCause() error {
 	return ErrLost
 }
 
-// endWatch ends the watchdog for good: it stops the timer and cancels
-// the running renewal, if any, whose outcome will be ignored. mu held.
-func (e *Lease) endWatch() {
+// endWatch ends the watchdog for good, and the lease with cause: it
+// cancels the lease's context with cause, stops the timer and cancels the
+// running renewal, if any, whose outcome will be ignored. mu held. The
+// context is cancelled here, under mu, not after: Err answers from the
+// context once the watchdog is over, and must never find it over and the
+// context still live.
+func (e *Lease) endWatch(cause error) {
+	e.cancel(cause)
 	e.over = true
 	e.epoch++
 	e.due.Store(math.MaxInt64)
@@ -230,7 +234,7 @@ func (e *Lease) expire() {
 		return
 	}
 	cause := e.endCause()
-	e.endWatch()
+	e.endWatch(cause)
 	e.mu.Unlock()
 	e.report(cause, nil)
 }
@@ -255,7 +259,7 @@ func (e *Lease) tick() {
 	now := time.Now()
 	if e.ended(now) {
 		cause := e.endCause()
-		e.endWatch()
+		e.endWatch(cause)
 		e.mu.Unlock()
 		e.report(cause, nil)
 		return
@@ -309,7 +313,7 @@ func (e *Lease) tick() {
 		e.validUntil = sent.Add(ttl)
 	}
 	if cause != nil {
-		e.endWatch()
+		e.endWatch(cause)
 	} else {
 		e.wake(now, e.nextWake(now))
 	}
