@@ -49,7 +49,9 @@ func TestTraceFollowsTheEventToTheConsumer(t *testing.T) {
 			}
 		}
 	}))
-	defer collector.Close()
+	// Closed after shopd (cleanups run last first), which exports its
+	// last spans as it stops.
+	t.Cleanup(collector.Close)
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "none")
