@@ -346,6 +346,11 @@ func TestLogsHashKeys(t *testing.T) {
 		if c := do(key+"-down", `{}`); c != http.StatusServiceUnavailable {
 			t.Fatalf("store error: %d", c)
 		}
+		// The guard cancels the execution before it logs the loss: the
+		// request may be answered before that line is written.
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(buf.String(), "idem: lease lost") && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
 		out := buf.String()
 		for _, want := range []string{"idem: lease lost", "lease lost, and the key holds no response", "store unavailable",
 			`"idem.key_hash":"` + idem.HashKey(scope, key+"-lost") + `"`, `"idem.key_hash":"` + idem.HashKey(scope, key+"-down") + `"`} {

@@ -39,6 +39,11 @@ func TestLogsHashNames(t *testing.T) {
 	if !errors.Is(lease.Err(), lock.ErrLost) {
 		t.Fatalf("Err = %v, want ErrLost", lease.Err())
 	}
+	// The lease ends (Done) before the watchdog logs why: wait for the
+	// line.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(buf.String(), "renewal refused") && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	out := buf.String()
 	hash := `"idem.key_hash":"` + idem.HashKey("lock", name) + `"`
 	for _, want := range []string{"lock: lease renewal failed", "lock: lease lost: renewal refused", hash, `"idem.fence":`} {
