@@ -288,6 +288,25 @@ func sameOrigin(r *http.Request) bool {
 	return err == nil && u.Host == r.Host
 }
 
+// overTLS reports whether the browser reached the page over HTTPS: the
+// connection is TLS, or a TLS-terminating proxy in front says so
+// (X-Forwarded-Proto: https, or Forwarded: proto=https). A client that
+// forges the header on plain HTTP only makes its own cookie Secure, so
+// that its browser does not send it back: no one else is weakened.
+func overTLS(r *http.Request) bool {
+	if r.TLS != nil || strings.EqualFold(strings.TrimSpace(r.Header.Get("X-Forwarded-Proto")), "https") {
+		return true
+	}
+	for _, f := range r.Header.Values("Forwarded") {
+		for _, part := range strings.FieldsFunc(f, func(c rune) bool { return c == ';' || c == ',' }) {
+			if k, v, ok := strings.Cut(strings.TrimSpace(part), "="); ok && strings.EqualFold(k, "proto") && strings.EqualFold(strings.Trim(v, `"`), "https") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func randomString() string {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -326,7 +345,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	h.sessions[id] = &session{csrf: randomString(), created: now, expires: now.Add(sessionTTL)}
 	h.mu.Unlock()
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/admin/", HttpOnly: true, Secure: r.TLS != nil,
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/admin/", HttpOnly: true, Secure: overTLS(r),
 		SameSite: http.SameSiteStrictMode, MaxAge: int(sessionTTL / time.Second)})
 	h.log.InfoContext(r.Context(), "admin: login", "remote", r.RemoteAddr, "session", sessionID(id))
 	http.Redirect(w, r, "/admin/", http.StatusSeeOther)

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -571,5 +572,44 @@ func TestEvictMissingRecord(t *testing.T) {
 	}
 	if logs := f.log.String(); !strings.Contains(logs, "evict found no record") || strings.Contains(logs, "evict failed") || strings.Contains(logs, "no-such-key") {
 		t.Fatalf("the log:\n%s", logs)
+	}
+}
+
+// The session cookie is Secure whenever the browser reached the page over
+// HTTPS: on a TLS connection, or behind a TLS-terminating proxy that says
+// so (X-Forwarded-Proto, Forwarded); on plain HTTP it cannot be, or the
+// browser would never send it back.
+func TestSessionCookieSecureBehindTLS(t *testing.T) {
+	f := setup(t, nil)
+	for _, c := range []struct {
+		name   string
+		set    func(*http.Request)
+		secure bool
+	}{
+		{"plain HTTP", func(*http.Request) {}, false},
+		{"TLS connection", func(r *http.Request) { r.TLS = &tls.ConnectionState{} }, true},
+		{"X-Forwarded-Proto", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "HTTPS") }, true},
+		{"X-Forwarded-Proto http", func(r *http.Request) { r.Header.Set("X-Forwarded-Proto", "http") }, false},
+		{"Forwarded", func(r *http.Request) { r.Header.Set("Forwarded", `for=192.0.2.1;proto="https";by=203.0.113.9`) }, true},
+		{"Forwarded http", func(r *http.Request) { r.Header.Set("Forwarded", "for=192.0.2.1;proto=http") }, false},
+	} {
+		req := httptest.NewRequest("POST", "http://shop.test/admin/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		c.set(req)
+		rec := httptest.NewRecorder()
+		f.h.ServeHTTP(rec, req)
+		resp := http.Response{Header: rec.Header()}
+		var got *http.Cookie
+		for _, ck := range resp.Cookies() {
+			if ck.Name == "idem_admin" {
+				got = ck
+			}
+		}
+		if rec.Code != http.StatusSeeOther || got == nil {
+			t.Fatalf("%s: login %d, cookie %v", c.name, rec.Code, got)
+		}
+		if got.Secure != c.secure {
+			t.Errorf("%s: cookie Secure = %v, want %v", c.name, got.Secure, c.secure)
+		}
 	}
 }

@@ -13,7 +13,8 @@
 // the token as "Authorization: Bearer TOKEN" (for scripts), or the
 // cookie of a session opened by the login form, which takes the token:
 // an HttpOnly, SameSite=Strict cookie, limited to /admin/, Secure over
-// TLS, valid for 12 hours (at most 64 sessions are kept; the oldest
+// TLS (the connection's, or a terminating proxy's X-Forwarded-Proto or
+// Forwarded proto=https), valid for 12 hours (at most 64 sessions are kept; the oldest
 // goes first). The token is compared in constant time. A request with
 // neither is answered 401 (GET /admin/ with the login form).
 //
