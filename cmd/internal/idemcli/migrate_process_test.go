@@ -3,17 +3,13 @@ package idemcli
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/idemkit/idem/internal/testdb"
 )
 
 // migrateChildVar holds the -db value a child process of
@@ -47,23 +43,7 @@ func TestMigrateProcesses(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	t.Parallel()
-	for _, c := range []struct {
-		name  string
-		setup func(t *testing.T) (raw string, db *sql.DB, count string)
-	}{
-		{"SQLite", func(t *testing.T) (string, *sql.DB, string) {
-			return "sqlite:" + filepath.Join(t.TempDir(), "idem.db"), nil,
-				"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
-		}},
-		{"PostgreSQL", func(t *testing.T) (string, *sql.DB, string) {
-			db, url := testdb.Postgres(t)
-			return url, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = $1"
-		}},
-		{"MariaDB", func(t *testing.T) (string, *sql.DB, string) {
-			db, dsn := testdb.MySQL(t)
-			return "mysql:" + dsn, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?"
-		}},
-	} {
+	for _, c := range migrateTargets {
 		t.Run(c.name, func(t *testing.T) {
 			raw, db, count := c.setup(t)
 			const n = 6
@@ -92,28 +72,7 @@ func TestMigrateProcesses(t *testing.T) {
 			if applied != 1 {
 				t.Errorf("%d of %d processes applied migrations, want 1", applied, n)
 			}
-			if db == nil {
-				st, err := storeFlags{name: "db", raw: raw}.open(context.Background(), openOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer st.Close()
-				db = st.db
-			}
-			ctx := context.Background()
-			for _, table := range idemTables {
-				var k int
-				if err := db.QueryRowContext(ctx, count, table).Scan(&k); err != nil || k != 1 {
-					t.Errorf("table %s: %d instances, %v; want 1", table, k, err)
-				}
-			}
-			var versions, distinct int
-			if err := db.QueryRowContext(ctx, "SELECT count(*), count(DISTINCT version) FROM idem_schema_migrations").Scan(&versions, &distinct); err != nil {
-				t.Fatal(err)
-			}
-			if versions == 0 || versions != distinct {
-				t.Errorf("idem_schema_migrations: %d rows, %d versions; want each version once", versions, distinct)
-			}
+			wantMigratedOnce(t, raw, db, count)
 		})
 	}
 }

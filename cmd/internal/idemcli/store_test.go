@@ -28,30 +28,64 @@ func run(t *testing.T, stdin string, args ...string) (int, string, string) {
 // idemTables are the tables idem migrate creates.
 var idemTables = []string{"idem_records", "idem_tokens", "idem_locks", "idem_outbox", "idem_inbox", "idem_schema_migrations"}
 
+// migrateTargets are the databases the migrate tests run on: setup returns
+// the -db value, a pool on the same database (nil for SQLite: opened
+// after the migrations) and the query counting a table's instances in
+// that database.
+var migrateTargets = []struct {
+	name  string
+	setup func(t *testing.T) (raw string, db *sql.DB, count string)
+}{
+	{"SQLite", func(t *testing.T) (string, *sql.DB, string) {
+		return "sqlite:" + filepath.Join(t.TempDir(), "idem.db"), nil,
+			"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+	}},
+	{"PostgreSQL", func(t *testing.T) (string, *sql.DB, string) {
+		db, url := testdb.Postgres(t)
+		return url, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = $1"
+	}},
+	{"MariaDB", func(t *testing.T) (string, *sql.DB, string) {
+		db, dsn := testdb.MySQL(t)
+		return "mysql:" + dsn, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?"
+	}},
+}
+
+// wantMigratedOnce checks the database raw (db, if not nil, is a pool on
+// it; count counts a table's instances): each idem table exists once and
+// each migration is recorded once. It returns the pool (opened on raw
+// until the test ends, when db is nil) and the number of migrations.
+func wantMigratedOnce(t *testing.T, raw string, db *sql.DB, count string) (*sql.DB, int) {
+	t.Helper()
+	if db == nil {
+		st, err := storeFlags{name: "db", raw: raw}.open(context.Background(), openOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		db = st.db
+	}
+	ctx := context.Background()
+	for _, table := range idemTables {
+		var k int
+		if err := db.QueryRowContext(ctx, count, table).Scan(&k); err != nil || k != 1 {
+			t.Errorf("table %s: %d instances, %v; want 1", table, k, err)
+		}
+	}
+	var versions, distinct int
+	if err := db.QueryRowContext(ctx, "SELECT count(*), count(DISTINCT version) FROM idem_schema_migrations").Scan(&versions, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if versions == 0 || versions != distinct {
+		t.Errorf("idem_schema_migrations: %d rows, %d versions; want each version once", versions, distinct)
+	}
+	return db, versions
+}
+
 // 8 concurrent migrates of a fresh database: all succeed, each table
 // exists once, each migration is recorded once; a re-run applies nothing.
 func TestMigrateConcurrent(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
-		name string
-		// setup returns the -db value and a pool on the same database
-		// (nil for SQLite: opened after the migrations) and the query
-		// counting a table's instances in that database.
-		setup func(t *testing.T) (raw string, db *sql.DB, count string)
-	}{
-		{"SQLite", func(t *testing.T) (string, *sql.DB, string) {
-			return "sqlite:" + filepath.Join(t.TempDir(), "idem.db"), nil,
-				"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
-		}},
-		{"PostgreSQL", func(t *testing.T) (string, *sql.DB, string) {
-			db, url := testdb.Postgres(t)
-			return url, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = $1"
-		}},
-		{"MariaDB", func(t *testing.T) (string, *sql.DB, string) {
-			db, dsn := testdb.MySQL(t)
-			return "mysql:" + dsn, db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?"
-		}},
-	} {
+	for _, c := range migrateTargets {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			raw, db, count := c.setup(t)
@@ -79,35 +113,14 @@ func TestMigrateConcurrent(t *testing.T) {
 			if applied != 1 {
 				t.Errorf("%d of %d migrates applied migrations, want 1:\n%s", applied, n, strings.Join(outs, ""))
 			}
-			if db == nil {
-				st, err := storeFlags{name: "db", raw: raw}.open(context.Background(), openOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer st.Close()
-				db = st.db
-			}
-			ctx := context.Background()
-			for _, table := range idemTables {
-				var k int
-				if err := db.QueryRowContext(ctx, count, table).Scan(&k); err != nil || k != 1 {
-					t.Errorf("table %s: %d instances, %v; want 1", table, k, err)
-				}
-			}
-			var versions, distinct int
-			if err := db.QueryRowContext(ctx, "SELECT count(*), count(DISTINCT version) FROM idem_schema_migrations").Scan(&versions, &distinct); err != nil {
-				t.Fatal(err)
-			}
-			if versions == 0 || versions != distinct {
-				t.Errorf("idem_schema_migrations: %d rows, %d versions; want each version once", versions, distinct)
-			}
+			db, versions := wantMigratedOnce(t, raw, db, count)
 
 			code, out, errOut := run(t, "", "migrate", "-db", raw)
 			if code != exitOK || !strings.Contains(out, "up to date") {
 				t.Fatalf("re-run: exit %d, %q %q; want up to date", code, out, errOut)
 			}
 			var again int
-			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM idem_schema_migrations").Scan(&again); err != nil || again != versions {
+			if err := db.QueryRowContext(context.Background(), "SELECT count(*) FROM idem_schema_migrations").Scan(&again); err != nil || again != versions {
 				t.Errorf("after the re-run: %d migrations, %v; want %d", again, err, versions)
 			}
 		})
