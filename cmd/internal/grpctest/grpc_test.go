@@ -41,17 +41,24 @@ type orders struct {
 	runs    atomic.Int64
 }
 
+// creator is a service of the test's grpctest.Orders/Create method.
+type creator interface {
+	create(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error)
+}
+
+// ordersDesc describes grpctest.Orders, served by a creator (orders,
+// ledger).
 var ordersDesc = grpc.ServiceDesc{
 	ServiceName: "grpctest.Orders",
-	HandlerType: (*any)(nil),
+	HandlerType: (*creator)(nil),
 	Methods: []grpc.MethodDesc{{MethodName: "Create", Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
 		in := new(structpb.Struct)
 		if err := dec(in); err != nil {
 			return nil, err
 		}
-		o := srv.(*orders)
+		c := srv.(creator)
 		return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: methodCreate}, func(ctx context.Context, req any) (any, error) {
-			return o.create(ctx, req.(*structpb.Struct))
+			return c.create(ctx, req.(*structpb.Struct))
 		})
 	}}},
 }

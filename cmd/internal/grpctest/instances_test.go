@@ -35,21 +35,6 @@ type ledger struct {
 	wait func(ctx context.Context, run int64)
 }
 
-var ledgerDesc = grpc.ServiceDesc{
-	ServiceName: "grpctest.Orders",
-	HandlerType: (*any)(nil),
-	Methods: []grpc.MethodDesc{{MethodName: "Create", Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
-		in := new(structpb.Struct)
-		if err := dec(in); err != nil {
-			return nil, err
-		}
-		l := srv.(*ledger)
-		return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: methodCreate}, func(ctx context.Context, req any) (any, error) {
-			return l.create(ctx, req.(*structpb.Struct))
-		})
-	}}},
-}
-
 func (l *ledger) create(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
 	run := l.runs.Add(1)
 	if l.wait != nil {
@@ -107,7 +92,7 @@ func instance(t *testing.T, store idem.Store, cfg idemgrpc.Config, svc *ledger, 
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(observe, icpt.Unary))
-	srv.RegisterService(&ledgerDesc, svc)
+	srv.RegisterService(&ordersDesc, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
