@@ -1,13 +1,11 @@
 package idemprom_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/internal/metricstest"
 	"github.com/idemkit/idem/memstore"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,35 +36,6 @@ func (s *downStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.
 		return idem.AcquireResult{}, errDown
 	}
 	return s.Store.Acquire(ctx, req)
-}
-
-// scrape reads the text exposition of url into series → value.
-func scrape(t *testing.T, url string) (map[string]float64, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape: %d %v", resp.StatusCode, err)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out, string(raw)
 }
 
 // TestMetricsThroughMiddleware drives the real middleware on memstore,
@@ -126,7 +96,7 @@ func TestMetricsThroughMiddleware(t *testing.T) {
 	want := map[string]float64{}
 	check := func(step string) {
 		t.Helper()
-		got, _ := scrape(t, metrics.URL)
+		got, _ := metricstest.Scrape(t, metrics.URL)
 		for series, v := range want {
 			if got[series] != v {
 				t.Errorf("%s: %s = %v, want %v", step, series, got[series], v)
@@ -192,7 +162,7 @@ func TestMetricsThroughMiddleware(t *testing.T) {
 	want[`idem_store_operation_duration_seconds_count{operation="acquire",result="error",store="memory"}`] = 1
 	check("store error")
 
-	_, raw := scrape(t, metrics.URL)
+	_, raw := metricstest.Scrape(t, metrics.URL)
 	for _, secret := range []string{key1, key2, "KEY-CHARLIE", scope, "USERID", idem.HashKey(scope, key1)} {
 		if strings.Contains(raw, secret) {
 			t.Errorf("the metrics show %q", secret)
@@ -225,7 +195,7 @@ func TestOtherKinds(t *testing.T) {
 	}
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
-	got, _ := scrape(t, srv.URL)
+	got, _ := metricstest.Scrape(t, srv.URL)
 	for series, v := range map[string]float64{
 		`idem_lease_renewals_total{result="renewed"}`:                    2,
 		`idem_lease_renewals_total{result="renew_failed"}`:               1,

@@ -1,14 +1,10 @@
 package grpctest_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"io"
 	"net"
-	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -23,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/idemgrpc"
 	"github.com/idemkit/idem/idemprom"
+	"github.com/idemkit/idem/internal/metricstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -84,7 +81,7 @@ func TestPrometheusCountsGRPCCalls(t *testing.T) {
 	want := map[string]float64{}
 	check := func(step string) {
 		t.Helper()
-		got, raw := scrapeMetrics(t, metrics.URL)
+		got, raw := metricstest.Scrape(t, metrics.URL)
 		for s, v := range want {
 			if got[s] != v {
 				t.Errorf("%s: %s = %v, want %v", step, s, got[s], v)
@@ -146,33 +143,4 @@ var countingDesc = grpc.ServiceDesc{
 			return &structpb.Struct{Fields: map[string]*structpb.Value{"sku": req.(*structpb.Struct).GetFields()["sku"]}}, nil
 		})
 	}}},
-}
-
-// scrapeMetrics reads the text exposition of url into series → value.
-func scrapeMetrics(t *testing.T, url string) (map[string]float64, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape: %d %v", resp.StatusCode, err)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(string(raw)))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out, string(raw)
 }
