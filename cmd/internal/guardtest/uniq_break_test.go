@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
 
@@ -111,7 +112,7 @@ func TestInsertOrGetCancelledInTx(t *testing.T) {
 			}()
 			<-started
 			// Wait until the insert is blocked on the holder's lock.
-			waitBlocked(t, db, s.dialect)
+			waitBlocked(t, db, s.dialect, done)
 			cancel()
 			err = <-done
 			if !errors.Is(err, context.Canceled) {
@@ -121,14 +122,28 @@ func TestInsertOrGetCancelledInTx(t *testing.T) {
 	}
 }
 
-// waitBlocked returns once a statement waits for a lock on the server.
-func waitBlocked(t *testing.T, db *sql.DB, d dialect) {
+// waitBlocked returns once a statement waits for a lock on the server. It
+// fails the test when the statement finished without waiting (its error
+// arrives on done) or when no wait shows within 30 seconds.
+func waitBlocked(t *testing.T, db *sql.DB, d dialect, done <-chan error) {
 	t.Helper()
 	q := `SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`
+	poll := time.Millisecond
 	if d == mysql {
-		q = `SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'`
+		q = `SELECT COUNT(*) FROM information_schema.innodb_trx t
+			JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id
+			WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()`
+		// InnoDB refreshes the snapshot behind innodb_trx only when it was
+		// not read for 100 ms: a faster poll reads a stale table forever.
+		poll = 150 * time.Millisecond
 	}
+	deadline := time.Now().Add(30 * time.Second)
 	for {
+		select {
+		case err := <-done:
+			t.Fatalf("the statement finished without waiting for the lock: %v", err)
+		default:
+		}
 		var n int
 		if err := db.QueryRowContext(context.Background(), q).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -136,6 +151,10 @@ func waitBlocked(t *testing.T, db *sql.DB, d dialect) {
 		if n > 0 {
 			return
 		}
+		if time.Now().After(deadline) {
+			t.Fatal("no statement waits for a lock after 30 s")
+		}
+		time.Sleep(poll)
 	}
 }
 
