@@ -12,8 +12,15 @@ var (
 	// or when the lease may have ended with no renewal confirmed in time.
 	ErrLeaseLost = errors.New("idem: lease lost")
 
-	// ErrNotFound is returned by Get and Delete when no record exists.
+	// ErrNotFound is returned by Get, Delete and DeleteIf when no record
+	// exists.
 	ErrNotFound = errors.New("idem: record not found")
+
+	// ErrRecordChanged is returned by a ConditionalDeleter's DeleteIf when
+	// the record is no longer the one the caller read: another execution
+	// holds or held it since (a takeover, or a new record after the one
+	// read expired or was deleted). The record is left as it is.
+	ErrRecordChanged = errors.New("idem: record changed")
 
 	// ErrInvalidKey reports an idempotency key that is empty, longer than
 	// MaxKeyLen bytes, not UTF-8, or holds a control character.

@@ -807,7 +807,9 @@ func (e *Execution) CompleteTx(ctx context.Context, tx *sql.Tx, resp Response) e
 		return err
 	}
 	resp = e.g.prepare(resp)
-	if o, ok := txc.(*observedTxStore); ok {
+	if o, ok := txc.(interface {
+		completeTx(context.Context, *sql.Tx, Lease, Response, time.Duration, string) error
+	}); ok {
 		err = o.completeTx(ctx, tx, l, resp, e.g.cfg.Retention, e.kh.Hash)
 	} else {
 		err = txc.CompleteTx(ctx, tx, l, resp, e.g.cfg.Retention)

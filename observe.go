@@ -78,7 +78,8 @@ const (
 	// idemgrpc): Outcome is one of the request outcomes.
 	KindRequest Kind = iota + 1
 	// KindStore: one call to a record store (Op: OpAcquire, OpComplete,
-	// OpCompleteTx, OpExtend, OpRelease, OpGet, OpDelete, OpSweep);
+	// OpCompleteTx, OpExtend, OpRelease, OpGet, OpDelete, OpDeleteIf,
+	// OpSweep);
 	// Outcome OutcomeOK or OutcomeError.
 	KindStore
 	// KindLease: an execution's lease renewed (OutcomeRenewed), a renewal
@@ -127,6 +128,7 @@ const (
 	OpRelease    = "release"
 	OpGet        = "get"
 	OpDelete     = "delete"
+	OpDeleteIf   = "delete_if"
 	OpSweep      = "sweep"
 	OpIssue      = "issue"
 	OpConsume    = "consume"

@@ -14,11 +14,13 @@ import (
 // that succeeds. A nil o returns s itself.
 //
 // Outcome is OutcomeError only when the store failed to answer: the
-// answers of the contract (ErrNotFound, ErrLeaseLost, ErrFinished) are
-// OutcomeOK with Err set.
+// answers of the contract (ErrNotFound, ErrLeaseLost, ErrFinished,
+// ErrRecordChanged) are OutcomeOK with Err set.
 //
 // The store returned implements TxCompleter exactly when s does (its
-// CompleteTx is reported as OpCompleteTx). It hides every other method
+// CompleteTx is reported as OpCompleteTx), and ConditionalDeleter exactly
+// when s does (its DeleteIf is reported as OpDeleteIf). It hides every
+// other method
 // of s (sqlstore's List, tieredstore's Stats): Unwrap returns s for them,
 // as ObservedStore does for a Store from ObserveStore.
 //
@@ -32,8 +34,15 @@ func ObserveStore(s Store, name string, o Observer) Store {
 		name = DefaultStoreName
 	}
 	os := &observedStore{s: s, name: name, o: o}
-	if txc, ok := s.(TxCompleter); ok {
+	txc, isTx := s.(TxCompleter)
+	cd, isCD := s.(ConditionalDeleter)
+	switch {
+	case isTx && isCD:
+		return &observedTxDeleterStore{observedTxStore: &observedTxStore{observedStore: os, txc: txc}, cd: cd}
+	case isTx:
 		return &observedTxStore{observedStore: os, txc: txc}
+	case isCD:
+		return &observedDeleterStore{observedStore: os, cd: cd}
 	}
 	return os
 }
@@ -52,10 +61,7 @@ const (
 // ObservedStore returns the store that ObserveStore wrapped into s, and
 // true; or s and false if s is not a Store from ObserveStore.
 func ObservedStore(s Store) (Store, bool) {
-	switch o := s.(type) {
-	case *observedStore:
-		return o.s, true
-	case *observedTxStore:
+	if o := observedOf(s); o != nil {
 		return o.s, true
 	}
 	return s, false
@@ -72,9 +78,24 @@ type observedTxStore struct {
 	txc TxCompleter
 }
 
+// observedDeleterStore observes a store with DeleteIf.
+type observedDeleterStore struct {
+	*observedStore
+	cd ConditionalDeleter
+}
+
+// observedTxDeleterStore observes a store with CompleteTx and DeleteIf.
+type observedTxDeleterStore struct {
+	*observedTxStore
+	cd ConditionalDeleter
+}
+
 var (
-	_ Store       = (*observedStore)(nil)
-	_ TxCompleter = (*observedTxStore)(nil)
+	_ Store              = (*observedStore)(nil)
+	_ TxCompleter        = (*observedTxStore)(nil)
+	_ ConditionalDeleter = (*observedDeleterStore)(nil)
+	_ TxCompleter        = (*observedTxDeleterStore)(nil)
+	_ ConditionalDeleter = (*observedTxDeleterStore)(nil)
 )
 
 // Unwrap returns the store observed.
@@ -93,7 +114,7 @@ func (s *observedStore) start(ctx context.Context, op string) (context.Context, 
 // computed here.
 func (s *observedStore) end(ctx context.Context, op string, t0 time.Time, scope, key, kh string, err error) {
 	outcome := OutcomeOK
-	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFinished) {
+	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFinished) && !errors.Is(err, ErrRecordChanged) {
 		outcome = OutcomeError
 	}
 	if kh == "" && (scope != "" || key != "") {
@@ -163,6 +184,22 @@ func (s *observedStore) Delete(ctx context.Context, scope, key string) error {
 	return err
 }
 
+// deleteIf reports a DeleteIf of cd, the observed store's.
+func (s *observedStore) deleteIf(ctx context.Context, cd ConditionalDeleter, scope, key, owner string, fence int64) error {
+	ctx, t0 := s.start(ctx, OpDeleteIf)
+	err := cd.DeleteIf(ctx, scope, key, owner, fence)
+	s.end(ctx, OpDeleteIf, t0, scope, key, "", err)
+	return err
+}
+
+func (s *observedDeleterStore) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	return s.deleteIf(ctx, s.cd, scope, key, owner, fence)
+}
+
+func (s *observedTxDeleterStore) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	return s.deleteIf(ctx, s.cd, scope, key, owner, fence)
+}
+
 func (s *observedStore) Sweep(ctx context.Context, limit int) (int, error) {
 	sctx, t0 := s.start(ctx, OpSweep)
 	n, err := s.s.Sweep(sctx, limit)
@@ -191,6 +228,10 @@ func observedOf(s Store) *observedStore {
 	case *observedStore:
 		return o
 	case *observedTxStore:
+		return o.observedStore
+	case *observedDeleterStore:
+		return o.observedStore
+	case *observedTxDeleterStore:
 		return o.observedStore
 	}
 	return nil

@@ -49,7 +49,9 @@ type Store interface {
 	Get(ctx context.Context, scope, key string) (Record, error)
 
 	// Delete removes the record whatever its state (operator eviction);
-	// ErrNotFound if none.
+	// ErrNotFound if none. An operator who read the record first should
+	// evict with ConditionalDeleter.DeleteIf where the store has it, so
+	// that a record that changed since is not removed.
 	Delete(ctx context.Context, scope, key string) error
 
 	// Sweep removes up to limit records whose ExpiresAt has passed (a limit
@@ -72,6 +74,28 @@ type TxCompleter interface {
 	// earlier transaction. A record held by another owner or fence, or
 	// gone, gives ErrLeaseLost.
 	CompleteTx(ctx context.Context, tx *sql.Tx, l Lease, resp Response, retention time.Duration) error
+}
+
+// ConditionalDeleter is implemented by stores that can delete a record
+// only while it is the one the caller read: operator eviction, where a
+// person looks at a record and then decides, must not remove a record that
+// another execution took over (or created) in the meantime, or a retry
+// would run the request again while that execution runs.
+//
+// A record's Owner and Fence name one incarnation of it: a takeover and
+// the replacement of an expired record change both, and a record created
+// after a deletion has a new owner. What the execution holding the record
+// does to it (renewing its lease, completing it) keeps them, so such a
+// record is still the one read.
+type ConditionalDeleter interface {
+	// DeleteIf removes the record of (scope, key), whatever its state,
+	// only if its Owner and Fence are still owner and fence. The check and
+	// the deletion are atomic in the store, and a deletion costs one round
+	// trip (a store may read the record again, after a refusal, to tell
+	// the two errors apart). It returns ErrNotFound if there
+	// is no record, and an error matching ErrRecordChanged, leaving the
+	// record as it is, if the record has another owner or fence.
+	DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error
 }
 
 // DefaultSweepLimit is the number of records Sweep removes when given a

@@ -37,7 +37,10 @@ type entry struct {
 
 type recordID struct{ scope, key string }
 
-var _ idem.Store = (*Store)(nil)
+var (
+	_ idem.Store              = (*Store)(nil)
+	_ idem.ConditionalDeleter = (*Store)(nil)
+)
 
 // New returns an empty Store. A nil cfg means defaults; cfg is copied.
 func New(cfg *Config) *Store {
@@ -213,6 +216,32 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	id := recordID{scope, key}
 	if _, ok := s.records[id]; !ok {
 		return idem.ErrNotFound
+	}
+	delete(s.records, id)
+	return nil
+}
+
+// DeleteIf removes the record whatever its state if its owner and fence
+// are still owner and fence; idem.ErrNotFound if there is none, and an
+// error matching idem.ErrRecordChanged if it has another owner or fence.
+// See idem.ConditionalDeleter.
+func (s *Store) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(scope, key); err != nil {
+		return fmt.Errorf("memstore: delete if: %w", err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := recordID{scope, key}
+	rec, ok := s.records[id]
+	switch {
+	case !ok:
+		return idem.ErrNotFound
+	case rec.Owner != owner || rec.Fence != fence:
+		return fmt.Errorf("memstore: delete if: %w: the record read at fence %d is now fence %d of another owner", idem.ErrRecordChanged, fence, rec.Fence)
 	}
 	delete(s.records, id)
 	return nil

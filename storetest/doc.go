@@ -16,7 +16,10 @@
 // lease is no longer the caller's, a retried completion (Complete with
 // the owner and fence that completed the record returns nil and changes
 // nothing; CompleteTx then fails with [idem.ErrFinished]), Get, Delete,
-// Sweep, scope isolation,
+// DeleteIf (for a store that implements [idem.ConditionalDeleter]: it
+// deletes the record read, refuses one taken over, replaced or created
+// again with [idem.ErrRecordChanged], and of many racing calls exactly
+// one deletes), Sweep, scope isolation,
 // key validation, and byte-for-byte round trips of binary and large
 // responses, header values included (any bytes: not UTF-8, NUL, empty). With [Caps].BeginTx set it also pins [idem.TxCompleter], both
 // directly and through [idem.Guard].

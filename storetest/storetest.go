@@ -41,7 +41,7 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store, caps Caps) {
 	if caps.Precision <= 0 {
 		caps.Precision = time.Millisecond
 	}
-	all := slices.Concat(acquireCases, raceCases, leaseCases, getDeleteCases, dataCases, keyCases, sweepCases, txCases, guardCases)
+	all := slices.Concat(acquireCases, raceCases, leaseCases, getDeleteCases, deleteIfCases, dataCases, keyCases, sweepCases, txCases, guardCases)
 	// Sweep removes expired records of every scope, including the short
 	// lived ones other cases are about to look at: the sweeping cases run
 	// first, alone.
@@ -66,10 +66,11 @@ func Run(t *testing.T, newStore func(t *testing.T) idem.Store, caps Caps) {
 
 // testCase is one case of the suite.
 type testCase struct {
-	name   string
-	serial bool // calls Sweep: runs alone, before the others
-	tx     bool // needs Caps.BeginTx and an idem.TxCompleter
-	run    func(h *harness)
+	name     string
+	serial   bool // calls Sweep: runs alone, before the others
+	tx       bool // needs Caps.BeginTx and an idem.TxCompleter
+	deleteIf bool // needs an idem.ConditionalDeleter
+	run      func(h *harness)
 }
 
 func (c testCase) exec(t *testing.T, newStore func(t *testing.T) idem.Store, caps Caps) {
@@ -83,6 +84,11 @@ func (c testCase) exec(t *testing.T, newStore func(t *testing.T) idem.Store, cap
 	if c.tx {
 		if _, ok := s.(idem.TxCompleter); !ok {
 			t.Fatalf("Caps.BeginTx is set but %T does not implement idem.TxCompleter", s)
+		}
+	}
+	if c.deleteIf {
+		if _, ok := s.(idem.ConditionalDeleter); !ok {
+			t.Skipf("%T does not implement idem.ConditionalDeleter: it cannot delete a record only while it is the one read", s)
 		}
 	}
 	c.run(&harness{T: t, ctx: t.Context(), store: s, caps: caps, scope: uniqueScope(c.name)})
