@@ -92,3 +92,75 @@ func TestObserveStore(t *testing.T) {
 		t.Error("a nil Observer wraps the store")
 	}
 }
+
+// txDeleterStore is a memstore with CompleteTx (which fails) and its own
+// DeleteIf.
+type txDeleterStore struct {
+	txStore
+	cd idem.ConditionalDeleter
+}
+
+func (s txDeleterStore) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	return s.cd.DeleteIf(ctx, scope, key, owner, fence)
+}
+
+// TestObserveStoreDeleteIf: the wrapper implements ConditionalDeleter
+// exactly when the inner store does, with or without TxCompleter; DeleteIf
+// is reported as OpDeleteIf, ErrRecordChanged and ErrNotFound as answers
+// (OutcomeOK), and it deletes only the record named.
+func TestObserveStoreDeleteIf(t *testing.T) {
+	ctx := context.Background()
+	inner := memstore.New(nil)
+	log := &evLog{}
+	for _, c := range []struct {
+		name     string
+		s        idem.Store
+		tx, cond bool
+	}{
+		{"memstore", inner, false, true},
+		{"tx only", txStore{inner}, true, false},
+		{"tx and DeleteIf", txDeleterStore{txStore{inner}, inner}, true, true},
+		{"neither", struct{ idem.Store }{inner}, false, false},
+	} {
+		s := idem.ObserveStore(c.s, "memory", log)
+		_, tx := s.(idem.TxCompleter)
+		cd, cond := s.(idem.ConditionalDeleter)
+		if tx != c.tx || cond != c.cond {
+			t.Fatalf("%s wrapped: TxCompleter %v, ConditionalDeleter %v; want %v, %v", c.name, tx, cond, c.tx, c.cond)
+		}
+		if u, ok := idem.ObservedStore(s); !ok || u != c.s {
+			t.Fatalf("%s: ObservedStore does not give the inner store", c.name)
+		}
+		if !cond {
+			continue
+		}
+		res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: "sc", Key: c.name, Fingerprint: "f", Lease: time.Minute, Retention: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.ends = nil
+		if err := cd.DeleteIf(ctx, "sc", c.name, res.Lease.Owner, res.Lease.Fence+1); !errors.Is(err, idem.ErrRecordChanged) {
+			t.Fatalf("%s: DeleteIf of another fence = %v, want ErrRecordChanged", c.name, err)
+		}
+		if _, err := inner.Get(ctx, "sc", c.name); err != nil {
+			t.Fatalf("%s: the record went after a refused DeleteIf: %v", c.name, err)
+		}
+		if err := cd.DeleteIf(ctx, "sc", c.name, res.Lease.Owner, res.Lease.Fence); err != nil {
+			t.Fatalf("%s: DeleteIf: %v", c.name, err)
+		}
+		if _, err := inner.Get(ctx, "sc", c.name); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("%s: the record is still there after DeleteIf: %v", c.name, err)
+		}
+		if err := cd.DeleteIf(ctx, "sc", c.name, res.Lease.Owner, res.Lease.Fence); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("%s: DeleteIf of nothing = %v", c.name, err)
+		}
+		if len(log.ends) != 3 {
+			t.Fatalf("%s: events %+v, want 3", c.name, log.ends)
+		}
+		for i, e := range log.ends {
+			if e.Kind != idem.KindStore || e.Op != idem.OpDeleteIf || e.Outcome != idem.OutcomeOK || e.KeyHash != idem.HashKey("sc", c.name) || e.Store != "memory" {
+				t.Errorf("%s: event %d: %+v", c.name, i, e)
+			}
+		}
+	}
+}
