@@ -43,6 +43,12 @@ type Dialect interface {
 	// expires_at (RETURNING); if not, it is an UPDATE whose affected rows
 	// say whether the lease held (MySQL).
 	completeReturns() bool
+	// deleteIfReads reports whether the delete_if statement returns a
+	// row: how many records it deleted, and the owner and fence of the
+	// record its snapshot shows (PostgreSQL); if not, it is a DELETE
+	// whose affected rows say whether it deleted, and select_record then
+	// tells a missing record from another's.
+	deleteIfReads() bool
 	// acquireMode says how Store.Acquire runs on the dialect.
 	acquireMode() acquireMode
 	// retryable reports whether err aborted a statement that may simply
@@ -97,6 +103,7 @@ type statements struct {
 	selectLease           *query // may be empty: extend returns lease_until
 	release               *query
 	deleteRecord          *query
+	deleteIf              *query
 	sweep                 *query
 	list                  *query // Store.List
 	listStatus            *query
@@ -112,7 +119,7 @@ type statements struct {
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 16 + 4 // idem_records and migrations; tokens
+const numQueries = 17 + 4 // idem_records and migrations; tokens
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -129,6 +136,7 @@ func (st *statements) byName() map[string]**query {
 		"select_lease":            &st.selectLease,
 		"release":                 &st.release,
 		"delete":                  &st.deleteRecord,
+		"delete_if":               &st.deleteIf,
 		"sweep":                   &st.sweep,
 		"list":                    &st.list,
 		"list_status":             &st.listStatus,

@@ -86,6 +86,13 @@
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
 //     still completes.
+//   - DeleteIf ([idem.ConditionalDeleter]: an operator's eviction of the
+//     record read) is one DELETE that matches on owner and fence, run
+//     again after a deadlock or a serialisation failure as Delete is. On
+//     PostgreSQL the same statement reads the record it did not delete
+//     (a CTE) and so tells [idem.ErrNotFound] from
+//     [idem.ErrRecordChanged]; on MySQL and SQLite a DELETE that matched
+//     nothing is followed by a read that says which.
 //   - A completion is safe to retry: when Complete (or CompleteRecord)
 //     matches nothing because the record is already completed under the
 //     same owner and fence, the earlier completion committed (its reply
@@ -250,7 +257,7 @@
 // COMMITTED transaction whatever the session's default; it deletes the
 // renewals of the records it removes, and renewals that lapsed (their
 // lease + retention passed) and are no processing record's lease.
-// Release and Delete leave a record's renewal to Sweep.
+// Release, Delete and DeleteIf leave a record's renewal to Sweep.
 //
 // CompleteTx under REPEATABLE READ or SERIALIZABLE still fails with 40001
 // when someone else changed the record after the transaction's snapshot

@@ -33,6 +33,7 @@ func (mysqlDialect) String() string           { return "mysql" }
 func (mysqlDialect) statements() *statements  { return mysqlStatements }
 func (mysqlDialect) migrations() []migration  { return mysqlMigrations }
 func (mysqlDialect) completeReturns() bool    { return false }
+func (mysqlDialect) deleteIfReads() bool      { return false }
 func (mysqlDialect) acquireMode() acquireMode { return acquireUpsertRead }
 
 // The insert id of the acquire upsert's update branch (its

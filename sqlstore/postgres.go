@@ -26,6 +26,7 @@ func (postgresDialect) String() string           { return "postgres" }
 func (postgresDialect) statements() *statements  { return postgresStatements }
 func (postgresDialect) migrations() []migration  { return postgresMigrations }
 func (postgresDialect) completeReturns() bool    { return true }
+func (postgresDialect) deleteIfReads() bool      { return true }
 func (postgresDialect) acquireMode() acquireMode { return acquireOneStatement }
 func (postgresDialect) sweepInTx()               {}
 

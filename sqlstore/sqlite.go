@@ -28,6 +28,7 @@ func (sqliteDialect) missingTable(err error) bool {
 	return strings.Contains(msg, "no such table") || strings.Contains(msg, "no such column") || strings.Contains(msg, "has no column named")
 }
 func (sqliteDialect) completeReturns() bool    { return true }
+func (sqliteDialect) deleteIfReads() bool      { return false }
 func (sqliteDialect) acquireMode() acquireMode { return acquireInTx }
 func (sqliteDialect) retryable(error) bool     { return false }
 

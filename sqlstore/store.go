@@ -21,7 +21,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Store is an [idem.Store] and [idem.TxCompleter] over database/sql. It is
+// Store is an [idem.Store], [idem.TxCompleter] and
+// [idem.ConditionalDeleter] over database/sql. It is
 // safe for concurrent use, also by several processes sharing the
 // database. Create it with New and create its tables with Migrate; Close
 // it when done.
@@ -38,8 +39,9 @@ type Store struct {
 var ErrClosed = errors.New("sqlstore: store closed")
 
 var (
-	_ idem.Store       = (*Store)(nil)
-	_ idem.TxCompleter = (*Store)(nil)
+	_ idem.Store              = (*Store)(nil)
+	_ idem.TxCompleter        = (*Store)(nil)
+	_ idem.ConditionalDeleter = (*Store)(nil)
 )
 
 // New returns a Store over db. cfg is required (for its Dialect) and is
@@ -693,6 +695,89 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return idem.ErrNotFound
 	}
 	return nil
+}
+
+// DeleteIf removes the record whatever its state if it still has owner
+// and fence, in one statement; [idem.ErrNotFound] if there is none, and an
+// error matching [idem.ErrRecordChanged] if it has another owner or fence.
+// See [idem.ConditionalDeleter]. On PostgreSQL the statement also says
+// which; on MySQL and SQLite a refusal costs one read more.
+func (s *Store) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	const op = "delete if"
+	if err := s.closed(op); err != nil {
+		return err
+	}
+	if err := validateID(scope, key); err != nil {
+		return fmt.Errorf("sqlstore: %s: %w", op, err)
+	}
+	v := values{scope: scope, key: key, owner: owner, fence: fence}
+	if s.d.deleteIfReads() {
+		return s.deleteIfReading(ctx, op, &v)
+	}
+	var res sql.Result
+	err := s.again(ctx, func() (err error) {
+		res, err = s.exec(ctx, nil, s.st.deleteIf, &v)
+		return err
+	})
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	rec, err := s.get(ctx, nil, scope, key)
+	if errors.Is(err, idem.ErrNotFound) {
+		return err
+	}
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if rec.Owner == owner && rec.Fence == fence {
+		// The DELETE met the record as another execution had it, and that
+		// execution then gave it back to owner and fence: impossible, as
+		// owners are random; say so rather than delete what was not read.
+		return fmt.Errorf("sqlstore: %s: %w: the record changed while it was being deleted", op, idem.ErrRecordChanged)
+	}
+	return changedFrom(op, fence, rec.Fence)
+}
+
+// deleteIfReading runs a delete_if statement that returns whether it
+// deleted and the record its snapshot shows (PostgreSQL). A record shown
+// with owner and fence but not deleted was changed or removed after the
+// snapshot, while the DELETE waited for it: the statement runs again, with
+// a new snapshot, to tell which.
+func (s *Store) deleteIfReading(ctx context.Context, op string, v *values) error {
+	for range maxAcquireAttempts {
+		var (
+			deleted int64
+			owner   sql.NullString
+			fence   sql.NullInt64
+		)
+		err := s.again(ctx, func() error {
+			return s.queryRow(ctx, nil, s.st.deleteIf, v, &deleted, &owner, &fence)
+		})
+		switch {
+		case err != nil:
+			return s.fail(ctx, op, err)
+		case deleted > 0:
+			return nil
+		case !owner.Valid:
+			return idem.ErrNotFound
+		case owner.String != v.owner || fence.Int64 != v.fence:
+			return changedFrom(op, v.fence, fence.Int64)
+		}
+	}
+	return fmt.Errorf("sqlstore: %s: %w: the record kept changing while it was being deleted", op, idem.ErrRecordChanged)
+}
+
+// changedFrom is DeleteIf's error for a record read at fence that is now
+// another owner's, at fence now.
+func changedFrom(op string, fence, now int64) error {
+	return fmt.Errorf("sqlstore: %s: %w: the record read at fence %d is now fence %d of another owner", op, idem.ErrRecordChanged, fence, now)
 }
 
 // Sweep removes up to limit records whose ExpiresAt has passed on the

@@ -257,6 +257,13 @@ WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
 -- params: scope key
 DELETE FROM idem_records WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
 
+-- name: delete_if
+-- params: scope key owner fence
+-- Store.DeleteIf: no row affected means the record is gone or another's;
+-- select_record then tells which.
+DELETE FROM idem_records
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND owner = ? AND fence = ?;
+
 -- name: sweep
 -- params: limit
 -- Walks idem_records_expires_at. The status test is redundant (a

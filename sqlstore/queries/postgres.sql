@@ -147,6 +147,22 @@ WHERE scope = $1 AND idempotency_key = $2
 -- params: scope key
 DELETE FROM idem_records WHERE scope = $1 AND idempotency_key = $2;
 
+-- name: delete_if
+-- params: scope key owner fence
+-- Store.DeleteIf: deletes the record if it still has the owner and fence
+-- given, and returns whether it did with the owner and fence of the record
+-- the statement's snapshot shows (NULL: none). A record that the snapshot
+-- shows with that owner and fence but that the DELETE did not remove was
+-- changed or removed after the snapshot (the DELETE waited for it and
+-- found it so): Store.DeleteIf runs the statement again.
+WITH gone AS (
+    DELETE FROM idem_records
+    WHERE scope = $1 AND idempotency_key = $2 AND owner = $3 AND fence = $4
+    RETURNING 1)
+SELECT (SELECT count(*) FROM gone), r.owner, r.fence
+FROM (SELECT 1) AS one
+LEFT JOIN idem_records AS r ON r.scope = $1 AND r.idempotency_key = $2;
+
 -- name: sweep
 -- params: limit
 -- Run in a READ COMMITTED transaction (see idem_sweep, migration 3): it

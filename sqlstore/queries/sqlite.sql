@@ -129,6 +129,13 @@ WHERE scope = ?1 AND idempotency_key = ?2
 -- params: scope key
 DELETE FROM idem_records WHERE scope = ?1 AND idempotency_key = ?2;
 
+-- name: delete_if
+-- params: scope key owner fence
+-- Store.DeleteIf: no row affected means the record is gone or another's;
+-- select_record then tells which.
+DELETE FROM idem_records
+WHERE scope = ?1 AND idempotency_key = ?2 AND owner = ?3 AND fence = ?4;
+
 -- name: sweep
 -- params: limit
 -- The inner query walks idem_records_expires_at. The status test is
