@@ -32,7 +32,8 @@
 //     embedded in the package), so each is atomic on the server: of any
 //     number of concurrent Acquire calls on one key, from any number of
 //     processes, exactly one is told Acquired. Get is one HMGET, Delete one
-//     DEL. Scripts run with EVALSHA; after NOSCRIPT (a restart, a failover,
+//     DEL, DeleteIf ([idem.ConditionalDeleter]: an operator's eviction of
+//     the record read, matched on owner and fence) one script. Scripts run with EVALSHA; after NOSCRIPT (a restart, a failover,
 //     SCRIPT FLUSH) the same call falls back to EVAL, which caches the
 //     script again.
 //   - Leases and expiry use the server's clock (TIME inside the scripts;

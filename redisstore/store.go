@@ -80,6 +80,8 @@ var (
 	extendLua string
 	//go:embed release.lua
 	releaseLua string
+	//go:embed delete_if.lua
+	deleteIfLua string
 	//go:embed sweep.lua
 	sweepLua string
 )
@@ -92,12 +94,13 @@ var (
 	completeScript = redis.NewScript(libLua + completeLua)
 	extendScript   = redis.NewScript(libLua + extendLua)
 	releaseScript  = redis.NewScript(libLua + releaseLua)
+	deleteIfScript = redis.NewScript(libLua + deleteIfLua)
 	sweepScript    = redis.NewScript(libLua + sweepLua)
 )
 
 // Store is an idem.Store on Redis (a single server, a Sentinel-managed
 // primary, or a Redis Cluster). It is safe for concurrent use. It does not
-// implement idem.TxCompleter.
+// implement idem.TxCompleter; it implements idem.ConditionalDeleter.
 //
 // A Store holds nothing of its own to release (no connection, goroutine or
 // server-side state beyond the records), so it has no Close: the client is
@@ -110,8 +113,9 @@ type Store struct {
 }
 
 var (
-	_ idem.Store = (*Store)(nil)
-	_ Client     = redis.UniversalClient(nil)
+	_ idem.Store              = (*Store)(nil)
+	_ idem.ConditionalDeleter = (*Store)(nil)
+	_ Client                  = redis.UniversalClient(nil)
 )
 
 // New returns a Store over client. A nil cfg means defaults; cfg is
@@ -444,6 +448,39 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 		return idem.ErrNotFound
 	}
 	return nil
+}
+
+// DeleteIf removes the record whatever its state if it still has owner
+// and fence, with one Lua script; idem.ErrNotFound if there is none, and
+// an error matching idem.ErrRecordChanged if it has another owner or
+// fence. See idem.ConditionalDeleter.
+func (s *Store) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validateID(scope, key); err != nil {
+		return fmt.Errorf("redisstore: delete if: %w", err)
+	}
+	v, err := deleteIfScript.Run(ctx, s.client, []string{s.recordKey(scope, key)},
+		owner, strconv.FormatInt(fence, 10)).Result()
+	if err != nil {
+		return s.fail(ctx, "delete if", err)
+	}
+	switch v := v.(type) {
+	case int64:
+		switch v {
+		case 0:
+			return nil
+		case 1:
+			return idem.ErrNotFound
+		}
+	case []any:
+		if len(v) == 1 {
+			now, _ := v[0].(string)
+			return fmt.Errorf("redisstore: delete if: %w: the record read at fence %d is now fence %s of another owner", idem.ErrRecordChanged, fence, now)
+		}
+	}
+	return fmt.Errorf("redisstore: delete if: unexpected reply %v", v)
 }
 
 // fail normalises an error of the client: the context's error if it ended,

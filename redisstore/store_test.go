@@ -125,6 +125,14 @@ func TestNoScript(t *testing.T) {
 			if err := s.Release(ctx, l2.Lease); err != nil {
 				t.Fatalf("Release after SCRIPT FLUSH: %v", err)
 			}
+			l3, err := s.Acquire(ctx, idem.AcquireRequest{Scope: "noscript", Key: "k3", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+			if err != nil {
+				t.Fatalf("Acquire after SCRIPT FLUSH: %v", err)
+			}
+			flush()
+			if err := s.DeleteIf(ctx, "noscript", "k3", l3.Lease.Owner, l3.Lease.Fence); err != nil {
+				t.Fatalf("DeleteIf after SCRIPT FLUSH: %v", err)
+			}
 			time.Sleep(100 * time.Millisecond)
 			flush()
 			if n, err := s.Sweep(ctx, 10); err != nil || n != 1 {
