@@ -45,9 +45,17 @@ var deleteIfCases = []testCase{
 			if err := h.deleteIf(h.scope, rec); !errors.Is(err, idem.ErrNotFound) {
 				h.Fatalf("second DeleteIf of the %s record = %v, want idem.ErrNotFound", key, err)
 			}
+			if key == "live" {
+				h.leaseLost("Complete of the deleted live record", h.store.Complete(h.ctx, live, idem.Response{}, longRetention))
+				h.notFound(key)
+			}
+			// Nothing of the record is left (a cache in front included):
+			// the next request runs.
+			res := h.expect(h.req(key, "fp-new", longLease), idem.Acquired)
+			if res.Lease.Fence != 1 || res.TookOver {
+				h.Fatalf("Acquire after DeleteIf of the %s record: fence %d took over %v, want a fresh record", key, res.Lease.Fence, res.TookOver)
+			}
 		}
-		h.leaseLost("Complete of the deleted live record", h.store.Complete(h.ctx, live, idem.Response{}, longRetention))
-		h.notFound("live")
 	}},
 
 	{name: "DeleteIfAfterTakeover", deleteIf: true, run: func(h *harness) {

@@ -66,10 +66,10 @@
 //     Config.MarkerTTL (1 s by default; never longer than the lease), after
 //     which duplicates of a still-running execution are answered by the
 //     truth.
-//   - A stale completed entry exists only after a Delete (operator
-//     eviction) whose Redis delete failed, or raced a Get or Acquire that
-//     read the record just before the delete and cached it just after: the
-//     deleted response is replayed until the entry's TTL. Delete again once
+//   - A stale completed entry exists only after a Delete or DeleteIf
+//     (operator eviction) whose Redis delete failed, or raced a Get or
+//     Acquire that read the record just before the delete and cached it
+//     just after: the deleted response is replayed until the entry's TTL. Delete again once
 //     Redis answers if that matters.
 //   - A completed entry never outlives the truth's ExpiresAt: its TTL is
 //     counted from before the truth computed ExpiresAt, and entries filled
@@ -119,10 +119,12 @@
 //     (Without ContextTimeoutEnabled, the goroutine of a Redis call that
 //     ran past the timeout lives on until the client's own timeouts end
 //     it.)
-//   - Get, Delete and Sweep are the truth's. Get caches a live completed
-//     record. Delete removes the cache entry after the truth's delete (also
-//     when the truth had no record). Sweep leaves cache entries to their
-//     TTL.
+//   - Get, Delete, DeleteIf and Sweep are the truth's. Get caches a live
+//     completed record. Delete removes the cache entry after the truth's
+//     delete (also when the truth had no record), and so does DeleteIf
+//     (which the Store has exactly when its truth is an
+//     [idem.ConditionalDeleter]) when the truth deleted the record or had
+//     none. Sweep leaves cache entries to their TTL.
 //
 // # Performance
 //

@@ -56,3 +56,27 @@ func TestConformanceOverMemstore(t *testing.T) {
 		t.Errorf("stats after the suite: %+v; want hits and no Redis errors", st)
 	}
 }
+
+// TestConditionalDeleterFollowsTruth: the store has DeleteIf exactly when
+// its truth does, with or without CompleteTx; the cases with CompleteTx
+// are in cmd/internal/tieredtest.
+func TestConditionalDeleterFollowsTruth(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
+	t.Cleanup(func() { _ = c.Close() })
+	for _, tc := range []struct {
+		name  string
+		truth idem.Store
+		cd    bool
+	}{
+		{"memstore", memstore.New(nil), true},
+		{"a store without DeleteIf", struct{ idem.Store }{memstore.New(nil)}, false},
+	} {
+		s, err := tieredstore.New(c, tc.truth, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := idem.Store(s).(idem.ConditionalDeleter); ok != tc.cd {
+			t.Errorf("New over %s: %T implements idem.ConditionalDeleter = %v, want %v", tc.name, s, ok, tc.cd)
+		}
+	}
+}

@@ -76,7 +76,9 @@ type Client interface {
 // key's in-flight entry; over one without (memstore, redisstore), it has
 // none, so a Guard answers idem.ErrTxUnsupported before it calls the store.
 // Type-assert the Store (or the idem.Store it is stored in) to
-// idem.TxCompleter to tell.
+// idem.TxCompleter to tell. Likewise it implements idem.ConditionalDeleter
+// exactly when its truth does (memstore, redisstore and sqlstore all do):
+// DeleteIf deletes in the truth, then the cache entry, as Delete.
 //
 // A Store holds no goroutine, timer or connection between calls, so it has
 // no Close: close the Redis client and the truth store when done with them.
@@ -108,16 +110,35 @@ type txStore struct {
 	txc idem.TxCompleter
 }
 
+// deleterStore is a Store over a truth with idem.ConditionalDeleter.
+type deleterStore struct {
+	*store
+	cd idem.ConditionalDeleter
+}
+
+// txDeleterStore is a Store over a truth with idem.TxCompleter and
+// idem.ConditionalDeleter.
+type txDeleterStore struct {
+	*txStore
+	cd idem.ConditionalDeleter
+}
+
 var (
-	_ Store            = (*store)(nil)
-	_ Store            = (*txStore)(nil)
-	_ idem.TxCompleter = (*txStore)(nil)
-	_ Client           = redis.UniversalClient(nil)
+	_ Store                   = (*store)(nil)
+	_ Store                   = (*txStore)(nil)
+	_ idem.TxCompleter        = (*txStore)(nil)
+	_ Store                   = (*deleterStore)(nil)
+	_ idem.ConditionalDeleter = (*deleterStore)(nil)
+	_ Store                   = (*txDeleterStore)(nil)
+	_ idem.TxCompleter        = (*txDeleterStore)(nil)
+	_ idem.ConditionalDeleter = (*txDeleterStore)(nil)
+	_ Client                  = redis.UniversalClient(nil)
 )
 
 // New returns a Store that answers from front what is safe to answer
 // without truth, and asks truth everything else. The Store implements
-// idem.TxCompleter if and only if truth does. A nil cfg means defaults;
+// idem.TxCompleter if and only if truth does, and idem.ConditionalDeleter
+// if and only if truth does. A nil cfg means defaults;
 // cfg is copied. New does not contact either store.
 func New(front Client, truth idem.Store, cfg *Config) (Store, error) {
 	if front == nil {
@@ -161,8 +182,15 @@ func New(front Client, truth idem.Store, cfg *Config) (Store, error) {
 		log:     c.Logger,
 		circuit: newCircuit(c.Cooldown),
 	}
-	if txc, ok := truth.(idem.TxCompleter); ok {
+	txc, isTx := truth.(idem.TxCompleter)
+	cd, isCD := truth.(idem.ConditionalDeleter)
+	switch {
+	case isTx && isCD:
+		return &txDeleterStore{txStore: &txStore{store: s, txc: txc}, cd: cd}, nil
+	case isTx:
 		return &txStore{store: s, txc: txc}, nil
+	case isCD:
+		return &deleterStore{store: s, cd: cd}, nil
 	}
 	return s, nil
 }
@@ -328,6 +356,27 @@ func (s *store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 // was unreachable).
 func (s *store) Delete(ctx context.Context, scope, key string) error {
 	err := s.truth.Delete(ctx, scope, key)
+	if err == nil || errors.Is(err, idem.ErrNotFound) {
+		s.del(ctx, s.entryKey(scope, key))
+	}
+	return err
+}
+
+// DeleteIf deletes the record in the truth if it still has owner and
+// fence (see idem.ConditionalDeleter), then its cache entry as Delete does:
+// when the truth deleted it or had no record. A record the truth kept
+// (idem.ErrRecordChanged) keeps its entry, which is the new execution's.
+func (s *deleterStore) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	return s.deleteIf(ctx, s.cd, scope, key, owner, fence)
+}
+
+// DeleteIf is deleterStore's.
+func (s *txDeleterStore) DeleteIf(ctx context.Context, scope, key, owner string, fence int64) error {
+	return s.deleteIf(ctx, s.cd, scope, key, owner, fence)
+}
+
+func (s *store) deleteIf(ctx context.Context, cd idem.ConditionalDeleter, scope, key, owner string, fence int64) error {
+	err := cd.DeleteIf(ctx, scope, key, owner, fence)
 	if err == nil || errors.Is(err, idem.ErrNotFound) {
 		s.del(ctx, s.entryKey(scope, key))
 	}

@@ -82,6 +82,9 @@ func TestTxCompleterFollowsTruth(t *testing.T) {
 		if _, ok := idem.Store(s).(idem.TxCompleter); ok != tc.tx {
 			t.Errorf("New over %s, as an idem.Store: implements idem.TxCompleter = %v, want %v", tc.name, ok, tc.tx)
 		}
+		if _, ok := idem.Store(s).(idem.ConditionalDeleter); !ok {
+			t.Errorf("New over %s (which has DeleteIf): the store %T does not implement idem.ConditionalDeleter", tc.name, s)
+		}
 		if s.Truth() != tc.truth {
 			t.Errorf("New over %s: Truth() = %v, want the truth given", tc.name, s.Truth())
 		}
