@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -371,7 +372,11 @@ func whoAttrs(r *http.Request, u who) []any {
 	return a
 }
 
-// evict deletes a record, after its confirmation page.
+// evict deletes a record, after its confirmation page. The page carries
+// the fence and an owner tag of the record the operator confirmed, and
+// the confirmed post deletes that record only (idem.ConditionalDeleter,
+// where the store has it): a record taken over or replaced meanwhile is
+// another execution's, and is kept (409).
 func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 	if h.cfg.Store == nil {
 		http.Error(w, "this program cannot evict records", http.StatusNotFound)
@@ -382,44 +387,145 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		http.Error(w, "the form names no record (scope and key)", http.StatusBadRequest)
 		return
 	}
+	confirmed, ok := confirmedRecord(r)
+	if !ok {
+		http.Error(w, "the form's fence is not a number", http.StatusBadRequest)
+		return
+	}
 	hash := idem.HashKey(scope, key)
 	// A record whose lease is live is being executed: deleting it would
 	// let a retry run the request again while this execution still runs
 	// (its completion then fails, its effect stays). Refused until the
 	// lease ends; a record whose holder died is evicted as any other.
-	if rec, err := h.cfg.Store.Get(r.Context(), scope, key); err == nil && rec.Status == idem.StatusProcessing && rec.LeaseUntil.After(h.cfg.Now()) {
+	rec, gerr := h.cfg.Store.Get(r.Context(), scope, key)
+	if gerr == nil && rec.Status == idem.StatusProcessing && rec.LeaseUntil.After(h.cfg.Now()) {
 		h.log.WarnContext(r.Context(), "admin: refused to evict a record being executed", append(whoAttrs(r, u), "key_hash", hash)...)
 		http.Error(w, "record "+hash+" is being executed (its lease runs until "+rec.LeaseUntil.UTC().Format(time.RFC3339)+
 			"): evicting it would let a retry run the request again while this execution runs; evict it after its lease ends", http.StatusConflict)
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
+		lines := []string{"scope " + quote(scope), "key " + quote(key)}
+		fields := map[string]string{"scope64": enc(scope), "key64": enc(key)}
+		if gerr == nil {
+			lines = append(lines, h.describe(rec))
+			fields["fence"] = strconv.FormatInt(rec.Fence, 10)
+			fields["owner"] = ownerTag(rec.Owner)
+		}
+		lines = append(lines, "The record is deleted from the store: a retry with this key runs the request again, as a new one.")
 		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/evict",
-			Title: "Evict record " + hash + "?",
-			Lines: []string{"scope " + quote(scope), "key " + quote(key),
-				"The record is deleted from the store: a retry with this key runs the request again, as a new one."},
-			Fields: map[string]string{"scope64": enc(scope), "key64": enc(key)}, Button: "Evict"})
+			Title: "Evict record " + hash + "?", Lines: lines, Fields: fields, Button: "Evict"})
 		return
 	}
 	attrs := append(whoAttrs(r, u), "action", "evict", "key_hash", hash)
 	if h.cfg.LogKeys {
 		attrs = append(attrs, "scope", scope, "key", key)
 	}
-	if err := h.cfg.Store.Delete(r.Context(), scope, key); err != nil {
-		msg := h.redact(err, scope, key)
-		if errors.Is(err, idem.ErrNotFound) {
-			// A key typed in with another scope, or evicted already:
-			// the operator's mistake, not the store's failure.
-			h.log.WarnContext(r.Context(), "admin: evict found no record", attrs...)
-			http.Error(w, "no record "+hash+" of this scope and key (evicted already, expired, or another scope)", http.StatusNotFound)
-			return
+	notFound := func() {
+		// A key typed in with another scope, or evicted already: the
+		// operator's mistake, not the store's failure.
+		h.log.WarnContext(r.Context(), "admin: evict found no record", attrs...)
+		http.Error(w, "no record "+hash+" of this scope and key (evicted already, expired, or another scope)", http.StatusNotFound)
+	}
+	changed := func(now idem.Record, err error) {
+		h.log.WarnContext(r.Context(), "admin: evict refused: the record changed since it was confirmed",
+			append(attrs, "fence_confirmed", confirmed.fence, "fence_now", now.Fence)...)
+		msg := "the record changed since you confirmed: record " + hash + " "
+		if confirmed.set {
+			msg += "was confirmed at fence " + strconv.FormatInt(confirmed.fence, 10) + " and "
 		}
+		if err == nil {
+			msg += "is now " + h.describe(now) + ", another execution's"
+		} else {
+			msg += "is now another execution's (" + h.redact(err, scope, key) + ")"
+		}
+		http.Error(w, msg+"; nothing was deleted. Reload the page and look at it again.", http.StatusConflict)
+	}
+	failed := func(err error) {
+		msg := h.redact(err, scope, key)
 		h.log.ErrorContext(r.Context(), "admin: evict failed", append(attrs, "error", msg)...)
 		http.Error(w, "evict failed: "+msg, http.StatusBadGateway)
+	}
+	if gerr == nil && confirmed.set && (rec.Fence != confirmed.fence || ownerTag(rec.Owner) != confirmed.owner) {
+		changed(rec, nil)
 		return
 	}
-	h.log.InfoContext(r.Context(), "admin: record evicted", attrs...)
+	var err error
+	if cd, ok := h.cfg.Store.(idem.ConditionalDeleter); ok {
+		// Delete the record just read, which is the one confirmed, and
+		// nothing that replaced it since.
+		switch {
+		case errors.Is(gerr, idem.ErrNotFound):
+			notFound()
+			return
+		case gerr != nil:
+			failed(gerr)
+			return
+		}
+		err = cd.DeleteIf(r.Context(), scope, key, rec.Owner, rec.Fence)
+	} else {
+		err = h.cfg.Store.Delete(r.Context(), scope, key)
+	}
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		notFound()
+		return
+	case errors.Is(err, idem.ErrRecordChanged):
+		now, gerr := h.cfg.Store.Get(r.Context(), scope, key)
+		if gerr != nil {
+			changed(idem.Record{}, err)
+		} else {
+			changed(now, nil)
+		}
+		return
+	case err != nil:
+		failed(err)
+		return
+	}
+	h.log.InfoContext(r.Context(), "admin: record evicted", append(attrs, "fence", rec.Fence)...)
 	http.Redirect(w, r, "/admin/?done=evicted&ref="+hash, http.StatusSeeOther)
+}
+
+// confirmation is the record an eviction's confirmation page showed: its
+// fence and owner tag, when the page had a record to show.
+type confirmation struct {
+	set   bool
+	fence int64
+	owner string
+}
+
+// confirmedRecord reads the record a confirmed eviction names; ok is false
+// if the fence is malformed. A form typed in names none.
+func confirmedRecord(r *http.Request) (confirmation, bool) {
+	f, o := r.PostFormValue("fence"), r.PostFormValue("owner")
+	if f == "" && o == "" {
+		return confirmation{}, true
+	}
+	fence, err := strconv.ParseInt(f, 10, 64)
+	if err != nil {
+		return confirmation{}, false
+	}
+	return confirmation{set: true, fence: fence, owner: o}, true
+}
+
+// ownerTag names a record's owner on the confirmation page without
+// handing the owner token out: a short SHA-256 of it.
+func ownerTag(owner string) string {
+	sum := sha256.Sum256([]byte("idem-admin-owner\x00" + owner))
+	return hex.EncodeToString(sum[:8])
+}
+
+// describe says what state rec is in, for a confirmation page or a
+// refusal.
+func (h *Handler) describe(rec idem.Record) string {
+	if rec.Status != idem.StatusProcessing {
+		return fmt.Sprintf("%s at fence %d", rec.Status, rec.Fence)
+	}
+	lease := "its lease ended "
+	if rec.LeaseUntil.After(h.cfg.Now()) {
+		lease = "its lease runs until "
+	}
+	return fmt.Sprintf("processing at fence %d, %s%s", rec.Fence, lease, rec.LeaseUntil.UTC().Format(time.RFC3339))
 }
 
 // retry retries a dead message, after its confirmation page.

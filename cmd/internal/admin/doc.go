@@ -28,12 +28,19 @@
 //
 // # Actions
 //
-//   - Evict deletes a record from the store (idem.Store.Delete): a
-//     retry with its key runs as a new request. A record being executed
-//     (processing, its lease not ended) is refused (409): a retry would
-//     run while the execution still runs. A record listed is named
-//     by its exact bytes; "Evict by key" takes a scope and a key typed in
-//     (for stores that cannot list, such as Redis).
+//   - Evict deletes a record from the store: a retry with its key runs
+//     as a new request. A record being executed (processing, its lease
+//     not ended) is refused (409): a retry would run while the execution
+//     still runs. The confirmation page carries the record's fence and a
+//     hash of its owner, and the confirmed post deletes that record only
+//     (idem.ConditionalDeleter's DeleteIf, with the owner and fence it
+//     reads again; stores without it fall back to idem.Store.Delete after
+//     the same check): a record taken over by a retry, or replaced by a
+//     new request, since the operator looked at it is another execution's,
+//     and is kept (409, "the record changed since you confirmed"). A
+//     record listed is named by its exact bytes; "Evict by key" takes a
+//     scope and a key typed in (for stores that cannot list, such as
+//     Redis).
 //   - Retry is the program's (Config.Retry; see shopd's for the shop's
 //     loyalty consumer): it makes the dead message's consume record
 //     handled again on its next delivery and publishes the message again.
