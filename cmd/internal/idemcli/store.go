@@ -71,13 +71,23 @@ stores the SHA-256 of the header's value. Neither means the empty scope
 
 ` + storeHelp
 
-const evictHelp = `Usage: idem evict -db DSN [-scope S | -scope-header-value V] -key K [-yes]
+const evictHelp = `Usage: idem evict -db DSN [-scope S | -scope-header-value V] -key K [-yes] [-force]
 
-idem evict deletes one record, whatever its state, so that the next
-request with its key runs again. It prints the record and asks for
-confirmation on standard input unless -yes is given; an answer other than
-y or yes deletes nothing (exit status 1). Deleting a record in flight lets
-a retry run while the first request may still be running.
+idem evict deletes one record, so that the next request with its key runs
+again. It prints the record and asks for confirmation on standard input
+unless -yes is given; an answer other than y or yes deletes nothing (exit
+status 1).
+
+It deletes the record it printed and nothing else: if the record changed
+meanwhile (a retry took it over after its lease ended, or a new request
+replaced it), it deletes nothing, says so and exits with status 1; run it
+again to see the record as it is now.
+
+A record in flight (processing, its lease not ended) is refused unless
+-force is given. Its execution may still be running: deleting its record
+lets a retry run the request again while that execution runs, so the
+effect may happen twice. Without -force, wait until the lease ends (the
+execution died, or it completes).
 
 Give -cache too when a proxy runs with Redis in front of the database, so
 that Redis forgets the record as well. Scopes as for idem inspect.
@@ -124,7 +134,8 @@ func init() {
 			r.declare(fs)
 			fs.StringVar(&r.cache, "cache", "", "the Redis in front of -db, if any: redis://host:port/db")
 			yes := fs.Bool("yes", false, "delete without asking")
-			return func(e *env) int { return exit(e, "evict", runEvict(e, r, *yes)) }
+			force := fs.Bool("force", false, "delete a record in flight too (a retry may then run the request again while its execution still runs)")
+			return func(e *env) int { return exit(e, "evict", runEvict(e, r, *yes, *force)) }
 		},
 	})
 }
@@ -500,7 +511,7 @@ func isText(b []byte) bool {
 	return true
 }
 
-func runEvict(e *env, r *recordFlags, yes bool) error {
+func runEvict(e *env, r *recordFlags, yes, force bool) error {
 	if err := noArgs(e); err != nil {
 		return err
 	}
@@ -524,6 +535,9 @@ func runEvict(e *env, r *recordFlags, yes bool) error {
 		return storeErr(err)
 	}
 	printRecord(e.stdout, rec, false)
+	if err := refuseInFlight(rec, force); err != nil {
+		return err
+	}
 	if !yes {
 		fmt.Fprint(e.stdout, "\nDelete this record? [y/N] ")
 		line, _ := bufio.NewReader(e.stdin).ReadString('\n')
@@ -532,13 +546,53 @@ func runEvict(e *env, r *recordFlags, yes bool) error {
 		default:
 			return errors.New("not deleted (answer y to delete, or give -yes)")
 		}
-	}
-	if err := st.store.Delete(e.ctx, scope, r.key); err != nil {
+		// The answer may have taken long: the record printed may have
+		// changed, or its execution renewed its lease.
+		now, err := st.store.Get(e.ctx, scope, r.key)
 		if errors.Is(err, idem.ErrNotFound) {
-			return errors.New("the record is gone already (swept or deleted meanwhile)")
+			return errors.New("not deleted: the record is gone already (swept or deleted meanwhile)")
 		}
+		if err != nil {
+			return storeErr(err)
+		}
+		if now.Owner != rec.Owner || now.Fence != rec.Fence {
+			return changedSincePrinted(rec, now)
+		}
+		if err := refuseInFlight(now, force); err != nil {
+			return err
+		}
+	}
+	if cd, ok := st.store.(idem.ConditionalDeleter); ok {
+		err = cd.DeleteIf(e.ctx, scope, r.key, rec.Owner, rec.Fence)
+	} else {
+		err = st.store.Delete(e.ctx, scope, r.key)
+	}
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return errors.New("not deleted: the record is gone already (swept or deleted meanwhile)")
+	case errors.Is(err, idem.ErrRecordChanged):
+		now, gerr := st.store.Get(e.ctx, scope, r.key)
+		if gerr != nil {
+			return fmt.Errorf("not deleted: the record changed since it was printed (%v); run idem evict again to see it", err)
+		}
+		return changedSincePrinted(rec, now)
+	case err != nil:
 		return storeErr(err)
 	}
 	fmt.Fprintln(e.stdout, "deleted")
 	return nil
+}
+
+// refuseInFlight refuses rec if it is in flight, unless force.
+func refuseInFlight(rec idem.Record, force bool) error {
+	if force || rec.Status != idem.StatusProcessing || !time.Now().Before(rec.LeaseUntil) {
+		return nil
+	}
+	return fmt.Errorf("not deleted: the record is in flight (its lease runs until %s): its execution may still be running, and deleting the record would let a retry run the request again beside it; wait until the lease ends, or give -force", stamp(rec.LeaseUntil))
+}
+
+// changedSincePrinted is the error of an eviction whose record was
+// replaced by now after it was printed as was.
+func changedSincePrinted(was, now idem.Record) error {
+	return fmt.Errorf("not deleted: the record changed since it was printed (fence %d then; now %s, fence %d, another execution's); run idem evict again to see it", was.Fence, now.Status, now.Fence)
 }

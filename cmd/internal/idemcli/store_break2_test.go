@@ -46,10 +46,10 @@ func TestSweepEveryStops(t *testing.T) {
 	}
 }
 
-// idem evict of a record in flight: the execution still running loses
-// its lease, and its Complete neither writes the record back nor
-// succeeds, on every store; a request after the evict runs again (as the
-// help says). Held.
+// idem evict of a record in flight: refused without -force; with it, the
+// execution still running loses its lease, and its Complete neither
+// writes the record back nor succeeds, on every store; a request after
+// the evict runs again (as the help says). Held.
 func TestEvictInFlight(t *testing.T) {
 	t.Parallel()
 	for _, b := range proxyBackends {
@@ -71,6 +71,14 @@ func TestEvictInFlight(t *testing.T) {
 			if c := cacheOf(flags); c != "" {
 				args = append(args, "-cache", c)
 			}
+			// Refused without -force: the execution may still run.
+			if code, out, errOut := run(t, "", args...); code != exitFail || !strings.Contains(errOut, "in flight") {
+				t.Fatalf("evict of a record in flight without -force: exit %d %q %q; want it refused", code, out, errOut)
+			}
+			if rec, err := st.store.Get(ctx, "s", key); err != nil || rec.Owner != res.Lease.Owner {
+				t.Fatalf("after the refused evict: %+v, %v; want the record kept", rec, err)
+			}
+			args = append(args, "-force")
 			code, out, errOut := run(t, "", args...)
 			if code != exitOK || !strings.Contains(out, "deleted") {
 				t.Fatalf("evict: exit %d %q %q", code, out, errOut)
