@@ -15,6 +15,14 @@
 // after the broker's confirmation and before its mark — is dropped by the
 // broker's de-duplication window or by the consumer's inbox.
 //
+// A message's headers are the application's: Add refuses (see
+// Message.Validate) the names a broker or a publisher interprets — any
+// Nats- header (the publisher's Nats-Msg-Id, JetStream's
+// Nats-Expected-*, Nats-Rollup, Nats-TTL), RabbitMQ's CC and BCC
+// (routing) and x-death, x-*-death-*, x-delivery-count, and the adapters'
+// Idem-Key and amqp-redelivered — so that a header never changes what
+// the broker does with the message or overrides its ID.
+//
 // Stores: MemoryStore (this package, one process) and the sqlstore
 // package's OutboxStore. The outboxtest package is the conformance suite
 // every store passes.

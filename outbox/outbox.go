@@ -28,8 +28,8 @@ const headerNameForbidden = `"(),/:;<=>?@[\]{}`
 var (
 	// ErrInvalid is wrapped by the error of a message that Validate
 	// refuses (no topic, a topic or key too long, not UTF-8 or with a NUL
-	// byte, a header name that a broker cannot carry, a header value not
-	// UTF-8).
+	// byte, a header name that a broker cannot carry or that a broker or
+	// a publisher interprets, a header value not UTF-8).
 	ErrInvalid = errors.New("outbox: invalid message")
 	// ErrLeaseLost is returned by Batch.MarkSent when the batch's claim
 	// ended before the mark (its lease ran out: sqlstore's
@@ -80,8 +80,29 @@ type Message struct {
 // MaxHeaderNameLen printable ASCII characters other than
 // ( ) , / : ; < = > ? @ [ \ ] { } and " (what NATS and AMQP both carry: a
 // name that a broker refuses would fail every publish of the message, and
-// hold its key back forever). The payload may hold any bytes. The error
-// wraps ErrInvalid.
+// hold its key back forever). The payload may hold any bytes.
+//
+// Header names that a broker or a publisher interprets are refused too,
+// in any case, with an error that names the header and says why:
+//
+//   - Nats-Msg-Id, which the NATS publisher sets to the message's ID, and
+//     every other name starting with Nats- (Nats-Expected-Stream,
+//     Nats-Expected-Last-Msg-Id, Nats-Expected-Last-Sequence,
+//     Nats-Expected-Last-Subject-Sequence, Nats-Rollup, Nats-TTL, …):
+//     the JetStream server acts on them (refuses the message, rolls up
+//     its subject, expires it), and later servers may add more.
+//   - CC and BCC: RabbitMQ routes copies of the message to the routing
+//     keys they list, and closes the channel when one is a string, as a
+//     header of a Message is: every publish would fail.
+//   - x-death, x-first-death-*, x-last-death-* and x-delivery-count,
+//     which RabbitMQ sets (dead-lettering, quorum queues), and
+//     amqp-redelivered, which the rabbitmq consumer sets: a consumer
+//     would take the message's value for the broker's.
+//   - Idem-Key, in which the publishers carry Key.
+//
+// Other names are the application's, x- names included; the trace
+// context (traceparent, tracestate, baggage) passes. The error wraps
+// ErrInvalid.
 func (m Message) Validate() error {
 	switch {
 	case m.Topic == "":
@@ -110,8 +131,37 @@ func (m Message) Validate() error {
 		case !utf8.ValidString(v):
 			return fmt.Errorf("%w: header %q: value is not UTF-8", ErrInvalid, name)
 		}
+		if why := reservedHeader(name); why != "" {
+			return fmt.Errorf("%w: header %q is reserved: %s", ErrInvalid, name, why)
+		}
 	}
 	return nil
+}
+
+// reservedHeader says why a header of this name cannot be added (a
+// broker or a publisher interprets it), or "" when it can. Names are
+// compared without regard to case: brokers differ in it, and a name that
+// one takes as its own in some case is no name to rely on.
+func reservedHeader(name string) string {
+	l := strings.ToLower(name)
+	switch {
+	case l == "nats-msg-id":
+		return "the publisher sends the message's ID as NATS's Nats-Msg-Id (the broker de-duplicates by it)"
+	case strings.HasPrefix(l, "nats-"):
+		return "the NATS JetStream server interprets Nats- headers (Nats-Expected-*, Nats-Rollup, Nats-TTL, …): " +
+			"it would refuse, drop, expire or roll up the message, or purge others"
+	case l == "cc" || l == "bcc":
+		return "RabbitMQ routes copies of the message by it (sender-selected distribution), " +
+			"and closes the channel on a value that is a string: every publish of the message would fail"
+	case l == "x-death" || strings.HasPrefix(l, "x-first-death-") || strings.HasPrefix(l, "x-last-death-") || l == "x-delivery-count":
+		return "RabbitMQ sets it (dead-lettering history, a quorum queue's delivery count): " +
+			"a consumer would take the message's value for the broker's"
+	case l == "amqp-redelivered":
+		return "the rabbitmq consumer sets it from the delivery's redelivered flag"
+	case l == "idem-key":
+		return "the publishers carry the message's Key in it"
+	}
+	return ""
 }
 
 func badHeaderNameRune(r rune) bool {

@@ -70,12 +70,67 @@ func TestValidate(t *testing.T) {
 		{"header name too long", outbox.Message{Topic: "t", Headers: map[string]string{strings.Repeat("h", outbox.MaxHeaderNameLen+1): "v"}}, false},
 		{"longest header name", outbox.Message{Topic: "t", Headers: map[string]string{strings.Repeat("h", outbox.MaxHeaderNameLen): "v"}}, true},
 		{"header name of token characters", outbox.Message{Topic: "t", Headers: map[string]string{"X-Trace_id.1!#$%&'*+^`|~": "v"}}, true},
+		// What idem itself adds: the trace (idemotel.Inject), the shop's
+		// retried events.
+		{"trace context", outbox.Message{Topic: "t", Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=b", "baggage": "k=v"}}, true},
+		{"Idem-Retry-Of", outbox.Message{Topic: "t", Headers: map[string]string{"Idem-Retry-Of": "shop-7"}}, true},
+		{"a name holding Nats- not first", outbox.Message{Topic: "t", Headers: map[string]string{"X-Nats-Msg-Id": "v", "Natsy": "v", "x-cc": "v", "Bcc-List": "v"}}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			err := c.m.Validate()
 			if c.ok != (err == nil) || (err != nil && !errors.Is(err, outbox.ErrInvalid)) {
 				t.Fatalf("Validate = %v, want ok %v", err, c.ok)
+			}
+		})
+	}
+}
+
+// Headers a broker or a publisher interprets are refused, whatever their
+// case: the error names the header and says why.
+func TestValidateReservedHeaders(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, why string }{
+		{"Nats-Msg-Id", "message's ID"},
+		{"nats-msg-id", "message's ID"},
+		{"Nats-Expected-Stream", "NATS JetStream"},
+		{"Nats-Expected-Last-Msg-Id", "NATS JetStream"},
+		{"Nats-Expected-Last-Sequence", "NATS JetStream"},
+		{"Nats-Expected-Last-Subject-Sequence", "NATS JetStream"},
+		{"Nats-Rollup", "NATS JetStream"},
+		{"NATS-TTL", "NATS JetStream"},
+		{"Nats-Anything-Later", "NATS JetStream"},
+		{"CC", "RabbitMQ"},
+		{"bcc", "RabbitMQ"},
+		{"x-death", "RabbitMQ"},
+		{"x-first-death-reason", "RabbitMQ"},
+		{"X-Last-Death-Queue", "RabbitMQ"},
+		{"x-delivery-count", "RabbitMQ"},
+		{"amqp-redelivered", "consumer"},
+		{"Idem-Key", "Key"},
+		{"idem-key", "Key"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			m := outbox.Message{Topic: "t", Headers: map[string]string{"traceparent": "x", c.name: "v"}}
+			err := m.Validate()
+			if !errors.Is(err, outbox.ErrInvalid) {
+				t.Fatalf("Validate = %v, want ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), `"`+c.name+`"`) || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("Validate = %q: want the header's name and why (%q)", err, c.why)
+			}
+			s := outbox.NewMemoryStore("")
+			if _, err := s.Add(t.Context(), m); !errors.Is(err, outbox.ErrInvalid) {
+				t.Fatalf("Add = %v, want ErrInvalid", err)
+			}
+			b, err := s.Claim(t.Context(), 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Release(t.Context()) //nolint:errcheck // nothing to release
+			if n := len(b.Messages()); n != 0 {
+				t.Fatalf("the refused message was stored: %d pending", n)
 			}
 		})
 	}

@@ -31,3 +31,25 @@ func TestPublisherLongHeaderName(t *testing.T) {
 		}
 	}
 }
+
+// A CC or BCC header is RabbitMQ's sender-selected distribution: the
+// broker routes copies by it, and closes the channel when its value is a
+// string, as every header of an outbox message is. Accepted by the
+// outbox, it would fail every publish; it must be refused at Add.
+func TestPublisherRoutingHeaders(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	p := newPublisher(t, rabbitmq.PublisherConfig{URL: b.url})
+	for i, name := range []string{"CC", "BCC"} {
+		m := outbox.Message{ID: fmt.Sprint("cc-", i), Topic: b.queue, Headers: map[string]string{name: b.dlq}}
+		if err := m.Validate(); err != nil {
+			if !errors.Is(err, outbox.ErrInvalid) {
+				t.Errorf("header %s: Validate = %v, want ErrInvalid", name, err)
+			}
+			continue // refused at Add
+		}
+		if err := p.Publish(t.Context(), m); err != nil {
+			t.Errorf("header %s: accepted by the outbox, and Publish = %v", name, err)
+		}
+	}
+}

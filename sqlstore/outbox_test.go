@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -458,6 +459,35 @@ func TestOutboxAddOtherDB(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("Claim after the %s Add = %v, want %v", round, got, want)
 			}
+		}
+	})
+}
+
+// TestOutboxAddRefusesReservedHeaders: a message with a header the broker
+// or the publisher interprets (Nats-*, RabbitMQ's CC) is refused before
+// any statement: the caller's transaction commits without it.
+func TestOutboxAddRefusesReservedHeaders(t *testing.T) {
+	forDialects(t, func(t *testing.T, srv server) {
+		db, _ := outboxDB(t, srv)
+		s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: srv.dialect})
+		ctx := t.Context()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+		for _, name := range []string{"Nats-Msg-Id", "Nats-TTL", "nats-expected-last-sequence", "CC"} {
+			_, err := s.Add(ctx, tx, outbox.Message{Topic: "t", Key: "k", Headers: map[string]string{"traceparent": "x", name: "1"}})
+			if !errors.Is(err, outbox.ErrInvalid) || !strings.Contains(err.Error(), name) {
+				t.Errorf("Add with header %s = %v, want ErrInvalid naming it", name, err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM idem_outbox`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d rows after refused Adds (%v), want none", n, err)
 		}
 	})
 }

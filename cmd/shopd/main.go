@@ -17,13 +17,15 @@
 // on one broker need different ones. Sent events and the loyalty
 // consumer's finished records are deleted after -event-retention.
 //
-// Bad flags, or an address shopd cannot listen on, exit with status 2
-// before any data is touched. The first SIGINT or SIGTERM lets in-flight
-// requests finish (exit status 0; 1 if some still run after 30 s); a
-// second one exits at once with status 1, unless it comes within 250 ms of
-// the first (one stop delivered twice, as timeout(1) does). A signal during
-// startup stops shopd with status 0. SIGPIPE is ignored: a log reader that
-// went away does not end shopd. See cmd/internal/shop's Main and Run.
+// Bad flags, a malformed OTEL_EXPORTER_OTLP_ENDPOINT (or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), or an address shopd cannot listen
+// on, exit with status 2 before any data is touched. The first SIGINT or
+// SIGTERM lets in-flight requests finish (exit status 0; 1 if some still
+// run after 30 s); a second one exits at once with status 1, unless it
+// comes within 250 ms of the first (one stop delivered twice, as
+// timeout(1) does). A signal during startup stops shopd with status 0.
+// SIGPIPE is ignored: a log reader that went away does not end shopd. See
+// cmd/internal/shop's Main and Run.
 package main
 
 import (

@@ -61,6 +61,28 @@ func TestBadFlagsExit2(t *testing.T) {
 	}
 }
 
+// A malformed OTLP endpoint is a configuration error too: exit status 2,
+// a message that names the variable, and no data touched.
+func TestBadOTLPEndpointExits2(t *testing.T) {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$", "-addr", "127.0.0.1:0")
+		cmd.Env = append(os.Environ(), "SHOPD_MAIN=1", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=", name+"=collector:4318")
+		cmd.Dir = t.TempDir()
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+			t.Errorf("%s: %v, want exit status 2; output %s", name, err, out)
+			continue
+		}
+		if !strings.Contains(string(out), name) {
+			t.Errorf("%s: output %q does not name the variable", name, out)
+		}
+		if _, err := os.Stat(filepath.Join(cmd.Dir, "shopdata")); !os.IsNotExist(err) {
+			t.Errorf("%s: shopdata created before the endpoint was checked", name)
+		}
+	}
+}
+
 // The first SIGINT lets in-flight requests finish; a second one during
 // that drain ends shopd at once, with a non-zero status.
 func TestSecondSignalExitsAtOnce(t *testing.T) {

@@ -268,6 +268,10 @@ func invalid(t *testing.T, h Harness, _ Caps) {
 	long := string(bytes.Repeat([]byte("x"), outbox.MaxTopicLen+1))
 	for _, m := range []outbox.Message{
 		{}, {Topic: long}, {Topic: "t", Key: long}, {Topic: "\xff"}, {Topic: "t", Headers: map[string]string{"": "v"}},
+		// Headers a broker or a publisher interprets.
+		{Topic: "t", Headers: map[string]string{"Nats-Msg-Id": "other"}},
+		{Topic: "t", Headers: map[string]string{"nats-rollup": "sub"}},
+		{Topic: "t", Headers: map[string]string{"CC": "other.queue"}},
 	} {
 		if _, err := h.Add(t.Context(), msg("t", "ok", "before"), m); !errors.Is(err, outbox.ErrInvalid) {
 			t.Errorf("Add(%+v) = %v, want ErrInvalid", m, err)

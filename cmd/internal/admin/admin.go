@@ -110,6 +110,8 @@ type Handler struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
+
+	limit limiter
 }
 
 type session struct {
@@ -180,7 +182,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	u, status := h.authenticate(r)
+	u, status, wait := h.authenticate(r)
+	if status == http.StatusTooManyRequests {
+		h.tooMany(w, wait, false)
+		return
+	}
 	if status != 0 {
 		if status == http.StatusUnauthorized && r.Method == http.MethodGet && path == "/admin/" && r.Header.Get("Authorization") == "" {
 			h.render(w, http.StatusUnauthorized, "login", loginPage{Name: h.cfg.Name})
@@ -225,30 +231,73 @@ func (h *Handler) tokenOK(given string) bool {
 }
 
 // authenticate finds the request's operator: a bearer token, or a
-// session cookie. 401 when neither is valid.
-func (h *Handler) authenticate(r *http.Request) (who, int) {
+// session cookie. 401 when neither is valid; 429, and how long to wait,
+// when the request's client or everyone is locked out of token checks
+// (see limited).
+func (h *Handler) authenticate(r *http.Request) (who, int, time.Duration) {
 	if a := r.Header.Get("Authorization"); a != "" {
 		scheme, tok, ok := strings.Cut(a, " ")
-		if ok && strings.EqualFold(scheme, "Bearer") && h.tokenOK(strings.TrimSpace(tok)) {
-			return who{via: "bearer"}, 0
+		ok = ok && strings.EqualFold(scheme, "Bearer") && h.tokenOK(strings.TrimSpace(tok))
+		if wait, refused := h.limited(r, ok, "bearer"); refused {
+			return who{}, http.StatusTooManyRequests, wait
 		}
-		return who{}, http.StatusUnauthorized
+		if ok {
+			return who{via: "bearer"}, 0, 0
+		}
+		return who{}, http.StatusUnauthorized, 0
 	}
 	c, err := r.Cookie(cookieName)
 	if err != nil || c.Value == "" {
-		return who{}, http.StatusUnauthorized
+		return who{}, http.StatusUnauthorized, 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := h.sessions[c.Value]
 	if s == nil {
-		return who{}, http.StatusUnauthorized
+		return who{}, http.StatusUnauthorized, 0
 	}
 	if h.cfg.Now().After(s.expires) {
 		delete(h.sessions, c.Value)
-		return who{}, http.StatusUnauthorized
+		return who{}, http.StatusUnauthorized, 0
 	}
-	return who{via: "session", sess: s, id: sessionID(c.Value)}, 0
+	return who{via: "session", sess: s, id: sessionID(c.Value)}, 0, 0
+}
+
+// limited passes the result ok of a token check (of the login form, or
+// a bearer token) through the login limits: it reports whether the
+// attempt is refused, whatever ok is, and how long its client is to
+// wait. A refusal is logged once per lockout; a failure is logged and
+// counted.
+func (h *Handler) limited(r *http.Request, ok bool, via string) (time.Duration, bool) {
+	key := clientKey(r)
+	ref, passed := h.limit.check(key, h.cfg.Now(), ok)
+	if ref.wait > 0 {
+		if ref.log {
+			who := "client " + key
+			if ref.global {
+				who = fmt.Sprintf("all clients (more than %d failures in %s)", globalFailures, globalWindow)
+			}
+			h.log.WarnContext(r.Context(), "admin: too many failed logins: refusing "+who+" until the lockout ends (logged once per lockout)",
+				"remote", r.RemoteAddr, "auth", via, "retry_after_s", retryAfter(ref.wait))
+		}
+		return ref.wait, true
+	}
+	if !passed {
+		h.log.WarnContext(r.Context(), "admin: failed login", "remote", r.RemoteAddr, "auth", via)
+	}
+	return 0, false
+}
+
+// tooMany answers an attempt refused by the login limits: 429 with
+// Retry-After (the login form again, when form).
+func (h *Handler) tooMany(w http.ResponseWriter, wait time.Duration, form bool) {
+	s := retryAfter(wait)
+	w.Header().Set("Retry-After", strconv.Itoa(s))
+	if form {
+		h.render(w, http.StatusTooManyRequests, "login", loginPage{Name: h.cfg.Name, Wait: s})
+		return
+	}
+	http.Error(w, fmt.Sprintf("too many failed logins: try again in %d s", s), http.StatusTooManyRequests)
 }
 
 // sessionID names a session in logs without giving its cookie away.
@@ -323,8 +372,12 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "cross-origin post refused", http.StatusForbidden)
 		return
 	}
-	if !h.tokenOK(r.PostFormValue("token")) {
-		h.log.WarnContext(r.Context(), "admin: failed login", "remote", r.RemoteAddr)
+	ok := h.tokenOK(r.PostFormValue("token"))
+	if wait, refused := h.limited(r, ok, "form"); refused {
+		h.tooMany(w, wait, true)
+		return
+	}
+	if !ok {
 		h.render(w, http.StatusUnauthorized, "login", loginPage{Name: h.cfg.Name, Failed: true})
 		return
 	}

@@ -18,6 +18,24 @@
 // goes first). The token is compared in constant time. A request with
 // neither is answered 401 (GET /admin/ with the login form).
 //
+// Token checks (the login form's and bearer tokens') are limited. A
+// client is the IP of the connection's remote address (an IPv6 address
+// counts by its /64); X-Forwarded-For and Forwarded are not trusted, so
+// behind a proxy every client is the proxy. Its first five failures in a
+// row are free; each further one locks it out for 1 s, doubling up to 5
+// minutes. And past 30 failures in a minute, of all clients together,
+// everyone is locked out until the minute ends, so that an attack spread
+// over many addresses is slowed as well (a success does not reset this
+// count). A locked-out attempt is refused with 429 and Retry-After
+// without its token being looked at: the right token is refused too, so
+// that a refusal never tells whether a guess was right. A success
+// forgets its client's failures; failures are forgotten an hour after
+// a client's last one, and at most 1024 clients are kept (the one whose
+// last failure is the oldest goes first). Sessions opened already are
+// not affected: a flood of wrong tokens can keep the operator from
+// signing in for a minute at a time, not sign them out. Each failure is
+// logged, a refusal once per lockout.
+//
 // Every action is a POST, refused with 403 when the browser says it
 // comes from another origin (Origin) or, in a session, when it does not
 // carry the session's CSRF token (a hidden field of every form of the
@@ -61,9 +79,11 @@
 //
 // # What it does not do
 //
-// It does not limit login attempts (use a long random token) and keeps
-// sessions in the process's memory (a restart signs everyone out; two
-// instances behind one address each want their own login). Lists are
+// Its login limits are per process and in memory (a restart forgets
+// them), and they slow guessing, they do not make a short token safe:
+// use a long random one. It keeps sessions in the process's memory (a
+// restart signs everyone out; two instances behind one address each
+// want their own login). Lists are
 // bounded (Config.Limit) and read by the stores' operator reads, which
 // scan their tables: the page is for looking at, not for polling.
 package admin

@@ -55,6 +55,8 @@ var tmpl = template.Must(template.New("admin").Funcs(template.FuncMap{
 type loginPage struct {
 	Name   string
 	Failed bool
+	// Wait: the login was refused by the limits; seconds to wait.
+	Wait int
 }
 
 type confirmPage struct {

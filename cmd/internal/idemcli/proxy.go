@@ -336,6 +336,9 @@ func (p *proxyFlags) check() (*url.URL, []route, error) {
 	if p.adminToken != "" && len(p.adminToken) < admin.MinTokenLen {
 		return nil, nil, usagef("the operator page's token (-admin-token or $%s) must be at least %d bytes", adminTokenEnv, admin.MinTokenLen)
 	}
+	if err := tracing.CheckEnv(); err != nil {
+		return nil, nil, usagef("OpenTelemetry export: %v", err)
+	}
 	return u, routes, nil
 }
 

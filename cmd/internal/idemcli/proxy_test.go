@@ -579,3 +579,25 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// A malformed OTLP endpoint is a configuration error: exit status 2, a
+// message that names the variable, and no database created.
+func TestProxyBadOTLPEndpointExits2(t *testing.T) {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+			t.Setenv(name, "collector:4318")
+			db := filepath.Join(t.TempDir(), "p.db")
+			var stderr bytes.Buffer
+			code := Main(t.Context(), []string{"proxy", "-listen", "127.0.0.1:0", "-upstream", "http://127.0.0.1:1", "-store", "sqlite:" + db},
+				strings.NewReader(""), io.Discard, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), name) {
+				t.Errorf("exit %d, %q; want exit 2 naming %s", code, stderr.String(), name)
+			}
+			if _, err := os.Stat(db); !os.IsNotExist(err) {
+				t.Errorf("the database was created before the endpoint was checked (stat: %v)", err)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -28,7 +29,9 @@ import (
 // loser's transition changes nothing.
 //
 // A pass also sweeps expired submit tokens, and the sent events and
-// finished consume records older than CloserConfig.Retention.
+// finished consume records older than CloserConfig.Retention, and reports
+// each sweep to the shop's Config.Observer (idem.KindSweep; shopd's
+// /metrics counts them in idem_swept_total).
 //
 // The lock is taken for one pass (TryAcquire) and released at its end,
 // rather than held across passes: an instance that stops or hangs holds
@@ -296,6 +299,7 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 		c.s.log.InfoContext(ctx, "shop: closed unpaid orders", "closed", closed, "pay_timeout", c.cfg.PayTimeout, "fence", fence)
 	}
 	swept, err := c.s.tokens.Sweep(ctx, 0)
+	c.reportSweep(ctx, idem.SweepTokens, swept, err)
 	if err != nil {
 		return closed, fmt.Errorf("sweep expired submit tokens: %w", stopCause(ctx, err))
 	}
@@ -307,9 +311,11 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 	}
 	for _, t := range []struct {
 		what  string
+		op    string
 		sweep func(context.Context, time.Duration, int) (int, error)
-	}{{"sent events", c.s.events.Sweep}, {"finished consume records", c.inbox.Sweep}} {
+	}{{"sent events", idem.SweepOutbox, c.s.events.Sweep}, {"finished consume records", idem.SweepInbox, c.inbox.Sweep}} {
 		n, err := sweepAll(ctx, t.sweep, c.cfg.Retention)
+		c.reportSweep(ctx, t.op, n, err)
 		if err != nil {
 			return closed, fmt.Errorf("sweep %s: %w", t.what, stopCause(ctx, err))
 		}
@@ -318,6 +324,18 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 		}
 	}
 	return closed, nil
+}
+
+// reportSweep tells the shop's observer that a sweep of what (an
+// idem.Sweep* constant) deleted n rows (an idem.KindSweep event; Store is
+// the database's dialect, where the tables are, even when the records'
+// store is tiered): after a success, and after a failure that deleted
+// some rows in its earlier statements.
+func (c *Closer) reportSweep(ctx context.Context, what string, n int, err error) {
+	if c.s.observer == nil || (err != nil && n == 0) {
+		return
+	}
+	c.s.observer.End(ctx, idem.Event{Kind: idem.KindSweep, Op: what, Store: c.s.dialect.String(), N: int64(n)})
 }
 
 // sweepAll runs sweep until it deletes fewer than sweepLimit rows, at most

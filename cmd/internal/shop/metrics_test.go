@@ -2,9 +2,13 @@ package shop_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,19 +67,27 @@ func TestMetrics(t *testing.T) {
 // report to idemprom, with its /metrics, and a server of it.
 func metricsShop(t *testing.T) (*shop.Shop, *httptest.Server) {
 	t.Helper()
-	db, _ := sqliteBackend.fresh(t)
+	s, srv, _ := metricsShopOn(t, sqliteBackend)
+	return s, srv
+}
+
+// metricsShopOn is metricsShop on a fresh database of b, which it
+// returns too.
+func metricsShopOn(t *testing.T, b backend) (*shop.Shop, *httptest.Server, *sql.DB) {
+	t.Helper()
+	db, _ := b.fresh(t)
 	ctx := context.Background()
-	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: b.dialect})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Migrate(ctx, db, sqlstore.SQLite); err != nil {
+	if err := shop.Migrate(ctx, db, b.dialect); err != nil {
 		t.Fatal(err)
 	}
-	if err := shop.Seed(ctx, db, sqlstore.SQLite, shop.DefaultCatalog()); err != nil {
+	if err := shop.Seed(ctx, db, b.dialect, shop.DefaultCatalog()); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
@@ -83,7 +95,7 @@ func metricsShop(t *testing.T) (*shop.Shop, *httptest.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: sqlstore.SQLite, Store: store, Observer: obs,
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Observer: obs,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +103,84 @@ func metricsShop(t *testing.T) (*shop.Shop, *httptest.Server) {
 	t.Cleanup(func() { s.Close() })
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return s, srv
+	return s, srv, db
+}
 
+// TestCloseJobSweepsAreMetered: what a pass of the close job deletes
+// (sent events, finished consume records, expired submit tokens) is
+// counted in idem_swept_total by the database's name and what was swept,
+// row for row, on the shop's /metrics.
+func TestCloseJobSweepsAreMetered(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, srv, db := metricsShopOn(t, b)
+		// Three cancelled orders: three events relayed to the loyalty
+		// consumer: three sent rows, three finished consume records.
+		for user := range int64(3) {
+			o := placeOrder(t, s, user+1, 1)
+			if code, _, problem := cancel(t, s, user+1, o.OrderNo); code != 200 {
+				t.Fatalf("cancel: %d %s", code, problem)
+			}
+		}
+		deliverAll(t, s, db, b.dialect, 1)
+		rows := idsOf(t, db, `SELECT id FROM idem_outbox WHERE sent_at IS NOT NULL ORDER BY id`)
+		if len(rows) != 3 || countRows(t, db, `SELECT COUNT(*) FROM idem_inbox`) != 3 {
+			t.Fatalf("sent rows %v; want 3, and 3 consume records", rows)
+		}
+		// Two of each older than the retention (a week), one fresh; two
+		// expired tokens and a live one.
+		const day = 24 * 60 * 60 * 1000
+		for _, row := range rows[:2] {
+			mustExec(t, db, fmt.Sprintf(`UPDATE idem_outbox SET sent_at = sent_at - %d WHERE id = %s`, 8*day, row))
+			mustExec(t, db, fmt.Sprintf(`UPDATE idem_inbox SET updated_at = updated_at - %d WHERE message_id = '%s'`, 8*day, shop.DefaultEventIDPrefix+row))
+		}
+		issue := func() {
+			t.Helper()
+			if rec := serve(s, "POST", "/tokens", map[string]string{"X-User-ID": "5"}, ""); rec.Code != 201 {
+				t.Fatalf("POST /tokens: %d %s", rec.Code, rec.Body)
+			}
+		}
+		issue()
+		issue()
+		mustExec(t, db, `UPDATE idem_tokens SET expires_at = 1`)
+		issue()
+		swept := func() map[string]string {
+			t.Helper()
+			got := map[string]string{}
+			for _, l := range scrape(t, srv) {
+				if rest, ok := strings.CutPrefix(l, `idem_swept_total{store="`+b.dialect.String()+`",what="`); ok {
+					what, n, _ := strings.Cut(rest, `"} `)
+					got[what] = n
+				}
+			}
+			return got
+		}
+		if got := swept(); len(got) != 0 {
+			t.Fatalf("swept before the pass: %v", got)
+		}
+		c, err := s.NewCloser(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for range 2 { // the second pass finds nothing more
+			if _, err := c.RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := map[string]string{"outbox": "2", "inbox": "2", "tokens": "2"}
+		if got := swept(); !maps.Equal(got, want) {
+			t.Errorf("idem_swept_total after two passes: %v, want %v", got, want)
+		}
+		if got := idsOf(t, db, `SELECT id FROM idem_outbox ORDER BY id`); !slices.Equal(got, rows[2:]) {
+			t.Errorf("outbox rows %v after the sweep, want %v", got, rows[2:])
+		}
+		if got := idsOf(t, db, `SELECT message_id FROM idem_inbox`); !slices.Equal(got, []string{shop.DefaultEventIDPrefix + rows[2]}) {
+			t.Errorf("consume records %v after the sweep, want the fresh one", got)
+		}
+		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens`); n != 1 {
+			t.Errorf("%d tokens after the sweep, want the live one", n)
+		}
+	})
 }
 
 // scrape returns the idem_ lines of s's /metrics.

@@ -291,6 +291,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *adminToken != "" && len(*adminToken) < admin.MinTokenLen {
 		return fmt.Errorf("shopd: the operator page's token must be at least %d bytes", admin.MinTokenLen)
 	}
+	if err := tracing.CheckEnv(); err != nil {
+		return fmt.Errorf("shopd: OpenTelemetry export: %w", err)
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	// Listen before touching any data: an address in use or nonsense ends

@@ -52,7 +52,10 @@ type Config struct {
 	// stream or one consumer need different prefixes.
 	EventIDPrefix string
 	// Observer receives the idempotency middleware's events (request
-	// outcomes by route, store calls, leases); nil reports nothing.
+	// outcomes by route, store calls, leases) and the close job's sweeps
+	// (idem.KindSweep: sent events, finished consume records, expired
+	// submit tokens, with the dialect's name as Store); nil reports
+	// nothing.
 	Observer idem.Observer
 	// StoreName names Store in Observer's events; empty means the
 	// dialect's name ("sqlite", "postgres", "mysql").
@@ -85,6 +88,9 @@ type Shop struct {
 	points pointsQueries
 	// eventPrefix is Config.EventIDPrefix (admin.go's retries).
 	eventPrefix string
+	// observer is Config.Observer: the close job reports its sweeps to
+	// it (closer.go).
+	observer idem.Observer
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -148,6 +154,7 @@ func New(cfg Config) (*Shop, error) {
 		cfg.EventIDPrefix = DefaultEventIDPrefix
 	}
 	s.eventPrefix = cfg.EventIDPrefix
+	s.observer = cfg.Observer
 	if s.events, err = sqlstore.NewOutboxStore(cfg.DB, &sqlstore.OutboxConfig{Dialect: cfg.Dialect, IDPrefix: cfg.EventIDPrefix}); err != nil {
 		return nil, err
 	}

@@ -45,13 +45,8 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	if !Enabled() {
 		return nil, nil
 	}
-	// The exporter logs a malformed endpoint and sends to its default
-	// (localhost:4318) instead: spans would go nowhere while the program
-	// looked fine. Refuse it here, naming the variable.
-	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
-		if err := checkEndpoint(name, os.Getenv(name)); err != nil {
-			return nil, err
-		}
+	if err := CheckEnv(); err != nil {
+		return nil, err
 	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
@@ -62,6 +57,22 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return &Tracing{tp: tp, tracer: tp.Tracer(service), obs: idemotel.New(tp, nil)}, nil
+}
+
+// CheckEnv returns an error naming the variable when
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set
+// and is not an http or https URL with a host. The exporter would log a
+// malformed endpoint and send to its default (localhost:4318) instead:
+// spans would go nowhere while the program looked fine. Start checks it;
+// the programs check it with their flags too, so that it is a
+// configuration error (exit status 2) found before any data is touched.
+func CheckEnv() error {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if err := checkEndpoint(name, os.Getenv(name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkEndpoint returns an error naming the variable name if its value v
