@@ -438,7 +438,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp i
 // on MySQL it is Complete followed by a read). The record's Response is a
 // copy of resp. When l completed the record already (a retry), it
 // returns the record as it is stored, with the response stored then.
-// tieredstore uses it to cache what it completes.
+// On MySQL the record may be deleted (an operator's eviction) between the
+// completion and the read: CompleteRecord then returns a zero Record and
+// nil, as the completion stands. tieredstore uses it to cache what it
+// completes.
 func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
 	const op = "complete"
 	if err := s.closed(op); err != nil {
@@ -451,8 +454,17 @@ func (s *Store) CompleteRecord(ctx context.Context, l idem.Lease, resp idem.Resp
 			return idem.Record{}, err
 		}
 		rec, err := s.get(ctx, nil, l.Scope, l.Key)
-		if err != nil {
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			// Completed, then deleted (an operator's eviction) before the
+			// read: the completion stands, and there is no record.
+			return idem.Record{}, nil
+		case err != nil:
 			return idem.Record{}, s.fail(ctx, op+": read back", err)
+		case rec.Owner != l.Owner || rec.Fence != l.Fence:
+			// Deleted, and created again by another request, in between:
+			// not the record completed.
+			return idem.Record{}, nil
 		}
 		return rec, nil
 	}

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 
 	"github.com/idemkit/idem"
 )
@@ -231,4 +233,117 @@ var deleteIfCases = []testCase{
 			h.Fatalf("after the race the record is %s, want the winner's (owner %q, fence %d)", fmtRecord(rec), w.Lease.Owner, w.Lease.Fence)
 		}
 	}},
+}
+
+// deleteIfChurn is RaceDeleteIfChurn's work: rounds of workers per key
+// that acquire, renew, complete or release, or read the record and evict
+// it with DeleteIf, all at once.
+const (
+	churnKeys    = 4
+	churnWorkers = 8 // per key
+	churnRounds  = 12
+)
+
+func init() {
+	deleteIfCases = append(deleteIfCases, testCase{name: "RaceDeleteIfChurn", deleteIf: true, run: raceDeleteIfChurn})
+}
+
+// raceDeleteIfChurn: evictions race with the executions of the record
+// they read (renewals, completions, releases) and with the next
+// request's, on several keys. Leases are long, so nothing but a DeleteIf
+// takes a record from its holder: an execution that loses its lease lost
+// it to a DeleteIf given its own owner and fence, and no record is deleted
+// twice. Every call answers within the contract.
+func raceDeleteIfChurn(h *harness) {
+	var (
+		mu      sync.Mutex
+		deleted = map[string]int{}    // owner -> DeleteIf calls that deleted its record
+		lost    = map[string]string{} // owner -> the operation that found its lease lost
+		bad     []string
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		bad = append(bad, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	cd := h.store.(idem.ConditionalDeleter)
+	for round := range churnRounds {
+		race(churnKeys*churnWorkers, func(i int) struct{} {
+			key := fmt.Sprintf("churn-%d", i%churnKeys)
+			req := h.req(key, "fp", longLease)
+			res, err := h.store.Acquire(h.ctx, req)
+			if err != nil {
+				fail("round %d: Acquire of %s: %v", round, key, err)
+				return struct{}{}
+			}
+			if res.Outcome != idem.Acquired {
+				// Someone else's record: read it, and evict it as read.
+				rec, err := h.store.Get(h.ctx, h.scope, key)
+				switch {
+				case errors.Is(err, idem.ErrNotFound):
+					return struct{}{}
+				case err != nil:
+					fail("round %d: Get of %s: %v", round, key, err)
+					return struct{}{}
+				}
+				err = cd.DeleteIf(h.ctx, h.scope, key, rec.Owner, rec.Fence)
+				switch {
+				case err == nil:
+					mu.Lock()
+					deleted[rec.Owner]++
+					mu.Unlock()
+				case !errors.Is(err, idem.ErrNotFound) && !errors.Is(err, idem.ErrRecordChanged):
+					fail("round %d: DeleteIf of %s: %v", round, key, err)
+				}
+				return struct{}{}
+			}
+			l := res.Lease
+			note := func(op string, err error) bool {
+				switch {
+				case err == nil:
+					return true
+				case errors.Is(err, idem.ErrLeaseLost):
+					mu.Lock()
+					lost[l.Owner] = op
+					mu.Unlock()
+				default:
+					fail("round %d: %s of %s: %v", round, op, key, err)
+				}
+				return false
+			}
+			ext, err := h.store.Extend(h.ctx, l, longLease)
+			if !note("Extend", err) {
+				return struct{}{}
+			}
+			l.Until = ext.Until
+			if i%3 == 0 {
+				note("Release", h.store.Release(h.ctx, l))
+			} else {
+				note("Complete", h.store.Complete(h.ctx, l, idem.Response{StatusCode: 200}, longRetention))
+			}
+			return struct{}{}
+		})
+		// The round's records go, so that the next round acquires again.
+		for k := range churnKeys {
+			if err := h.store.Delete(h.ctx, h.scope, fmt.Sprintf("churn-%d", k)); err != nil && !errors.Is(err, idem.ErrNotFound) {
+				h.Fatalf("Delete after round %d: %v", round, err)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		h.Fatalf("%d calls answered outside the contract, first: %s", len(bad), bad[0])
+	}
+	for owner, op := range lost {
+		if deleted[owner] == 0 {
+			h.Fatalf("an execution's %s found its lease lost, yet no DeleteIf was given its owner: a DeleteIf deleted a record it had not read", op)
+		}
+	}
+	for _, n := range deleted {
+		if n > 1 {
+			h.Fatalf("%d DeleteIf calls deleted one record, want at most 1", n)
+		}
+	}
+	if len(deleted) == 0 {
+		h.Fatalf("no DeleteIf deleted a record in %d rounds: the race did not happen", churnRounds)
+	}
 }

@@ -67,8 +67,9 @@
 //     which duplicates of a still-running execution are answered by the
 //     truth.
 //   - A stale completed entry exists only after a Delete or DeleteIf
-//     (operator eviction) whose Redis delete failed, or raced a Get or
-//     Acquire that read the record just before the delete and cached it
+//     (operator eviction) whose Redis delete failed, or raced a Get, an
+//     Acquire or a Complete (of a lease that ended but was not taken over)
+//     that read or wrote the record just before the delete and cached it
 //     just after: the deleted response is replayed until the entry's TTL. Delete again once
 //     Redis answers if that matters.
 //   - A completed entry never outlives the truth's ExpiresAt: its TTL is

@@ -458,14 +458,21 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		return
 	}
 	if r.PostFormValue("confirm") != "yes" {
-		lines := []string{"scope " + quote(scope), "key " + quote(key)}
-		fields := map[string]string{"scope64": enc(scope), "key64": enc(key)}
-		if gerr == nil {
-			lines = append(lines, h.describe(rec))
-			fields["fence"] = strconv.FormatInt(rec.Fence, 10)
-			fields["owner"] = ownerTag(rec.Owner)
+		// Only a record read is confirmed: a confirmation naming none
+		// would delete, once posted, whatever record the key has by
+		// then, which the operator never saw.
+		switch {
+		case errors.Is(gerr, idem.ErrNotFound):
+			http.Error(w, noRecord(hash), http.StatusNotFound)
+			return
+		case gerr != nil:
+			http.Error(w, "cannot read record "+hash+" to confirm its eviction: "+h.redact(gerr, scope, key), http.StatusBadGateway)
+			return
 		}
-		lines = append(lines, "The record is deleted from the store: a retry with this key runs the request again, as a new one.")
+		lines := []string{"scope " + quote(scope), "key " + quote(key), h.describe(rec),
+			"The record is deleted from the store: a retry with this key runs the request again, as a new one."}
+		fields := map[string]string{"scope64": enc(scope), "key64": enc(key),
+			"fence": strconv.FormatInt(rec.Fence, 10), "owner": ownerTag(rec.Owner)}
 		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/evict",
 			Title: "Evict record " + hash + "?", Lines: lines, Fields: fields, Button: "Evict"})
 		return
@@ -478,7 +485,7 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		// A key typed in with another scope, or evicted already: the
 		// operator's mistake, not the store's failure.
 		h.log.WarnContext(r.Context(), "admin: evict found no record", attrs...)
-		http.Error(w, "no record "+hash+" of this scope and key (evicted already, expired, or another scope)", http.StatusNotFound)
+		http.Error(w, noRecord(hash), http.StatusNotFound)
 	}
 	changed := func(now idem.Record, err error) {
 		h.log.WarnContext(r.Context(), "admin: evict refused: the record changed since it was confirmed",
@@ -499,7 +506,17 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		h.log.ErrorContext(r.Context(), "admin: evict failed", append(attrs, "error", msg)...)
 		http.Error(w, "evict failed: "+msg, http.StatusBadGateway)
 	}
-	if gerr == nil && confirmed.set && (rec.Fence != confirmed.fence || ownerTag(rec.Owner) != confirmed.owner) {
+	// The record is read again, and deleted only as read: not when it
+	// cannot be read (it could not be compared with the one confirmed),
+	// and not when it is another than the one confirmed.
+	switch {
+	case errors.Is(gerr, idem.ErrNotFound):
+		notFound()
+		return
+	case gerr != nil:
+		failed(gerr)
+		return
+	case confirmed.set && (rec.Fence != confirmed.fence || ownerTag(rec.Owner) != confirmed.owner):
 		changed(rec, nil)
 		return
 	}
@@ -507,14 +524,6 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 	if cd, ok := h.cfg.Store.(idem.ConditionalDeleter); ok {
 		// Delete the record just read, which is the one confirmed, and
 		// nothing that replaced it since.
-		switch {
-		case errors.Is(gerr, idem.ErrNotFound):
-			notFound()
-			return
-		case gerr != nil:
-			failed(gerr)
-			return
-		}
 		err = cd.DeleteIf(r.Context(), scope, key, rec.Owner, rec.Fence)
 	} else {
 		err = h.cfg.Store.Delete(r.Context(), scope, key)
@@ -537,6 +546,11 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 	}
 	h.log.InfoContext(r.Context(), "admin: record evicted", append(attrs, "fence", rec.Fence)...)
 	http.Redirect(w, r, "/admin/?done=evicted&ref="+hash, http.StatusSeeOther)
+}
+
+// noRecord is the answer to the eviction of a key without a record.
+func noRecord(hash string) string {
+	return "no record " + hash + " of this scope and key (evicted already, expired, or another scope)"
 }
 
 // confirmation is the record an eviction's confirmation page showed: its

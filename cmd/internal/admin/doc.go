@@ -55,7 +55,10 @@
 //     reads again; stores without it fall back to idem.Store.Delete after
 //     the same check): a record taken over by a retry, or replaced by a
 //     new request, since the operator looked at it is another execution's,
-//     and is kept (409, "the record changed since you confirmed"). A
+//     and is kept (409, "the record changed since you confirmed"). A key
+//     without a record, or whose record cannot be read, gets no
+//     confirmation page (404, 502), and a confirmed post whose record
+//     cannot be read again deletes nothing (502). A
 //     record listed is named by its exact bytes; "Evict by key" takes a
 //     scope and a key typed in (for stores that cannot list, such as
 //     Redis).
