@@ -21,7 +21,11 @@
 // Nats-Expected-*, Nats-Rollup, Nats-TTL), RabbitMQ's CC and BCC
 // (routing) and x-death, x-*-death-*, x-delivery-count, and the adapters'
 // Idem-Key and amqp-redelivered — so that a header never changes what
-// the broker does with the message or overrides its ID.
+// the broker does with the message or overrides its ID. A pending row
+// that an older build added with such a header is published without it
+// (the relay logs the message's ID and the names it dropped): published
+// with it, the broker would act on it, or refuse it on every attempt and
+// hold its key back forever.
 //
 // Stores: MemoryStore (this package, one process) and the sqlstore
 // package's OutboxStore. The outboxtest package is the conformance suite

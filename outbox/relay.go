@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -141,6 +143,9 @@ func (e *PublishError) Unwrap() error { return e.Err }
 // is published only until four fifths of its remaining lease have passed
 // (a publish still running then is cut short, and fails): the rest stays
 // pending for the next cycle, and what was confirmed is marked in time.
+// A message is published without the reserved headers (see
+// Message.Validate) that a row added by an older build may carry; the
+// relay logs their names and the message's ID.
 func (r *Relay) Once(ctx context.Context) (int, error) {
 	b, err := r.s.Claim(ctx, r.cfg.BatchSize)
 	if err != nil {
@@ -195,6 +200,10 @@ func (r *Relay) publish(ctx context.Context, b Batch, msgs []Message) (int, erro
 		if err := pctx.Err(); err != nil {
 			break
 		}
+		if dropped := dropReserved(&m); dropped != nil {
+			r.log.WarnContext(ctx, "outbox: relay: publishing a message without the reserved headers it was added with (by a build that did not refuse them)",
+				"id", m.ID, "dropped", dropped)
+		}
 		if err := r.p.Publish(pctx, m); err != nil {
 			if perr == nil {
 				perr = &PublishError{ID: m.ID, Err: err}
@@ -224,6 +233,31 @@ func (r *Relay) publish(ctx context.Context, b Batch, msgs []Message) (int, erro
 		return len(sent), perr
 	}
 	return len(sent), ctx.Err()
+}
+
+// dropReserved removes from m's headers those that Validate refuses as
+// reserved (see Message.Validate), which a row added by an older build
+// may carry: published, they would make the broker act on the message
+// (refuse it forever, roll up or purge its subject, route copies) or fail
+// every publish of it, holding its key back. It returns their names,
+// sorted (nil: none); m's map is not changed, a copy replaces it.
+func dropReserved(m *Message) []string {
+	var dropped []string
+	for name := range m.Headers {
+		if reservedHeader(name) != "" {
+			dropped = append(dropped, name)
+		}
+	}
+	if dropped == nil {
+		return nil
+	}
+	slices.Sort(dropped)
+	h := maps.Clone(m.Headers)
+	for _, name := range dropped {
+		delete(h, name)
+	}
+	m.Headers = h
+	return dropped
 }
 
 // Run relays until ctx ends, and then returns nil. It runs Once again at

@@ -1,8 +1,10 @@
 package rabbitmq_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 
@@ -51,5 +53,76 @@ func TestPublisherRoutingHeaders(t *testing.T) {
 		if err := p.Publish(t.Context(), m); err != nil {
 			t.Errorf("header %s: accepted by the outbox, and Publish = %v", name, err)
 		}
+	}
+}
+
+// oldRows is a Store whose pending messages carry headers: rows that an
+// older build, which did not refuse reserved names at Add, wrote.
+type oldRows struct {
+	outbox.Store
+	headers map[string]string
+}
+
+func (s oldRows) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
+	b, err := s.Store.Claim(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	return oldBatch{b, s.headers}, nil
+}
+
+type oldBatch struct {
+	outbox.Batch
+	headers map[string]string
+}
+
+func (b oldBatch) Messages() []outbox.Message {
+	ms := b.Batch.Messages()
+	for i := range ms {
+		h := maps.Clone(ms[i].Headers)
+		if h == nil {
+			h = map[string]string{}
+		}
+		maps.Copy(h, b.headers)
+		ms[i].Headers = h
+	}
+	return ms
+}
+
+// A pending row that an older build added with a CC header (before Add
+// refused it) does not hold its key back forever: RabbitMQ would close
+// the channel on every publish of it. The relay publishes it without the
+// header, once, to its own queue only, and the next message of its key
+// after it.
+func TestRelayOldRowWithCC(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	p := newPublisher(t, rabbitmq.PublisherConfig{URL: b.url})
+	s := outbox.NewMemoryStore("ob-")
+	for range 2 {
+		if _, err := s.Add(t.Context(), outbox.Message{Topic: b.queue, Key: "order-7", Headers: map[string]string{"event": "order.paid"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := outbox.NewRelay(oldRows{s, map[string]string{"CC": b.dlq}}, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if n, err := r.Once(t.Context()); n != 1 || err != nil {
+			t.Fatalf("Once %d = %d, %v; want the key's head published", i, n, err)
+		}
+	}
+	got := b.drain(t, b.queue)
+	if len(got) != 2 || got[0].MessageId != "ob-1" || got[1].MessageId != "ob-2" {
+		t.Fatalf("%d messages in the queue, want ob-1 and ob-2", len(got))
+	}
+	for _, d := range got {
+		if _, ok := d.Headers["CC"]; ok || d.Headers["event"] != "order.paid" {
+			t.Fatalf("%s delivered with headers %v", d.MessageId, d.Headers)
+		}
+	}
+	if n := len(b.drain(t, b.dlq)); n != 0 {
+		t.Fatalf("%d copies routed by the old row's CC header", n)
 	}
 }

@@ -188,7 +188,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status != 0 {
-		if status == http.StatusUnauthorized && r.Method == http.MethodGet && path == "/admin/" && r.Header.Get("Authorization") == "" {
+		if status == http.StatusUnauthorized && r.Method == http.MethodGet && path == "/admin/" && !hasBearer(r) {
 			h.render(w, http.StatusUnauthorized, "login", loginPage{Name: h.cfg.Name})
 			return
 		}
@@ -233,11 +233,12 @@ func (h *Handler) tokenOK(given string) bool {
 // authenticate finds the request's operator: a bearer token, or a
 // session cookie. 401 when neither is valid; 429, and how long to wait,
 // when the request's client or everyone is locked out of token checks
-// (see limited).
+// (see limited). An Authorization header of another scheme (a proxy's
+// HTTP Basic authentication in front of the page, which the browser
+// sends with every request) is not a token check: the cookie decides.
 func (h *Handler) authenticate(r *http.Request) (who, int, time.Duration) {
-	if a := r.Header.Get("Authorization"); a != "" {
-		scheme, tok, ok := strings.Cut(a, " ")
-		ok = ok && strings.EqualFold(scheme, "Bearer") && h.tokenOK(strings.TrimSpace(tok))
+	if tok, isBearer := bearer(r); isBearer {
+		ok := h.tokenOK(tok)
 		if wait, refused := h.limited(r, ok, "bearer"); refused {
 			return who{}, http.StatusTooManyRequests, wait
 		}
@@ -261,6 +262,18 @@ func (h *Handler) authenticate(r *http.Request) (who, int, time.Duration) {
 		return who{}, http.StatusUnauthorized, 0
 	}
 	return who{via: "session", sess: s, id: sessionID(c.Value)}, 0, 0
+}
+
+// bearer returns the token of the request's "Authorization: Bearer"
+// header, and whether it has one.
+func bearer(r *http.Request) (string, bool) {
+	scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	return strings.TrimSpace(tok), strings.EqualFold(scheme, "Bearer")
+}
+
+func hasBearer(r *http.Request) bool {
+	_, ok := bearer(r)
+	return ok
 }
 
 // limited passes the result ok of a token check (of the login form, or

@@ -32,9 +32,14 @@
 // forgets its client's failures; failures are forgotten an hour after
 // a client's last one, and at most 1024 clients are kept (the one whose
 // last failure is the oldest goes first). Sessions opened already are
-// not affected: a flood of wrong tokens can keep the operator from
-// signing in for a minute at a time, not sign them out. Each failure is
-// logged, a refusal once per lockout.
+// not affected: a flood of wrong tokens (30 a minute, from anywhere) keeps
+// everyone from signing in, bearer-token scripts included, for as long as
+// it lasts, but it does not sign anyone out, and an open session still
+// reads and acts. Restrict who can reach /admin/ (a private network, a
+// proxy's authentication) where that matters. An Authorization header of
+// another scheme than Bearer (such a proxy's Basic authentication) is not
+// a token check: it is neither counted nor refused, and the session's
+// cookie decides. Each failure is logged, a refusal once per lockout.
 //
 // Every action is a POST, refused with 403 when the browser says it
 // comes from another origin (Origin) or, in a session, when it does not

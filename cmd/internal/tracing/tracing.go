@@ -1,6 +1,7 @@
 // Package tracing exports the spans of shopd and idem proxy over OTLP/HTTP
 // when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
-// is set; the exporter reads the other OTEL_EXPORTER_OTLP_* variables
+// is set, unless OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn
+// it off; the exporter reads the other OTEL_EXPORTER_OTLP_* variables
 // (headers, timeout, insecure, compression) itself.
 package tracing
 
@@ -11,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -33,9 +35,23 @@ type Tracing struct {
 	obs    idem.Observer
 }
 
-// Enabled reports whether the environment asks for an export.
+// Enabled reports whether the environment asks for an export: an OTLP
+// endpoint is set (blanks around it are the exporter's to trim, and a
+// value of blanks only is not set), and the export is not turned off by
+// OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none, which
+// OpenTelemetry's SDKs honour and this exporter does not read itself.
 func Enabled() bool {
-	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	return !turnedOff() && (env("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "")
+}
+
+// env is the variable name's value without the blanks around it, as the
+// exporter reads it.
+func env(name string) string { return strings.TrimSpace(os.Getenv(name)) }
+
+// turnedOff reports whether OTEL_SDK_DISABLED is true (in any case) or
+// OTEL_TRACES_EXPORTER is none.
+func turnedOff() bool {
+	return strings.EqualFold(env("OTEL_SDK_DISABLED"), "true") || strings.EqualFold(env("OTEL_TRACES_EXPORTER"), "none")
 }
 
 // Start starts the export of service's spans when Enabled, and makes its
@@ -59,20 +75,29 @@ func Start(ctx context.Context, service string) (*Tracing, error) {
 	return &Tracing{tp: tp, tracer: tp.Tracer(service), obs: idemotel.New(tp, nil)}, nil
 }
 
-// CheckEnv returns an error naming the variable when
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set
-// and is not an http or https URL with a host. The exporter would log a
-// malformed endpoint and send to its default (localhost:4318) instead:
-// spans would go nowhere while the program looked fine. Start checks it;
-// the programs check it with their flags too, so that it is a
-// configuration error (exit status 2) found before any data is touched.
+// CheckEnv returns an error naming the variable when the endpoint the
+// exporter would use (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT when set, which
+// replaces OTEL_EXPORTER_OTLP_ENDPOINT, else the latter) is not an http
+// or https URL with a host, or when OTEL_TRACES_EXPORTER names another
+// exporter than otlp (or none). The exporter would log a malformed
+// endpoint and send to its default (localhost:4318) instead: spans would
+// go nowhere while the program looked fine. Start checks it; the
+// programs check it with their flags too, so that it is a configuration
+// error (exit status 2) found before any data is touched. An export
+// turned off (OTEL_SDK_DISABLED=true, OTEL_TRACES_EXPORTER=none) is not
+// checked: its endpoints are not used.
 func CheckEnv() error {
-	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
-		if err := checkEndpoint(name, os.Getenv(name)); err != nil {
-			return err
-		}
+	if turnedOff() {
+		return nil
 	}
-	return nil
+	if v := env("OTEL_TRACES_EXPORTER"); v != "" && !strings.EqualFold(v, "otlp") {
+		return fmt.Errorf("OTEL_TRACES_EXPORTER=%s: this program exports spans over OTLP only (otlp), or not at all (none)", v)
+	}
+	name := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	if env(name) == "" {
+		name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	}
+	return checkEndpoint(name, env(name))
 }
 
 // checkEndpoint returns an error naming the variable name if its value v

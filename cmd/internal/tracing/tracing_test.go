@@ -292,3 +292,98 @@ func TestShutdownBoundedByItsContext(t *testing.T) {
 		t.Error("the export never reached the collector")
 	}
 }
+
+// TestExportTurnedOff: OTEL_SDK_DISABLED=true (in any case) and
+// OTEL_TRACES_EXPORTER=none turn the export off, as OpenTelemetry's SDKs
+// do: no span leaves the process, and an endpoint, even a malformed one,
+// is neither used nor refused. An endpoint that is only blanks is not
+// set, as the exporter reads it.
+func TestExportTurnedOff(t *testing.T) {
+	var posts atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+	}))
+	defer collector.Close()
+	for _, tc := range []struct{ name, value, endpoint string }{
+		{"OTEL_SDK_DISABLED", "true", collector.URL},
+		{"OTEL_SDK_DISABLED", "TRUE", "collector:4318"},
+		{"OTEL_TRACES_EXPORTER", "none", collector.URL},
+		{"OTEL_TRACES_EXPORTER", " None ", "ftp://collector"},
+		{"OTEL_SDK_DISABLED", "", "   "},
+	} {
+		t.Setenv("OTEL_SDK_DISABLED", "")
+		t.Setenv("OTEL_TRACES_EXPORTER", "")
+		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+		t.Setenv(tc.name, tc.value)
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", tc.endpoint)
+		if err := tracing.CheckEnv(); err != nil {
+			t.Errorf("%s=%q, endpoint %q: CheckEnv = %v, want nil", tc.name, tc.value, tc.endpoint, err)
+		}
+		if tracing.Enabled() {
+			t.Errorf("%s=%q, endpoint %q: Enabled", tc.name, tc.value, tc.endpoint)
+		}
+		tr, err := tracing.Start(context.Background(), "test")
+		if tr != nil || err != nil {
+			t.Errorf("%s=%q, endpoint %q: Start = %v, %v; want nil, nil", tc.name, tc.value, tc.endpoint, tr, err)
+			if tr != nil {
+				_ = tr.Shutdown(context.Background())
+			}
+		}
+	}
+	if n := posts.Load(); n != 0 {
+		t.Fatalf("the collector received %d posts from an export that was turned off", n)
+	}
+	// A value that is neither otlp nor none names an exporter these
+	// programs do not have: a configuration error, not a silent default.
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
+	if err := tracing.CheckEnv(); err == nil || !strings.Contains(err.Error(), "OTEL_TRACES_EXPORTER") {
+		t.Fatalf("OTEL_TRACES_EXPORTER=zipkin: CheckEnv = %v, want an error naming the variable", err)
+	}
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
+	if err := tracing.CheckEnv(); err != nil || !tracing.Enabled() {
+		t.Fatalf("OTEL_TRACES_EXPORTER=otlp: CheckEnv = %v, Enabled %v", err, tracing.Enabled())
+	}
+}
+
+// TestEndpointAsTheExporterReadsIt: the check reads the endpoints as the
+// exporter does. Blanks around a value are trimmed (the exporter trims
+// them), and a traces endpoint replaces the generic one: a malformed
+// generic endpoint beside a good traces endpoint is not used, spans go to
+// the traces endpoint, and nothing is refused.
+func TestEndpointAsTheExporterReadsIt(t *testing.T) {
+	var posts atomic.Int64
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/custom/traces" {
+			posts.Add(1)
+		}
+	}))
+	defer collector.Close()
+	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", " "+collector.URL+"/custom/traces\t")
+	tr, err := tracing.Start(context.Background(), "test")
+	if err != nil || tr == nil {
+		t.Fatalf("Start = %v, %v", tr, err)
+	}
+	srv := httptest.NewServer(tr.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if posts.Load() == 0 {
+		t.Fatal("no span reached the traces endpoint")
+	}
+	// The generic endpoint alone, malformed, is still refused.
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	if err := tracing.CheckEnv(); err == nil || !strings.Contains(err.Error(), "OTEL_EXPORTER_OTLP_ENDPOINT") {
+		t.Fatalf("a malformed generic endpoint alone: CheckEnv = %v", err)
+	}
+}
