@@ -70,8 +70,10 @@
 //     (operator eviction) whose Redis delete failed, or raced a Get, an
 //     Acquire or a Complete (of a lease that ended but was not taken over)
 //     that read or wrote the record just before the delete and cached it
-//     just after: the deleted response is replayed until the entry's TTL. Delete again once
-//     Redis answers if that matters.
+//     just after: the deleted response is replayed until the entry's TTL.
+//     A Redis delete that fails (tried even while the circuit is open) is
+//     not silent: Delete and DeleteIf return ErrCacheEntryKept, and a
+//     second Delete once Redis answers removes the entry.
 //   - A completed entry never outlives the truth's ExpiresAt: its TTL is
 //     counted from before the truth computed ExpiresAt, and entries filled
 //     from a record found in the truth are also checked against the

@@ -292,7 +292,7 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 			// record found in the truth).
 			s.put(ctx, name, rec, min(retention-time.Since(sent), time.Until(rec.ExpiresAt)))
 		} else {
-			s.del(ctx, name)
+			_ = s.del(ctx, name)
 		}
 		return nil
 	}
@@ -315,7 +315,7 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	err := s.txc.CompleteTx(ctx, tx, l, resp, retention)
 	if err == nil || errors.Is(err, idem.ErrFinished) {
-		s.del(ctx, s.entryKey(l.Scope, l.Key))
+		_ = s.del(ctx, s.entryKey(l.Scope, l.Key))
 	}
 	return err
 }
@@ -326,7 +326,7 @@ func (s *store) Release(ctx context.Context, l idem.Lease) error {
 	if err := s.truth.Release(ctx, l); err != nil {
 		return err
 	}
-	s.del(ctx, s.entryKey(l.Scope, l.Key))
+	_ = s.del(ctx, s.entryKey(l.Scope, l.Key))
 	return nil
 }
 
@@ -351,13 +351,25 @@ func (s *store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 	return rec, err
 }
 
-// Delete removes the record from the truth, then its cache entry, whatever
-// the truth answered (an entry may outlive a record deleted while Redis
-// was unreachable).
+// ErrCacheEntryKept is returned (wrapped, with Redis' error) by Delete and
+// DeleteIf when the truth deleted the record, or had none, but the
+// record's Redis entry could not be deleted (Redis unreachable, slow, or
+// skipped while the circuit is open): a completed entry may go on
+// answering replays of the evicted record until its TTL. Delete again once
+// Redis answers; the truth then answers idem.ErrNotFound, and the entry is
+// deleted all the same.
+var ErrCacheEntryKept = errors.New("tieredstore: the record is deleted from the truth, but its Redis entry could not be deleted and may answer replays until its TTL; delete again once Redis answers")
+
+// Delete removes the record from the truth, then its cache entry, when the
+// truth deleted it or had none (an entry may outlive a record deleted
+// while Redis was unreachable). A cache entry that could not be deleted
+// gives ErrCacheEntryKept.
 func (s *store) Delete(ctx context.Context, scope, key string) error {
 	err := s.truth.Delete(ctx, scope, key)
 	if err == nil || errors.Is(err, idem.ErrNotFound) {
-		s.del(ctx, s.entryKey(scope, key))
+		if derr := s.evictEntry(ctx, s.entryKey(scope, key)); derr != nil {
+			return errors.Join(fmt.Errorf("%w: %w", ErrCacheEntryKept, derr), err)
+		}
 	}
 	return err
 }
@@ -378,7 +390,9 @@ func (s *txDeleterStore) DeleteIf(ctx context.Context, scope, key, owner string,
 func (s *store) deleteIf(ctx context.Context, cd idem.ConditionalDeleter, scope, key, owner string, fence int64) error {
 	err := cd.DeleteIf(ctx, scope, key, owner, fence)
 	if err == nil || errors.Is(err, idem.ErrNotFound) {
-		s.del(ctx, s.entryKey(scope, key))
+		if derr := s.evictEntry(ctx, s.entryKey(scope, key)); derr != nil {
+			return errors.Join(fmt.Errorf("%w: %w", ErrCacheEntryKept, derr), err)
+		}
 	}
 	return err
 }
@@ -401,7 +415,7 @@ func (s *store) refill(ctx context.Context, name string, l idem.Lease, want idem
 	}
 	rec, err := s.truth.Get(ctx, l.Scope, l.Key)
 	if err != nil || rec.Status != want || rec.Owner != l.Owner || rec.Fence != l.Fence {
-		s.del(ctx, name)
+		_ = s.del(ctx, name)
 		return
 	}
 	ttl := d - time.Since(sent)
@@ -428,7 +442,7 @@ func (s *store) fillCompleted(ctx context.Context, name string, rec idem.Record)
 func (s *store) put(ctx context.Context, name string, rec idem.Record, ttl time.Duration) {
 	ttl = ttl.Truncate(time.Millisecond)
 	if ttl <= 0 {
-		s.del(ctx, name)
+		_ = s.del(ctx, name)
 		return
 	}
 	v := encodeEntry(rec)
@@ -437,10 +451,21 @@ func (s *store) put(ctx context.Context, name string, rec idem.Record, ttl time.
 	})
 }
 
-func (s *store) del(ctx context.Context, name string) {
-	_, _ = s.call(ctx, "del", func(ctx context.Context) ([]byte, error) {
+func (s *store) del(ctx context.Context, name string) error {
+	_, err := s.call(ctx, "del", func(ctx context.Context) ([]byte, error) {
 		return nil, s.front.Del(ctx, name).Err()
 	})
+	return err
+}
+
+// evictEntry deletes the entry name for an eviction (Delete, DeleteIf):
+// tried even while the circuit is open, since an entry left behind goes on
+// answering replays of a record the operator removed.
+func (s *store) evictEntry(ctx context.Context, name string) error {
+	_, err := s.run(ctx, "del", func(ctx context.Context) ([]byte, error) {
+		return nil, s.front.Del(ctx, name).Err()
+	})
+	return err
 }
 
 // lookup reads the entry name; ok is false on a miss, a Redis failure or
@@ -477,6 +502,12 @@ func (s *store) call(ctx context.Context, op string, fn func(ctx context.Context
 		s.counters.skipped.Add(1)
 		return nil, errSkipped
 	}
+	return s.run(ctx, op, fn)
+}
+
+// run makes a call to Redis whatever the circuit's state (call, without
+// the circuit's check).
+func (s *store) run(ctx context.Context, op string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
 	var r callResult

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 // MinTokenLen is the shortest token New accepts.
@@ -542,6 +543,10 @@ func (h *Handler) evict(w http.ResponseWriter, r *http.Request, u who) {
 		err = h.cfg.Store.Delete(r.Context(), scope, key)
 	}
 	switch {
+	case errors.Is(err, tieredstore.ErrCacheEntryKept):
+		// Deleted from the truth, not from Redis: say so, never "gone".
+		failed(err)
+		return
 	case errors.Is(err, idem.ErrNotFound):
 		notFound()
 		return

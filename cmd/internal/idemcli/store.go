@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/dsn"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/tieredstore"
 )
 
 const migrateHelp = `Usage: idem migrate -db DSN
@@ -568,6 +569,8 @@ func runEvict(e *env, r *recordFlags, yes, force bool) error {
 		err = st.store.Delete(e.ctx, scope, r.key)
 	}
 	switch {
+	case errors.Is(err, tieredstore.ErrCacheEntryKept):
+		return storeErr(err)
 	case errors.Is(err, idem.ErrNotFound):
 		return errors.New("not deleted: the record is gone already (swept or deleted meanwhile)")
 	case errors.Is(err, idem.ErrRecordChanged):
