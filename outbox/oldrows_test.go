@@ -2,48 +2,13 @@ package outbox_test
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
-	"maps"
 	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/outbox/outboxtest"
 )
-
-// oldRows is a Store whose pending messages carry headers: rows that an
-// older build, which did not refuse reserved names at Add, wrote.
-type oldRows struct {
-	outbox.Store
-	headers map[string]string
-}
-
-func (s oldRows) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
-	b, err := s.Store.Claim(ctx, limit)
-	if err != nil {
-		return nil, err
-	}
-	return oldBatch{b, s.headers}, nil
-}
-
-type oldBatch struct {
-	outbox.Batch
-	headers map[string]string
-}
-
-func (b oldBatch) Messages() []outbox.Message {
-	ms := b.Batch.Messages()
-	for i := range ms {
-		h := maps.Clone(ms[i].Headers)
-		if h == nil {
-			h = map[string]string{}
-		}
-		maps.Copy(h, b.headers)
-		ms[i].Headers = h
-	}
-	return ms
-}
 
 // TestRelayOldRowsWithReservedHeaders: a pending row written by an older
 // build with a header that Add now refuses is published without it (the
@@ -66,7 +31,7 @@ func TestRelayOldRowsWithReservedHeaders(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	rec := &outboxtest.Recorder{}
-	r, err := outbox.NewRelay(oldRows{s, reserved}, rec, &outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	r, err := outbox.NewRelay(outboxtest.WithHeaders(s, reserved), rec, &outbox.RelayConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,13 @@
 package rabbitmq_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/outbox/outboxtest"
 	"github.com/idemkit/idem/rabbitmq"
 )
 
@@ -56,39 +55,6 @@ func TestPublisherRoutingHeaders(t *testing.T) {
 	}
 }
 
-// oldRows is a Store whose pending messages carry headers: rows that an
-// older build, which did not refuse reserved names at Add, wrote.
-type oldRows struct {
-	outbox.Store
-	headers map[string]string
-}
-
-func (s oldRows) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
-	b, err := s.Store.Claim(ctx, limit)
-	if err != nil {
-		return nil, err
-	}
-	return oldBatch{b, s.headers}, nil
-}
-
-type oldBatch struct {
-	outbox.Batch
-	headers map[string]string
-}
-
-func (b oldBatch) Messages() []outbox.Message {
-	ms := b.Batch.Messages()
-	for i := range ms {
-		h := maps.Clone(ms[i].Headers)
-		if h == nil {
-			h = map[string]string{}
-		}
-		maps.Copy(h, b.headers)
-		ms[i].Headers = h
-	}
-	return ms
-}
-
 // A pending row that an older build added with a CC header (before Add
 // refused it) does not hold its key back forever: RabbitMQ would close
 // the channel on every publish of it. The relay publishes it without the
@@ -104,7 +70,7 @@ func TestRelayOldRowWithCC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r, err := outbox.NewRelay(oldRows{s, map[string]string{"CC": b.dlq}}, p, nil)
+	r, err := outbox.NewRelay(outboxtest.WithHeaders(s, map[string]string{"CC": b.dlq}), p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -609,3 +609,42 @@ func backlog(t *testing.T, h Harness, _ Caps) {
 		t.Fatalf("all sent: Backlog %+v, want zero", got)
 	}
 }
+
+// WithHeaders returns a Store whose claimed messages carry headers on top
+// of their own: pending rows as a producer wrote them that Add would now
+// refuse (an older build's reserved header names), to test what a relay
+// does with them.
+func WithHeaders(s outbox.Store, headers map[string]string) outbox.Store {
+	return withHeaders{s, headers}
+}
+
+type withHeaders struct {
+	outbox.Store
+	headers map[string]string
+}
+
+func (s withHeaders) Claim(ctx context.Context, limit int) (outbox.Batch, error) {
+	b, err := s.Store.Claim(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	return headerBatch{b, s.headers}, nil
+}
+
+type headerBatch struct {
+	outbox.Batch
+	headers map[string]string
+}
+
+func (b headerBatch) Messages() []outbox.Message {
+	ms := b.Batch.Messages()
+	for i := range ms {
+		h := maps.Clone(ms[i].Headers)
+		if h == nil {
+			h = map[string]string{}
+		}
+		maps.Copy(h, b.headers)
+		ms[i].Headers = h
+	}
+	return ms
+}
