@@ -1,20 +1,21 @@
 package idemgrpc_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemgrpc"
-	"github.com/idemkit/idem/memstore"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemgrpc"
+	"github.com/idemkit/idem/internal/obstest"
+	"github.com/idemkit/idem/memstore"
 )
 
 // recObserver records every event it is told, and marks the context
@@ -252,7 +253,7 @@ func TestLogsHashKeys(t *testing.T) {
 	t.Parallel()
 	const key, scope = "order-key-Qz81x", "tenant-Wy93v"
 	for _, logKeys := range []bool{false, true} {
-		var buf lockedBuffer
+		var buf obstest.LogBuffer
 		fs := &flakyStore{Store: memstore.New(nil)}
 		var mu sync.Mutex
 		losing := false
@@ -321,23 +322,4 @@ func TestLogsHashKeys(t *testing.T) {
 			t.Errorf("LogKeys: the key is not under idem.key:\n%s", out)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a
-// logger shared by goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -3,7 +3,6 @@ package idemhttp_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,24 +62,6 @@ func (s *flakyStore) Extend(ctx context.Context, l idem.Lease, ttl time.Duration
 		return idem.Lease{}, errDown
 	}
 	return s.Store.Extend(ctx, l, ttl)
-}
-
-// logBuffer collects a logger's output; safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func (s *flakyStore) Get(ctx context.Context, scope, key string) (idem.Record, error) {

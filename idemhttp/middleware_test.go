@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -533,7 +534,7 @@ func TestPanicReleases(t *testing.T) {
 // the key was released.
 func TestPanicAfterAbandonKeepsTheRecord(t *testing.T) {
 	t.Parallel()
-	var logs logBuffer
+	var logs obstest.LogBuffer
 	e := setup(t, &idemhttp.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "partial")
 		idemhttp.ExecutionFrom(r.Context()).Abandon()
@@ -913,7 +914,7 @@ func TestLeaseLost(t *testing.T) {
 			t.Parallel()
 			clock := newFakeClock()
 			store := &flakyStore{Store: memstore.New(&memstore.Config{Now: clock.Now})}
-			var logs logBuffer
+			var logs obstest.LogBuffer
 			started, proceed := make(chan struct{}), make(chan struct{})
 			var cause error
 			var owner string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -299,7 +300,7 @@ func TestLogsHashKeys(t *testing.T) {
 	t.Parallel()
 	const key, scope = "order-key-Qz81x", "tenant-Wy93v"
 	for _, logKeys := range []bool{false, true} {
-		var buf logBuffer
+		var buf obstest.LogBuffer
 		store := &flakyStore{Store: memstore.New(nil)}
 		var lose sync.Mutex
 		losing := false

@@ -1,16 +1,15 @@
 package lock_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/lock"
 )
 
@@ -21,7 +20,7 @@ import (
 func TestLogsHashNames(t *testing.T) {
 	t.Parallel()
 	const name = "order-NAME-66120"
-	var buf syncBuffer
+	var buf obstest.LogBuffer
 	h := newHook()
 	h.extend = func(_ context.Context, n int) (error, bool) {
 		if n == 0 {
@@ -54,22 +53,4 @@ func TestLogsHashNames(t *testing.T) {
 	if strings.Contains(out, name) {
 		t.Errorf("the lock's name in the log:\n%s", out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

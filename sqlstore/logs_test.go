@@ -1,15 +1,14 @@
 package sqlstore_test
 
 import (
-	"bytes"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/sqlstore"
 )
 
@@ -19,7 +18,7 @@ import (
 func TestLogsHashKeys(t *testing.T) {
 	t.Parallel()
 	const scope, key = "tenant-SCOPE-5527", "key-KEY-8841"
-	var buf syncBuffer
+	var buf obstest.LogBuffer
 	db := openDB(t, filepath.Join(t.TempDir(), "idem.db"))
 	s, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.SQLite,
 		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
@@ -58,22 +57,4 @@ func TestLogsHashKeys(t *testing.T) {
 	if strings.Contains(out, scope) || strings.Contains(out, key) {
 		t.Errorf("raw scope or key in the log:\n%s", out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

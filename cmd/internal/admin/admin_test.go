@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,24 +26,6 @@ import (
 
 const token = "test-token-0123456789abcdef"
 
-// syncBuffer is a log's output, read while handlers write it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // fixture is an operator page over a SQLite store and inbox, with one
 // completed record (scope "acct-7", key "secret-key-1") and one dead
 // message ("loyalty", "msg-secret-1").
@@ -53,7 +33,7 @@ type fixture struct {
 	h        http.Handler
 	store    *sqlstore.Store
 	inbox    *sqlstore.InboxStore
-	log      *syncBuffer
+	log      *obstest.LogBuffer
 	counters *admin.Counters
 }
 
@@ -95,7 +75,7 @@ func setup(t *testing.T, mod func(*admin.Config)) *fixture {
 	if st, err := in.Fail(ctx, "loyalty", "msg-secret-1", c.Fence, 1, "points service down"); err != nil || st != inbox.StatusDead {
 		t.Fatal(st, err)
 	}
-	f := &fixture{store: st, inbox: in, log: &syncBuffer{}, counters: &admin.Counters{}}
+	f := &fixture{store: st, inbox: in, log: &obstest.LogBuffer{}, counters: &admin.Counters{}}
 	cfg := admin.Config{
 		Token: token, Name: "testd",
 		Logger:   slog.New(slog.NewTextHandler(f.log, nil)),

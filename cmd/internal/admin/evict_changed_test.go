@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -123,7 +124,7 @@ func TestEvictTakenOverAfterRead(t *testing.T) {
 	now.Store(&t0)
 	clock := func() time.Time { return *now.Load() }
 	st := &gapStore{Store: memstore.New(&memstore.Config{Now: clock})}
-	logs := &syncBuffer{}
+	logs := &obstest.LogBuffer{}
 	h, err := admin.New(&admin.Config{Token: token, Name: "testd", Logger: slog.New(slog.NewTextHandler(logs, nil)), Store: st, Now: clock})
 	if err != nil {
 		t.Fatal(err)

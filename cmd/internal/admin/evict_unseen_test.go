@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -71,7 +72,7 @@ func TestEvictUnreadRecordIsKept(t *testing.T) {
 	ctx := t.Context()
 	mem := memstore.New(nil)
 	st := &failingGetStore{Store: mem}
-	logs := &syncBuffer{}
+	logs := &obstest.LogBuffer{}
 	h, err := admin.New(&admin.Config{Token: token, Name: "testd", Logger: slog.New(slog.NewTextHandler(logs, nil)), Store: st})
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // Turning the operator page on takes /admin/ from the upstream and
@@ -20,7 +22,7 @@ func TestProxyAdminLeavesOtherPathsAlone(t *testing.T) {
 		if admin {
 			args = append(args, "-admin-token", proxyAdminToken)
 		}
-		var stderr syncBuffer
+		var stderr obstest.LogBuffer
 		base := startProxyLog(t, &stderr, args...)
 		for i, path := range []string{"//orders", "/orders/./x", "/a/../orders", "/admin"} {
 			req, _ := http.NewRequest("POST", base+path, strings.NewReader(`{"n":1}`))
@@ -53,7 +55,7 @@ func TestProxyAdminStores(t *testing.T) {
 				<-release
 				w.WriteHeader(http.StatusCreated)
 			})
-			var stderr syncBuffer
+			var stderr obstest.LogBuffer
 			base := startProxyLog(t, &stderr, append(b.flags(t), "-upstream", up.URL, "-admin-token", proxyAdminToken)...)
 			auth := []string{"Authorization", "Bearer " + proxyAdminToken}
 			if a := send(t, "GET", base+"/admin/", "", "", auth...); a.status != http.StatusOK {

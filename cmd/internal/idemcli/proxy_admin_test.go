@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 const proxyAdminToken = "proxy-operator-token-0123"
@@ -16,7 +17,7 @@ const proxyAdminToken = "proxy-operator-token-0123"
 // the key run again upstream. The log names the record by its hash.
 func TestProxyAdmin(t *testing.T) {
 	up := newUpstream(t)
-	var stderr syncBuffer
+	var stderr obstest.LogBuffer
 	base := startProxyLog(t, &stderr, "-upstream", up.URL, "-store", "sqlite:"+filepath.Join(t.TempDir(), "p.db"), "-admin-token", proxyAdminToken)
 	if a := send(t, "POST", base+"/orders", "proxy-key-1", `{"n":1}`); a.status != http.StatusCreated {
 		t.Fatalf("first request: %d %s", a.status, a.body)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // rawExchange sends a raw HTTP/1.1 request to base and returns the
@@ -206,7 +208,7 @@ func TestProxyStopWithRequestInFlight(t *testing.T) {
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &obstest.LogBuffer{}, &obstest.LogBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"proxy", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-store", store}, strings.NewReader(""), stdout, stderr)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // retryUntilAnswered sends the same request until it is no longer
@@ -148,7 +149,7 @@ func TestProxyBodyBreaksOff(t *testing.T) {
 				fmt.Fprint(brw, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\npaid, and then")
 				brw.Flush()
 			})
-			stderr := &syncBuffer{}
+			stderr := &obstest.LogBuffer{}
 			base := startProxyLog(t, stderr, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL,
 				"-lease", "1m", "-ambiguous", policy)
 			key := newKey("breaks")

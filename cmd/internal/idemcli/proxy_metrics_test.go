@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // idem proxy -metrics-listen serves the Prometheus metrics of its
@@ -18,8 +20,8 @@ import (
 func TestProxyMetrics(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	var stderr syncBuffer
-	stdout := &syncBuffer{}
+	var stderr obstest.LogBuffer
+	stdout := &obstest.LogBuffer{}
 	base := startProxyOut(t, stdout, &stderr, "-upstream", up.URL, "-store", "sqlite:"+filepath.Join(t.TempDir(), "p.db"),
 		"-routes", "POST /orders/*", "-metrics-listen", "127.0.0.1:0")
 	m := regexp.MustCompile(`metrics: (http://\S+/metrics)`).FindStringSubmatch(stdout.String())

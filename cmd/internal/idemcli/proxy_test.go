@@ -22,46 +22,29 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testenv"
 )
-
-// syncBuffer is an io.Writer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // startProxy runs idem proxy with args (and -listen 127.0.0.1:0) until
 // the test ends, and returns its base URL. The test fails if the proxy
 // does not stop cleanly (exit status 0) when asked to.
 func startProxy(t *testing.T, args ...string) string {
 	t.Helper()
-	return startProxyLog(t, &syncBuffer{}, args...)
+	return startProxyLog(t, &obstest.LogBuffer{}, args...)
 }
 
 // startProxyLog is startProxy with the proxy's log (its stderr) written
 // to stderr.
-func startProxyLog(t *testing.T, stderr *syncBuffer, args ...string) string {
+func startProxyLog(t *testing.T, stderr *obstest.LogBuffer, args ...string) string {
 	t.Helper()
-	return startProxyOut(t, &syncBuffer{}, stderr, args...)
+	return startProxyOut(t, &obstest.LogBuffer{}, stderr, args...)
 }
 
 // startProxyOut is startProxyLog with the proxy's standard output in
 // stdout.
-func startProxyOut(t *testing.T, stdout, stderr *syncBuffer, args ...string) string {
+func startProxyOut(t *testing.T, stdout, stderr *obstest.LogBuffer, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // idem sweep -every stops when its context ends (SIGINT or SIGTERM in
@@ -17,7 +18,7 @@ func TestSweepEveryStops(t *testing.T) {
 	t.Parallel()
 	raw, _ := storeAt(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &obstest.LogBuffer{}, &obstest.LogBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"sweep", "-db", raw, "-every", "10ms"}, strings.NewReader(""), stdout, stderr)

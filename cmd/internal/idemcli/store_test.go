@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -194,7 +195,7 @@ func TestSweep(t *testing.T) {
 
 	// -every sweeps until stopped, then exits 0.
 	ctx, cancel := context.WithCancel(context.Background())
-	stdout := &syncBuffer{}
+	stdout := &obstest.LogBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"sweep", "-db", raw, "-every", "10ms", "-retention", "24h"}, strings.NewReader(""), stdout, io.Discard)

@@ -1,17 +1,16 @@
 package natsjstest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 )
 
@@ -22,7 +21,7 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 	t.Parallel()
 	const id = "order-ID-30517"
 	e := setup(t, 0)
-	var buf logBuffer
+	var buf obstest.LogBuffer
 	var calls atomic.Int64
 	p := func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
 		if calls.Add(1) == 1 {
@@ -44,22 +43,4 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 	if strings.Contains(out, id) {
 		t.Errorf("the message ID in the log:\n%s", out)
 	}
-}
-
-// logBuffer is a bytes.Buffer safe for concurrent writes.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

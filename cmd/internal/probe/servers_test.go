@@ -1,7 +1,6 @@
 package probe_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/idemkit/idem/cmd/internal/probe"
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/memstore"
@@ -146,7 +145,7 @@ func countOrders(t *testing.T, base, user string) int {
 // the test ends, and returns its base URL.
 func runShopd(t *testing.T, args ...string) string {
 	t.Helper()
-	var stdout, stderr syncBuffer
+	var stdout, stderr obstest.LogBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -179,21 +178,4 @@ func runShopd(t *testing.T, args ...string) string {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-var _ io.Writer = (*syncBuffer)(nil)
+var _ io.Writer = (*obstest.LogBuffer)(nil)

@@ -1,14 +1,12 @@
 package rabbitmqtest
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/rabbitmq"
 )
 
@@ -175,7 +174,7 @@ func TestConsumerReconnects(t *testing.T) {
 	proxy := proxyFor(t, b.url)
 	cfg := b.consumerConfig()
 	cfg.URL = proxy.url
-	var logs syncBuffer
+	var logs obstest.LogBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	var s seen
 	run(t, cfg, s.wrap(rabbitmq.HandleTx(in, st.db, st.effect("p"))))
@@ -205,24 +204,6 @@ func TestConsumerReconnects(t *testing.T) {
 	if rows, distinct := st.effects(t); rows != 40 || distinct != 40 {
 		t.Fatalf("%d effects, %d distinct; want 40", rows, distinct)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type proxy struct {

@@ -1,18 +1,17 @@
 package rabbitmqtest
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/rabbitmq"
 )
 
@@ -29,7 +28,7 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 	h := func(ctx context.Context, tx *sql.Tx, d inbox.Delivery) error {
 		return errors.New("cannot decode payload")
 	}
-	var buf lockedBuffer
+	var buf obstest.LogBuffer
 	cfg := b.consumerConfig()
 	cfg.Logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	b.publish(t, id, "{")
@@ -47,22 +46,4 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 	if strings.Contains(out, id) {
 		t.Errorf("the message ID in the log:\n%s", out)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

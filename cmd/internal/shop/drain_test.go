@@ -1,34 +1,17 @@
 package shop
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/obstest"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A drain that runs out of time (a request still reading its body when
 // the 30 s bound ends) is no failure to start or to serve: Main returns
@@ -42,7 +25,7 @@ func TestMainDrainOutOfTime(t *testing.T) {
 	defer func() { shutdownTimeout = saved }()
 
 	signals := make(chan os.Signal, 2)
-	var stdout, stderr lockedBuffer
+	var stdout, stderr obstest.LogBuffer
 	status := make(chan int, 1)
 	go func() {
 		status <- Main([]string{"-addr", "127.0.0.1:0", "-data", t.TempDir(), "-read-timeout", "5m"}, &stdout, &stderr, signals)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 )
@@ -106,7 +107,7 @@ type shopd struct {
 	done  chan error
 	found chan string
 	// out is all the child printed on stdout.
-	out *syncBuffer
+	out *obstest.LogBuffer
 }
 
 // startShopd starts shopd on dataDir (-data) and waits until it listens.
@@ -142,7 +143,7 @@ func spawnShopdEnv(t *testing.T, env []string, args ...string) *shopd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1), found: make(chan string, 1), out: &syncBuffer{}}
+	s := &shopd{t: t, cmd: cmd, done: make(chan error, 1), found: make(chan string, 1), out: &obstest.LogBuffer{}}
 	lines := bufio.NewScanner(out)
 	go func() {
 		for lines.Scan() {

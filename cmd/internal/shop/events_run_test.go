@@ -20,14 +20,15 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
 // runShopd runs shopd (Run) with args until the test ends, and returns
 // its base URL and its standard output.
-func runShopd(t *testing.T, args ...string) (string, *syncBuffer) {
+func runShopd(t *testing.T, args ...string) (string, *obstest.LogBuffer) {
 	t.Helper()
-	var stdout, stderr syncBuffer
+	var stdout, stderr obstest.LogBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- shop.Run(ctx, args, &stdout, &stderr) }()
@@ -253,7 +254,7 @@ func TestRunEmbeddedNATSStorePerProcess(t *testing.T) {
 	_, first := runShopd(t, args...)
 	base, second := runShopd(t, args...)
 	for _, c := range []struct {
-		out  *syncBuffer
+		out  *obstest.LogBuffer
 		want string
 	}{{first, filepath.Join(data, "nats") + ")"}, {second, filepath.Join(data, "nats.2") + ")"}} {
 		if !strings.Contains(c.out.String(), "(store "+c.want) {

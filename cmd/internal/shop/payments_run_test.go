@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // shopd's payment secret comes from -pay-secret, else SHOPD_PAY_SECRET,
@@ -29,7 +30,7 @@ func TestRunPaySecret(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("SHOPD_PAY_SECRET", c.env)
-			var stdout, stderr syncBuffer
+			var stdout, stderr obstest.LogBuffer
 			ctx, cancel := context.WithCancel(context.Background())
 			args := append([]string{"-addr", "127.0.0.1:0", "-data", filepath.Join(t.TempDir(), "data")}, c.args...)
 			done := make(chan error, 1)

@@ -2,7 +2,6 @@ package shop_test
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -10,34 +9,16 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
-// syncBuffer is a bytes.Buffer safe for one writer and a polling reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitFor polls buf until re matches, for up to 20 s.
-func waitFor(t *testing.T, buf *syncBuffer, re *regexp.Regexp) []string {
+func waitFor(t *testing.T, buf *obstest.LogBuffer, re *regexp.Regexp) []string {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if m := re.FindStringSubmatch(buf.String()); m != nil {
@@ -57,7 +38,7 @@ func TestMainSignalDeliveredTwiceStillDrains(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	signals := make(chan os.Signal, 2)
-	var stdout, stderr syncBuffer
+	var stdout, stderr obstest.LogBuffer
 	status := make(chan int, 1)
 	go func() {
 		status <- shop.Main([]string{"-addr", "127.0.0.1:0", "-data", dir, "-read-timeout", "1m"}, &stdout, &stderr, signals)

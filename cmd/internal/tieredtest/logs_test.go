@@ -1,15 +1,14 @@
 package tieredtest_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/rediskey"
 	"github.com/idemkit/idem/tieredstore"
 )
@@ -23,7 +22,7 @@ func TestLogsHashKeys(t *testing.T) {
 	const scope, key = "tenant-SCOPE-1187", "key-KEY-2294"
 	rc := redisClient(t)
 	_, truth := newTruth(t)
-	var buf syncBuffer
+	var buf obstest.LogBuffer
 	prefix := randomPrefix()
 	s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: prefix,
 		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
@@ -44,22 +43,4 @@ func TestLogsHashKeys(t *testing.T) {
 	if strings.Contains(out, scope) || strings.Contains(out, key) || strings.Contains(out, name[len(prefix):]) {
 		t.Errorf("the scope, key or entry name in the log:\n%s", out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
