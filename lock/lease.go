@@ -311,10 +311,19 @@ func (e *Lease) tick() {
 		cause = e.endCause()
 	case err == nil:
 		e.validUntil = sent.Add(ttl)
+		// A renewal the maximum hold shortened is the last: it took the
+		// lease to within a millisecond of the maximum hold, and one more
+		// would add microseconds. Without this the timer would find the
+		// lease ended before any tick had found the hold used up, and end
+		// it with ErrLost.
+		e.final = ttl < cfg.TTL
 	}
-	if cause != nil {
+	switch {
+	case cause != nil:
 		e.endWatch(cause)
-	} else {
+	case e.final:
+		e.wake(now, e.validUntil.Sub(now))
+	default:
 		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()

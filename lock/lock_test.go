@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,6 +316,44 @@ func TestMaxHold(t *testing.T) {
 	}
 	if got := len(h.calls()); got > n+3 {
 		t.Errorf("%d renewals after the maximum hold", got-n)
+	}
+}
+
+// A renewal the maximum hold shortened whose answer comes back when less
+// than a third of the TTL remains is the last: the lease ends at the
+// maximum hold with ErrMaxHold, not ErrLost. (The watchdog once set its
+// timer to the end of that renewal without marking it final, and the
+// timer found the lease ended "without a renewal in time".) The first
+// renewal fails, so the second is shortened by the maximum hold; it is
+// answered late, within its deadline.
+func TestMaxHoldAfterLateShortenedRenewal(t *testing.T) {
+	t.Parallel()
+	const ttl, maxHold, late = 1800 * time.Millisecond, 2 * time.Second, 300 * time.Millisecond
+	h := newHook()
+	h.extend = func(_ context.Context, n int) (error, bool) {
+		switch n {
+		case 0:
+			return errors.New("backend unreachable"), true
+		case 1:
+			time.Sleep(late)
+		}
+		return nil, false
+	}
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold, Logger: slog.New(slog.DiscardHandler)})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease)
+	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
+		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
+	}
+	calls := h.calls()
+	if len(calls) != 2 {
+		t.Fatalf("%d renewals, want 2 (one failed, one shortened by the maximum hold)", len(calls))
+	}
+	if calls[1].err != nil || calls[1].ttl >= ttl {
+		t.Fatalf("second renewal: ttl %v, err %v; want a shortened ttl, answered", calls[1].ttl, calls[1].err)
 	}
 }
 
