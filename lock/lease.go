@@ -273,8 +273,11 @@ func (e *Lease) tick() {
 	}
 	ttl := cfg.TTL
 	if !e.maxUntil.IsZero() {
-		// Whole milliseconds: what every backend's clock can count.
-		ttl = min(ttl, e.maxUntil.Sub(now).Truncate(time.Millisecond))
+		// What remains of the hold on either clock, as in ended (the
+		// backend's clock went on through a suspend), in whole
+		// milliseconds: what every backend's clock can count.
+		left := min(e.maxUntil.Sub(now), e.maxUntil.Round(0).Sub(wallNow()))
+		ttl = min(ttl, left.Truncate(time.Millisecond))
 	}
 	if ttl <= 0 || !now.Add(ttl).After(e.validUntil) {
 		e.final = true
@@ -364,6 +367,10 @@ func (e *Lease) ended(now time.Time) bool {
 	return !now.Before(e.validUntil) || !wallNow().Before(e.validUntil.Round(0))
 }
 
-// wallNow is the wall clock's now, without a monotonic reading: a
-// variable, for the tests to move it.
-var wallNow = func() time.Time { return time.Now().Round(0) }
+// wallNow is the wall clock's now, without a monotonic reading, moved
+// ahead by wallSkew.
+func wallNow() time.Time { return time.Now().Round(0).Add(time.Duration(wallSkew.Load())) }
+
+// wallSkew is zero but in the tests, which move the wall clock (in
+// nanoseconds) while a watchdog runs.
+var wallSkew atomic.Int64

@@ -53,3 +53,41 @@ func TestSuspendedWithinTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The maximum hold is counted on the wall clock too: after a suspend
+// within the lease (the monotonic clock stood still, the backend's clock
+// went on), no renewal asks the backend for a lease past the maximum
+// hold on its clock. The watchdog once counted the hold on the monotonic
+// clock alone, and asked for a lease ending the suspend's length past it.
+// Not parallel: it moves the package's wall clock.
+func TestMaxHoldCountsSuspend(t *testing.T) {
+	// The renewals come every 400 ms; after the suspend the lease, on
+	// the wall clock, still has 500 ms to spare at each of them.
+	const ttl, maxHold, suspend = 1200 * time.Millisecond, 2 * time.Second, 300 * time.Millisecond
+	h := newHook()
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The acquisition was sent before this: the maximum hold ends, on the
+	// wall clock, no later than acquired + maxHold.
+	acquired := time.Now()
+	undo := lock.SuspendFor(suspend)
+	defer undo()
+	waitDone(t, lease)
+	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
+		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
+	}
+	calls := h.calls()
+	if len(calls) == 0 {
+		t.Fatal("no renewal")
+	}
+	// An Extend reached the backend when its clock read at + suspend.
+	const slack = 100 * time.Millisecond // the call's way to the backend
+	for i, c := range calls {
+		if end, most := c.at.Add(suspend+c.ttl), acquired.Add(maxHold+slack); end.After(most) {
+			t.Errorf("renewal %d asked for %v: the backend's lease ends %v past the maximum hold", i, c.ttl, end.Sub(acquired.Add(maxHold)))
+		}
+	}
+}
