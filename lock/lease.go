@@ -48,10 +48,13 @@ type Lease struct {
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
 	maxUntil    time.Time          // end of the maximum hold; zero if none
 	// base is when the Acquire was sent; due is how long after base the
-	// lease ends while the watchdog runs, math.MaxInt64 once it does not.
-	// Err reads it without mu.
-	base time.Time
-	due  atomic.Int64
+	// lease ends while the watchdog runs, math.MaxInt64 once it does not;
+	// wallDue is that end on the wall clock (validUntil's wall reading,
+	// Unix nanoseconds; the wall clock may have been stepped since base).
+	// Err reads them without mu.
+	base    time.Time
+	due     atomic.Int64
+	wallDue atomic.Int64
 }
 
 // start returns the running lease of an Acquire sent at sent.
@@ -99,7 +102,7 @@ func (e *Lease) Done() <-chan struct{} { return e.ctx.Done() }
 func (e *Lease) Err() error {
 	if e.ctx.Err() == nil {
 		due := time.Duration(e.due.Load())
-		if time.Since(e.base) < due && wallNow().Sub(e.base.Round(0)) < due {
+		if time.Since(e.base) < due && wallNow().UnixNano() < e.wallDue.Load() {
 			return nil
 		}
 		e.expire()
@@ -193,9 +196,11 @@ func (e *Lease) wake(now time.Time, d time.Duration) {
 func (e *Lease) setDue() {
 	if e.over {
 		e.due.Store(math.MaxInt64)
+		e.wallDue.Store(math.MaxInt64)
 		return
 	}
 	e.due.Store(int64(e.validUntil.Sub(e.base)))
+	e.wallDue.Store(e.validUntil.UnixNano())
 }
 
 // endCause is the error the lease ends with when it runs out. mu held.
@@ -217,6 +222,7 @@ func (e *Lease) endWatch(cause error) {
 	e.over = true
 	e.epoch++
 	e.due.Store(math.MaxInt64)
+	e.wallDue.Store(math.MaxInt64)
 	e.timer.Stop()
 	e.renewing = false
 	if e.renewCancel != nil {
