@@ -203,9 +203,13 @@ func (e *Lease) setDue() {
 	e.wallDue.Store(e.validUntil.UnixNano())
 }
 
-// endCause is the error the lease ends with when it runs out. mu held.
+// endCause is the error the lease ends with when it runs out: ErrMaxHold
+// if the lease last confirmed reached the maximum hold, as far as a
+// renewal could take it (to within a millisecond), whether or not a run
+// of the watchdog found it so before the end (its timer may run late).
+// mu held.
 func (e *Lease) endCause() error {
-	if e.final {
+	if e.final || !e.maxUntil.IsZero() && e.maxUntil.Sub(e.validUntil) < time.Millisecond {
 		return ErrMaxHold
 	}
 	return ErrLost

@@ -13,9 +13,10 @@ import (
 // sees the lease over at its next look, although the monotonic clock did
 // not move while the backend's clock went on (and another owner may hold
 // the lock): Err and the Err of Context's contexts answer ErrLost, and
-// Done closes. Not parallel: it moves the package's wall clock.
+// Done closes. (The maximum hold is longer than the lease: the lease
+// ran out before it.) Not parallel: it moves the package's wall clock.
 func TestSuspendedPastTheLease(t *testing.T) {
-	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour})
+	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour, MaxHold: 3 * time.Hour})
 	lease, err := l.TryAcquire(t.Context(), "job")
 	if err != nil {
 		t.Fatal(err)
@@ -90,4 +91,30 @@ func TestMaxHoldCountsSuspend(t *testing.T) {
 			t.Errorf("renewal %d asked for %v: the backend's lease ends %v past the maximum hold", i, c.ttl, end.Sub(acquired.Add(maxHold)))
 		}
 	}
+}
+
+// A lease whose confirmed end is the end of the maximum hold (here the
+// acquisition's: MaxHold equals the TTL) ends with ErrMaxHold however
+// its end is found: by the watchdog's timer, or by Err once a suspend
+// took the clock past it before the watchdog's first run. Err used to
+// answer ErrLost then, as for a lease no renewal confirmed in time,
+// since only the watchdog's run marked the hold used up. Not parallel:
+// it moves the package's wall clock.
+func TestMaxHoldReachedWhileSuspended(t *testing.T) {
+	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour, MaxHold: time.Hour})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := lease.Context(t.Context())
+	defer cancel()
+	undo := lock.SuspendFor(2 * time.Hour)
+	defer undo()
+	if err := lease.Err(); !errors.Is(err, lock.ErrMaxHold) {
+		t.Fatalf("Err after a suspend past the maximum hold = %v, want ErrMaxHold", err)
+	}
+	if ctx.Err() == nil || !errors.Is(context.Cause(ctx), lock.ErrMaxHold) {
+		t.Fatalf("context after a suspend past the maximum hold: Err %v, cause %v; want cancelled with ErrMaxHold", ctx.Err(), context.Cause(ctx))
+	}
+	waitDone(t, lease)
 }
