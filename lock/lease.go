@@ -48,10 +48,13 @@ type Lease struct {
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
 	maxUntil    time.Time          // end of the maximum hold; zero if none
 	// base is when the Acquire was sent; due is how long after base the
-	// lease ends while the watchdog runs, math.MaxInt64 once it does not.
-	// Err reads it without mu.
-	base time.Time
-	due  atomic.Int64
+	// lease ends while the watchdog runs, math.MaxInt64 once it does not;
+	// wallDue is that end on the wall clock (validUntil's wall reading,
+	// Unix nanoseconds; the wall clock may have been stepped since base).
+	// Err reads them without mu.
+	base    time.Time
+	due     atomic.Int64
+	wallDue atomic.Int64
 }
 
 // start returns the running lease of an Acquire sent at sent.
@@ -99,7 +102,7 @@ func (e *Lease) Done() <-chan struct{} { return e.ctx.Done() }
 func (e *Lease) Err() error {
 	if e.ctx.Err() == nil {
 		due := time.Duration(e.due.Load())
-		if time.Since(e.base) < due && wallNow().Sub(e.base.Round(0)) < due {
+		if time.Since(e.base) < due && wallNow().UnixNano() < e.wallDue.Load() {
 			return nil
 		}
 		e.expire()
@@ -193,14 +196,20 @@ func (e *Lease) wake(now time.Time, d time.Duration) {
 func (e *Lease) setDue() {
 	if e.over {
 		e.due.Store(math.MaxInt64)
+		e.wallDue.Store(math.MaxInt64)
 		return
 	}
 	e.due.Store(int64(e.validUntil.Sub(e.base)))
+	e.wallDue.Store(e.validUntil.UnixNano())
 }
 
-// endCause is the error the lease ends with when it runs out. mu held.
+// endCause is the error the lease ends with when it runs out: ErrMaxHold
+// if the lease last confirmed reached the maximum hold, as far as a
+// renewal could take it (to within a millisecond), whether or not a run
+// of the watchdog found it so before the end (its timer may run late).
+// mu held.
 func (e *Lease) endCause() error {
-	if e.final {
+	if e.final || !e.maxUntil.IsZero() && e.maxUntil.Sub(e.validUntil) < time.Millisecond {
 		return ErrMaxHold
 	}
 	return ErrLost
@@ -217,6 +226,7 @@ func (e *Lease) endWatch(cause error) {
 	e.over = true
 	e.epoch++
 	e.due.Store(math.MaxInt64)
+	e.wallDue.Store(math.MaxInt64)
 	e.timer.Stop()
 	e.renewing = false
 	if e.renewCancel != nil {
@@ -273,8 +283,11 @@ func (e *Lease) tick() {
 	}
 	ttl := cfg.TTL
 	if !e.maxUntil.IsZero() {
-		// Whole milliseconds: what every backend's clock can count.
-		ttl = min(ttl, e.maxUntil.Sub(now).Truncate(time.Millisecond))
+		// What remains of the hold on either clock, as in ended (the
+		// backend's clock went on through a suspend), in whole
+		// milliseconds: what every backend's clock can count.
+		left := min(e.maxUntil.Sub(now), e.maxUntil.Round(0).Sub(wallNow()))
+		ttl = min(ttl, left.Truncate(time.Millisecond))
 	}
 	if ttl <= 0 || !now.Add(ttl).After(e.validUntil) {
 		e.final = true
@@ -364,6 +377,10 @@ func (e *Lease) ended(now time.Time) bool {
 	return !now.Before(e.validUntil) || !wallNow().Before(e.validUntil.Round(0))
 }
 
-// wallNow is the wall clock's now, without a monotonic reading: a
-// variable, for the tests to move it.
-var wallNow = func() time.Time { return time.Now().Round(0) }
+// wallNow is the wall clock's now, without a monotonic reading, moved
+// ahead by wallSkew.
+func wallNow() time.Time { return time.Now().Round(0).Add(time.Duration(wallSkew.Load())) }
+
+// wallSkew is zero but in the tests, which move the wall clock (in
+// nanoseconds) while a watchdog runs.
+var wallSkew atomic.Int64

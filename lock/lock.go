@@ -82,9 +82,10 @@ type Config struct {
 	TTL time.Duration
 	// MaxHold caps how long a lease is held: the watchdog renews it no
 	// further than MaxHold after its acquisition was sent (the last
-	// renewal asks for what remains), and the lease then ends with
-	// ErrMaxHold. Default 10 min; a negative value means no cap; at least
-	// TTL.
+	// renewal asks for what remains, the time passed counted as the
+	// lease's: the larger of the monotonic and the wall clock's), and the
+	// lease then ends with ErrMaxHold. Default 10 min; a negative value
+	// means no cap; at least TTL.
 	MaxHold time.Duration
 	// RetryMin and RetryMax bound the wait between two attempts of
 	// Acquire while the lock is held: the wait starts at RetryMin, doubles

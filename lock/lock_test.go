@@ -589,3 +589,139 @@ func TestPGAdvisoryKey(t *testing.T) {
 		t.Fatal("job and job  share a key")
 	}
 }
+
+// A renewal the maximum hold shortened that fails is not the last: the
+// next one, shortened too, is; the lease then ends with ErrMaxHold.
+func TestMaxHoldShortenedRenewalFails(t *testing.T) {
+	t.Parallel()
+	// The first renewal (after a third of the TTL) is already shortened;
+	// the second comes 600 ms before the lease's end.
+	const ttl, maxHold = 1800 * time.Millisecond, 2400 * time.Millisecond
+	h := newHook()
+	h.extend = func(_ context.Context, n int) (error, bool) {
+		if n == 0 {
+			return errors.New("backend unreachable"), true
+		}
+		return nil, false
+	}
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease)
+	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
+		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
+	}
+	calls := h.calls()
+	if len(calls) != 2 || calls[0].err == nil || calls[1].err != nil {
+		t.Fatalf("renewals %+v: want a failure, then one answered", calls)
+	}
+	for i, c := range calls {
+		if c.ttl >= ttl {
+			t.Errorf("renewal %d asked for %v, want less than the TTL", i, c.ttl)
+		}
+	}
+}
+
+// A renewal the maximum hold shortened that the backend refuses ends
+// the lease with ErrLost, not ErrMaxHold: it may have ended before.
+func TestMaxHoldShortenedRenewalRefused(t *testing.T) {
+	t.Parallel()
+	const ttl, maxHold = 900 * time.Millisecond, 1200 * time.Millisecond
+	h := newHook()
+	h.extend = func(context.Context, int) (error, bool) { return lock.ErrNotHeld, true }
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := lease.Context(t.Context())
+	defer cancel()
+	waitDone(t, lease)
+	if !errors.Is(lease.Err(), lock.ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost", lease.Err())
+	}
+	<-ctx.Done()
+	if !errors.Is(context.Cause(ctx), lock.ErrLost) {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(ctx))
+	}
+	if calls := h.calls(); len(calls) != 1 || calls[0].ttl >= ttl {
+		t.Fatalf("renewals %+v: want one, shortened", calls)
+	}
+}
+
+// A renewal the maximum hold shortened whose answer comes after Release
+// changes nothing: the lease stays released, Release's cancel reached the
+// renewal, and the watchdog does not run again.
+func TestMaxHoldShortenedRenewalAnsweredAfterRelease(t *testing.T) {
+	t.Parallel()
+	const ttl, maxHold = 900 * time.Millisecond, 1200 * time.Millisecond
+	h := newHook()
+	entered, answer := make(chan struct{}), make(chan struct{})
+	cancelled := make(chan bool, 1)
+	h.extend = func(ctx context.Context, n int) (error, bool) {
+		if n == 0 {
+			close(entered)
+			<-answer // ignores its context until told
+			cancelled <- ctx.Err() != nil
+		}
+		return nil, true // answered as if the backend had renewed it
+	}
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := lease.Context(t.Context())
+	defer cancel()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no renewal")
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	close(answer)
+	select {
+	case c := <-cancelled:
+		if !c {
+			t.Error("Release did not cancel the renewal in flight")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the renewal never returned")
+	}
+	// Past the end the renewal would have confirmed: still released.
+	time.Sleep(maxHold)
+	if !errors.Is(lease.Err(), lock.ErrReleased) || !errors.Is(context.Cause(ctx), lock.ErrReleased) {
+		t.Fatalf("Err %v, context cause %v; want ErrReleased", lease.Err(), context.Cause(ctx))
+	}
+	if n := len(h.calls()); n != 1 {
+		t.Fatalf("%d renewals, want 1", n)
+	}
+}
+
+// MaxHold equal to the TTL: no renewal could extend the lease, none is
+// sent, and the lease runs out with ErrMaxHold.
+func TestMaxHoldEqualsTTL(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	h := newHook()
+	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: ttl})
+	t0 := time.Now()
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease)
+	if el := time.Since(t0); el < ttl {
+		t.Errorf("the lease ended %v after the acquisition was sent, before its TTL %v", el, ttl)
+	}
+	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
+		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
+	}
+	if n := len(h.calls()); n != 0 {
+		t.Fatalf("%d renewals, want none", n)
+	}
+}
