@@ -104,6 +104,20 @@ func waitDone(t *testing.T, l *lock.Lease) {
 	}
 }
 
+// heldToEnd takes the lock "job" and waits until the lease ends, with
+// want as its Err.
+func heldToEnd(t *testing.T, l *lock.Locker, want error) {
+	t.Helper()
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, lease)
+	if err := lease.Err(); !errors.Is(err, want) {
+		t.Fatalf("Err = %v, want %v", err, want)
+	}
+}
+
 // The watchdog renews every third of the TTL: the memory backend, which
 // refuses an Extend after the lease's end, never refuses one, and
 // another owner is kept out for several TTLs.
@@ -340,14 +354,7 @@ func TestMaxHoldAfterLateShortenedRenewal(t *testing.T) {
 		return nil, false
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold, Logger: slog.New(slog.DiscardHandler)})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, lease)
-	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
-		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
-	}
+	heldToEnd(t, l, lock.ErrMaxHold)
 	calls := h.calls()
 	if len(calls) != 2 {
 		t.Fatalf("%d renewals, want 2 (one failed, one shortened by the maximum hold)", len(calls))
@@ -605,14 +612,7 @@ func TestMaxHoldShortenedRenewalFails(t *testing.T) {
 		return nil, false
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitDone(t, lease)
-	if !errors.Is(lease.Err(), lock.ErrMaxHold) {
-		t.Fatalf("Err = %v, want ErrMaxHold", lease.Err())
-	}
+	heldToEnd(t, l, lock.ErrMaxHold)
 	calls := h.calls()
 	if len(calls) != 2 || calls[0].err == nil || calls[1].err != nil {
 		t.Fatalf("renewals %+v: want a failure, then one answered", calls)
