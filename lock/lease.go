@@ -225,8 +225,7 @@ func (e *Lease) endWatch(cause error) {
 	e.cancel(cause)
 	e.over = true
 	e.epoch++
-	e.due.Store(math.MaxInt64)
-	e.wallDue.Store(math.MaxInt64)
+	e.setDue()
 	e.timer.Stop()
 	e.renewing = false
 	if e.renewCancel != nil {
