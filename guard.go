@@ -28,7 +28,9 @@ const (
 // default.
 type GuardConfig struct {
 	// Lease is how long an execution holds its key without renewal; the
-	// watchdog renews it every third of it. Default 30 s; at least 3 ms.
+	// watchdog renews it every third of it, and retries a renewal that
+	// failed or timed out (each attempt is bounded by a third) soon after,
+	// within what remains of the lease. Default 30 s; at least 3 ms.
 	Lease time.Duration
 	// MaxExecution caps how long the watchdog renews the lease; then the
 	// execution's context is cancelled with cause ErrMaxExecution and the
@@ -370,6 +372,7 @@ type Execution struct {
 	completing  int                // completion calls in flight
 	txOpen      bool               // a CompleteTx succeeded and Committed has not reported on its transaction
 	renewing    bool               // a renewal of the current epoch waits for its answer
+	retryIn     time.Duration      // the wait after the last renewal, if it failed; 0 after a success
 	lostShown   bool               // the lease lost was reported to the Observer
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
@@ -484,6 +487,24 @@ func (e *Execution) nextWake(now time.Time) time.Duration {
 	return max(d, 0)
 }
 
+// retryAfter is how long the watchdog waits after a failed renewal: a
+// thirtieth of the lease (at least a millisecond), doubled after each
+// further failure in a row, at most a third (nextWake bounds it by the
+// lease's end). A renewal that timed out used up a third of the lease: a
+// retry a third later would come at the lease's end, too late to save
+// it, so one slow round trip lost a lease of which a third remained. The
+// backoff keeps a store that fails at once from being called in a tight
+// loop. e.mu held.
+func (e *Execution) retryAfter() time.Duration {
+	ttl := e.g.cfg.Lease
+	if e.retryIn == 0 {
+		e.retryIn = max(ttl/30, time.Millisecond)
+	} else {
+		e.retryIn = min(2*e.retryIn, ttl/3)
+	}
+	return e.retryIn
+}
+
 // expiresIn is how long until the context must be cancelled: the end of
 // the lease last confirmed, or of the maximum execution time. e.mu held.
 func (e *Execution) expiresIn(now time.Time) time.Duration {
@@ -586,9 +607,10 @@ func (e *Execution) resume() error {
 // Otherwise, unless a renewal is running (its answer sets the timer
 // again), it renews the lease: the Extend is bounded by a third of the
 // lease and by the end of the lease last confirmed, and the timer is set
-// to that end meanwhile. The renewal's answer schedules the next one, or
-// ends the watchdog when the store says the lease is lost or the answer
-// came after the lease had ended.
+// to that end meanwhile. The renewal's answer schedules the next one (a
+// third later, or soon after a failure: retryAfter), or ends the
+// watchdog when the store says the lease is lost or the answer came
+// after the lease had ended.
 func (e *Execution) tick() {
 	ttl := e.g.cfg.Lease
 	e.mu.Lock()
@@ -644,9 +666,13 @@ func (e *Execution) tick() {
 		e.lease.Until = nl.Until
 		e.validUntil = sent.Add(ttl)
 	}
-	if cause != nil {
+	switch {
+	case cause != nil:
 		e.endWatch()
-	} else {
+	case err != nil:
+		e.wake(now, min(e.retryAfter(), e.nextWake(now)))
+	default:
+		e.retryIn = 0
 		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()

@@ -497,6 +497,68 @@ func TestGuardRenewalFails(t *testing.T) {
 	}
 }
 
+// A renewal that times out once (a store slower than a third of the
+// lease) is retried at once, within the third of the lease that
+// remains: the work runs on for several leases and its completion is
+// stored. A retry a third later, as after a success, came at the lease's
+// end, and the execution lost its key.
+func TestGuardRetriesTimedOutRenewal(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	ms := memstore.New(nil)
+	var calls atomic.Int64
+	s := &hookStore{Store: ms}
+	s.extend = func(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // the first renewal: slower than its deadline
+			return idem.Lease{}, ctx.Err()
+		}
+		return ms.Extend(ctx, l, ttl)
+	}
+	const lease = 600 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	select {
+	case <-exec.Context().Done():
+		t.Fatalf("work cancelled after one renewal timed out: %v", context.Cause(exec.Context()))
+	case <-time.After(3 * lease):
+	}
+	if err := exec.Complete(ctx, idem.Response{StatusCode: 201, Body: []byte("done")}); err != nil {
+		t.Fatalf("Complete = %v; want the completion stored", err)
+	}
+	rec, err := ms.Get(ctx, "scope", "k")
+	if err != nil || rec.Status != idem.StatusCompleted || rec.Fence != 1 || string(rec.Response.Body) != "done" {
+		t.Fatalf("record %+v, %v; want completed by the first execution (fence 1)", rec, err)
+	}
+	if n := calls.Load(); n < 3 {
+		t.Fatalf("%d renewals; want the timed-out one, its retry and later ones", n)
+	}
+}
+
+// A store that fails every renewal at once is retried with a backoff
+// (from a thirtieth of the lease, doubling), not in a tight loop, until
+// the lease may have ended.
+func TestGuardRenewalRetryBackoff(t *testing.T) {
+	t.Parallel()
+	s := &hookStore{Store: memstore.New(nil), extend: func(context.Context, idem.Lease, time.Duration) (idem.Lease, error) {
+		return idem.Lease{}, errors.New("connection refused")
+	}}
+	const lease = 600 * time.Millisecond
+	g := newGuard(t, s, &idem.GuardConfig{Lease: lease})
+	exec := begin(t, g, "k")
+	defer exec.Abandon()
+	if cause := waitDone(t, exec.Context(), 5*time.Second); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("context cause = %v, want ErrLeaseLost", cause)
+	}
+	// At a third of the lease (200 ms), then 20, 40, 80 and 160 ms
+	// later; the lease's end at 600 ms cuts the rest: 5 attempts, or
+	// fewer on a late timer, never dozens. (Retried only a third later,
+	// there were 2.)
+	if n := s.extends.Load(); n < 3 || n > 8 {
+		t.Fatalf("%d renewal attempts in one lease against a failing store; want 3 to 8", n)
+	}
+}
+
 func TestGuardMaxExecution(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

@@ -43,6 +43,7 @@ type Lease struct {
 	final       bool               // the maximum hold allows no more renewal
 	released    bool               // Release was called
 	renewing    bool               // a renewal of the current epoch waits for its answer
+	retryIn     time.Duration      // the wait after the last renewal, if it failed; 0 after a success
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
@@ -183,6 +184,22 @@ func (e *Lease) Release(ctx context.Context) error {
 // to meet the end of the lease. mu held.
 func (e *Lease) nextWake(now time.Time) time.Duration {
 	return max(min(e.lk.cfg.TTL/3, e.validUntil.Sub(now)), 0)
+}
+
+// retryAfter is how long the watchdog waits after a failed renewal: a
+// thirtieth of the TTL (at least a millisecond), doubled after each
+// further failure in a row, at most a third (nextWake bounds it by the
+// lease's end). A renewal that timed out used up a third of the lease,
+// and a retry a third later would come at its end, too late to save it.
+// mu held.
+func (e *Lease) retryAfter() time.Duration {
+	ttl := e.lk.cfg.TTL
+	if e.retryIn == 0 {
+		e.retryIn = max(ttl/30, time.Millisecond)
+	} else {
+		e.retryIn = min(2*e.retryIn, ttl/3)
+	}
+	return e.retryIn
 }
 
 // wake sets the timer to fire after d. mu held.
@@ -335,7 +352,10 @@ func (e *Lease) tick() {
 		e.endWatch(cause)
 	case e.final:
 		e.wake(now, e.validUntil.Sub(now))
+	case err != nil:
+		e.wake(now, min(e.retryAfter(), e.nextWake(now)))
 	default:
+		e.retryIn = 0
 		e.wake(now, e.nextWake(now))
 	}
 	e.mu.Unlock()

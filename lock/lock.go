@@ -78,7 +78,9 @@ const MaxNameLen = 255
 // field, mean the default.
 type Config struct {
 	// TTL is the lease a lock is acquired for; the watchdog renews it
-	// every third of it. Default 30 s; at least 3 ms.
+	// every third of it, and retries a renewal that failed or timed out
+	// (each attempt is bounded by a third) soon after, within what
+	// remains of the lease. Default 30 s; at least 3 ms.
 	TTL time.Duration
 	// MaxHold caps how long a lease is held: the watchdog renews it no
 	// further than MaxHold after its acquisition was sent (the last

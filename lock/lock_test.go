@@ -725,3 +725,62 @@ func TestMaxHoldEqualsTTL(t *testing.T) {
 		t.Fatalf("%d renewals, want none", n)
 	}
 }
+
+// A renewal that times out (a backend slower than a third of the TTL,
+// once) is retried at once, within the third of the lease that
+// remains: the lease survives, held for several TTLs. A retry a third
+// later, as after a success, came at the lease's end and lost it.
+func TestWatchdogRetriesTimedOutRenewal(t *testing.T) {
+	t.Parallel()
+	const ttl = 600 * time.Millisecond
+	h := newHook()
+	h.extend = func(ctx context.Context, n int) (error, bool) {
+		if n > 0 {
+			return nil, false
+		}
+		<-ctx.Done() // the first renewal: slower than its deadline
+		return ctx.Err(), true
+	}
+	l := newLocker(t, h, lock.Config{TTL: ttl})
+	lease, err := l.TryAcquire(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * ttl)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended after one renewal timed out: %v", err)
+	}
+	if _, err := l.TryAcquire(t.Context(), "job"); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("TryAcquire by another = %v, want ErrHeld", err)
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.calls()
+	if len(calls) < 3 || !errors.Is(calls[0].err, context.DeadlineExceeded) || calls[1].err != nil {
+		t.Fatalf("renewals %+v; want a timeout, then successes", calls)
+	}
+	// The retry came right after the timeout (a thirtieth of the TTL),
+	// not a third of the TTL later.
+	if gap := calls[1].at.Sub(calls[0].deadline); gap >= ttl/3 {
+		t.Errorf("retry %v after the timed-out renewal's deadline; want well under a third of the TTL", gap)
+	}
+}
+
+// A backend that fails at once is retried with a backoff, not in a tight
+// loop: from a thirtieth of the TTL, doubling.
+func TestWatchdogRetryBackoff(t *testing.T) {
+	t.Parallel()
+	const ttl = 600 * time.Millisecond
+	h := newHook()
+	h.extend = func(context.Context, int) (error, bool) { return errors.New("connection refused"), true }
+	l := newLocker(t, h, lock.Config{TTL: ttl})
+	heldToEnd(t, l, lock.ErrLost)
+	calls := h.calls()
+	// At a third of the TTL (200 ms), then 20, 40, 80 and 160 ms later;
+	// the lease's end at 600 ms cuts the rest: 5 attempts, or fewer on a
+	// late timer, never dozens. (Retried only a third later, there were 2.)
+	if n := len(calls); n < 3 || n > 8 {
+		t.Fatalf("%d renewal attempts in one TTL against a failing backend; want 3 to 8", n)
+	}
+}
