@@ -214,7 +214,18 @@
 // record there (SELECT … FOR UPDATE), reads its lease as renewed (see
 // below) in a later statement, and then replaces it (expired), takes it
 // over (processing, same fingerprint, lease ended) or returns it (held
-// by another owner). A replay or a duplicate still never calls it.
+// by another owner). A replay or a duplicate whose statement's snapshot
+// shows the record never calls it.
+//
+// Since migration 9, a conflict is first read without a lock (with its
+// lease as renewed, in a statement of its own: a new snapshot, which
+// shows the insert the call waited for), and a record another owner
+// holds is returned at once; only a record Acquire may take is locked.
+// This is the path of every request of a burst on a new key but the
+// first (their snapshots predate the first one's insert): with the lock,
+// they queued for the row one after the other, and the owner's renewal,
+// whose share lock queued behind them, could come too late for a short
+// lease on a loaded server (TestAcquireWriteLocksOnlyWhatItMayTake).
 //
 // # Renewals on PostgreSQL
 //

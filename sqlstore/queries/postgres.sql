@@ -45,11 +45,12 @@ VALUES ($1, $2, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
 -- once: the CTE, read twice, is materialised. A replay or a duplicate
 -- costs this read and nothing else (no row is locked, no transaction id
 -- is assigned, nothing is written or flushed, and idem_acquire_write is
--- never called). Otherwise idem_acquire_write (migrations 2 and 3)
--- inserts a new record, or locks the record there and replaces it if it
--- has expired, or takes it over if it is processing with the same
--- fingerprint and its lease has ended, or else returns it as it is now:
--- another owner's. The record is ours if and only if its owner is the
+-- never called). Otherwise idem_acquire_write (migrations 2, 3 and 9)
+-- inserts a new record, or returns the record there as it is now if
+-- another owner holds it (read without a lock), or else locks it and
+-- replaces it if it has expired, or takes it over if it is processing
+-- with the same fingerprint and its lease has ended, or returns it as it
+-- is then: another owner's. The record is ours if and only if its owner is the
 -- owner we passed. No row means the record met vanished in between: the
 -- caller runs the statement again.
 WITH held AS (
