@@ -242,11 +242,11 @@ func TestProxyTwoProxiesOneStore(t *testing.T) {
 			t.Parallel()
 			up := newUpstream(t)
 			up.on("/orders", func(w http.ResponseWriter, r *http.Request, n int) {
-				time.Sleep(2500 * time.Millisecond) // the upstream's work, past 2 leases
+				time.Sleep(5 * time.Second) // the upstream's work, past 2 leases
 				w.WriteHeader(http.StatusCreated)
 				fmt.Fprintf(w, "order by call %d", n)
 			})
-			flags := append(b.flags(t), "-upstream", up.URL, "-lease", "1s", "-wait", "20s")
+			flags := append(b.flags(t), "-upstream", up.URL, "-lease", "2s", "-wait", "20s")
 			bases := []string{startProxy(t, flags...), startProxy(t, flags...)}
 			key := newKey("two")
 			const n = 100
