@@ -41,7 +41,9 @@
 //   - With Handle, a holder whose lease ended and was taken over by
 //     another delivery (a higher fence) cannot finish or fail the record
 //     (ErrFenced), and its handler's context is cancelled with cause
-//     ErrLeaseLost when a renewal is refused.
+//     ErrLeaseLost when a renewal is refused, or when no renewal
+//     confirmed the lease before it may have ended (a renewal that fails
+//     or times out is retried soon after, within what remains of it).
 //   - A message without an ID gets one derived from the fields
 //     Config.DeriveFrom names (DeriveID); without it, or when one of
 //     those fields is empty, the message is Dead with ErrNoID and no

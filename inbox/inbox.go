@@ -56,8 +56,9 @@ var (
 	// implement TxStore.
 	ErrTxUnsupported = errors.New("inbox: the store cannot claim inside an SQL transaction")
 	// ErrLeaseLost is the cause of a Handle handler's context when the
-	// store refused to extend the lease: another delivery took the
-	// message over, and the handler's work will be refused by the fence.
+	// store refused to extend the lease (another delivery took the
+	// message over, and the handler's work will be refused by the fence),
+	// or no renewal confirmed the lease before it may have ended.
 	ErrLeaseLost = errors.New("inbox: lease lost")
 )
 
@@ -149,7 +150,9 @@ type Config struct {
 	MaxAttempts int
 	// Lease bounds how long a claim holds a message before another
 	// delivery may take it over. Handle extends it every third of it
-	// while the handler runs. Default DefaultLease (30 s).
+	// while the handler runs, and retries an extension that failed or
+	// timed out (each attempt is bounded by a third) soon after. Default
+	// DefaultLease (30 s).
 	Lease time.Duration
 	// Backoff is the delay before the redelivery of a message whose
 	// attempt-th attempt failed. Default: 1 s doubled per attempt, at
@@ -402,9 +405,14 @@ func (in *Inbox) fail(ctx context.Context, id string, c Claim, herr error) (Outc
 // ID (the idempotency key of its downstream call), and then Finish marks
 // the record succeeded — only if the fence still holds it.
 //
-// While h runs, Handle extends the lease every third of Config.Lease; if
-// the store refuses (another delivery took the message over after the
-// lease ended), h's context is cancelled with cause ErrLeaseLost. A
+// While h runs, Handle extends the lease every third of Config.Lease
+// (each attempt bounded by a third of it; one that fails or times out is
+// retried soon after, with a backoff); if the store refuses (another
+// delivery took the message over after the lease ended), h's context is
+// cancelled with cause ErrLeaseLost, and so it is, at the latest, when
+// the lease last confirmed may have ended (counted on the local clock
+// from just before the call that confirmed it was sent), whether or not a
+// renewal still waits for its answer. A
 // process that dies during h leaves the record processing until its
 // lease ends; the redelivery then takes it over with a higher fence (and
 // an attempt more), and the old holder's Finish is refused (ErrFenced).
@@ -439,6 +447,7 @@ func (in *Inbox) handle(ctx context.Context, m Message, h Handler) (Outcome, err
 		return *bad, nil
 	}
 	g := in.cfg.Group
+	sent := time.Now() // the store counts the lease from no earlier than this
 	c, err := in.store.Claim(ctx, g, id, in.cfg.Lease, in.cfg.MaxAttempts)
 	if err != nil {
 		return storeFailed(id, fmt.Errorf("inbox: claim: %w", err))
@@ -450,27 +459,14 @@ func (in *Inbox) handle(ctx context.Context, m Message, h Handler) (Outcome, err
 	d.ID = id
 
 	hctx, cancel := context.WithCancelCause(ctx)
-	stop := make(chan struct{})
+	wctx, stop := context.WithCancel(hctx)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		t := time.NewTicker(in.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				err := in.store.Extend(hctx, g, id, c.Fence, in.cfg.Lease)
-				if errors.Is(err, ErrFenced) {
-					cancel(ErrLeaseLost)
-					return
-				}
-			}
-		}
+		in.watch(wctx, cancel, g, id, c.Fence, sent)
 	}()
 	herr := call(hctx, func(ctx context.Context) error { return h(ctx, d) })
-	close(stop)
+	stop() // cancels a renewal in flight: the handler's outcome waits for none
 	<-watched
 	cancel(nil)
 
@@ -490,6 +486,70 @@ func (in *Inbox) handle(ctx context.Context, m Message, h Handler) (Outcome, err
 		return o, err
 	}
 	return Outcome{Result: Processed, ID: id, Attempt: c.Attempts, Fence: c.Fence}, nil
+}
+
+// watch renews the lease of the claim of (g, id) with fence, sent at
+// sent, until ctx ends. It cancels the handler's context with
+// ErrLeaseLost (lost) when the store refuses a renewal, and at the latest
+// when the lease last confirmed may have ended, counted on the local
+// clock from just before the call that confirmed it was sent: a renewal
+// still waiting for its answer then does not keep the handler going, and
+// an answer that comes after it does not revive the claim. A renewal is
+// sent every third of the lease; each attempt is bounded by a third of
+// the lease and by the end of the lease last confirmed, and one that
+// fails or times out is retried soon after: a thirtieth of the lease,
+// doubled after each further failure in a row, at most a third. Were the
+// next attempt a third later, a renewal that failed twice, or one that
+// hung for a third, left the lease to end with the handler still running,
+// and another delivery took the message over.
+func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id string, fence int64, sent time.Time) {
+	lease := in.cfg.Lease
+	validUntil := sent.Add(lease)
+	expiry := time.AfterFunc(time.Until(validUntil), func() { lost(ErrLeaseLost) })
+	defer expiry.Stop()
+	t := time.NewTimer(max(min(lease/3, time.Until(validUntil)), 0))
+	defer t.Stop()
+	var retry time.Duration
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		if !now.Before(validUntil) {
+			lost(ErrLeaseLost)
+			return
+		}
+		deadline := now.Add(lease / 3)
+		if validUntil.Before(deadline) {
+			deadline = validUntil
+		}
+		actx, cancel := context.WithDeadline(ctx, deadline)
+		sent := time.Now()
+		err := in.store.Extend(actx, g, id, fence, lease)
+		cancel()
+		now = time.Now()
+		switch {
+		case errors.Is(err, ErrFenced), !now.Before(validUntil):
+			lost(ErrLeaseLost)
+			return
+		case err != nil:
+			if retry == 0 {
+				retry = max(lease/30, time.Millisecond)
+			} else {
+				retry = min(2*retry, lease/3)
+			}
+			t.Reset(min(retry, validUntil.Sub(now)))
+		default:
+			validUntil = sent.Add(lease)
+			if !expiry.Reset(validUntil.Sub(now)) {
+				return // it fired: the handler's context is cancelled
+			}
+			retry = 0
+			t.Reset(min(lease/3, validUntil.Sub(now)))
+		}
+	}
 }
 
 // start reports the handling of m to obs.

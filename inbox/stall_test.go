@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,5 +61,63 @@ func TestHandleStalledStoreEnds(t *testing.T) {
 				t.Fatal("Handle did not return within 10 s of its context's end while the store stalled")
 			}
 		})
+	}
+}
+
+// deafExtend is a store whose renewals ignore their context and answer
+// only once released: a driver that does not honour contexts, on a
+// connection that stalls.
+type deafExtend struct {
+	*inbox.MemoryStore
+	release chan struct{}
+	calls   *atomic.Int64
+}
+
+func (s deafExtend) Extend(ctx context.Context, group, id string, fence int64, lease time.Duration) error {
+	s.calls.Add(1)
+	<-s.release
+	return s.MemoryStore.Extend(ctx, group, id, fence, lease)
+}
+
+// TestHandleLeaseEndsWithRenewalUnanswered: a renewal that never answers
+// must not keep the handler going past its lease: the handler's context
+// is cancelled with ErrLeaseLost while the renewal still waits, and
+// another delivery may then take the message over. The watchdog waited
+// for the answer, so the handler ran on, unwarned, beside the delivery
+// that took its message over.
+func TestHandleLeaseEndsWithRenewalUnanswered(t *testing.T) {
+	t.Parallel()
+	s := deafExtend{MemoryStore: inbox.NewMemoryStore(), release: make(chan struct{}), calls: new(atomic.Int64)}
+	in, err := inbox.New(s, &inbox.Config{Group: "g", Lease: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cause error
+	var callsThen int64
+	var taken bool
+	o, err := in.Handle(t.Context(), inbox.Message{ID: "m"}, func(ctx context.Context, d inbox.Delivery) error {
+		select {
+		case <-ctx.Done():
+			cause, callsThen = context.Cause(ctx), s.calls.Load()
+			for deadline := time.Now().Add(5 * time.Second); !taken && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				c, err := s.Claim(t.Context(), "g", "m", time.Hour, 5)
+				taken = err == nil && c.Claimed
+			}
+		case <-time.After(10 * time.Second):
+		}
+		close(s.release) // the renewal answers at last
+		return ctx.Err()
+	})
+	if !errors.Is(cause, inbox.ErrLeaseLost) || callsThen != 1 {
+		t.Fatalf("handler's context ended with %v after %d renewals; want ErrLeaseLost while the first one waited", cause, callsThen)
+	}
+	if !taken {
+		t.Fatal("another delivery could not take the message over once the handler's lease was lost")
+	}
+	if !errors.Is(err, inbox.ErrFenced) || o.Result != inbox.Retry {
+		t.Fatalf("Handle = %+v, %v; want Retry, ErrFenced", o, err)
+	}
+	if r, _ := s.Get(t.Context(), "g", "m"); r.Status != inbox.StatusProcessing || r.Fence != 2 {
+		t.Fatalf("record %+v, want the new holder's", r)
 	}
 }

@@ -429,6 +429,8 @@ var cases = []testCase{
 			h.Fatalf("the waiting Claim = %+v, want succeeded, not claimed", c)
 		}
 	}},
+	{name: "HandleRetriesFailedExtend", run: testHandleRenewsAfterBadExtend(false, 2)},
+	{name: "HandleRetriesHungExtend", run: testHandleRenewsAfterBadExtend(true, 1)},
 	{name: "Sweep", serial: true, run: testSweep},
 	{name: "SweptHolderIsFenced", serial: true, run: testSweptHolder},
 }
