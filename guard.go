@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/keyhash"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Defaults of GuardConfig.
@@ -487,24 +488,6 @@ func (e *Execution) nextWake(now time.Time) time.Duration {
 	return max(d, 0)
 }
 
-// retryAfter is how long the watchdog waits after a failed renewal: a
-// thirtieth of the lease (at least a millisecond), doubled after each
-// further failure in a row, at most a third (nextWake bounds it by the
-// lease's end). A renewal that timed out used up a third of the lease: a
-// retry a third later would come at the lease's end, too late to save
-// it, so one slow round trip lost a lease of which a third remained. The
-// backoff keeps a store that fails at once from being called in a tight
-// loop. e.mu held.
-func (e *Execution) retryAfter() time.Duration {
-	ttl := e.g.cfg.Lease
-	if e.retryIn == 0 {
-		e.retryIn = max(ttl/30, time.Millisecond)
-	} else {
-		e.retryIn = min(2*e.retryIn, ttl/3)
-	}
-	return e.retryIn
-}
-
 // expiresIn is how long until the context must be cancelled: the end of
 // the lease last confirmed, or of the maximum execution time. e.mu held.
 func (e *Execution) expiresIn(now time.Time) time.Duration {
@@ -608,7 +591,7 @@ func (e *Execution) resume() error {
 // again), it renews the lease: the Extend is bounded by a third of the
 // lease and by the end of the lease last confirmed, and the timer is set
 // to that end meanwhile. The renewal's answer schedules the next one (a
-// third later, or soon after a failure: retryAfter), or ends the
+// third later, or soon after a failure: retry.After), or ends the
 // watchdog when the store says the lease is lost or the answer came
 // after the lease had ended.
 func (e *Execution) tick() {
@@ -670,7 +653,8 @@ func (e *Execution) tick() {
 	case cause != nil:
 		e.endWatch()
 	case err != nil:
-		e.wake(now, min(e.retryAfter(), e.nextWake(now)))
+		e.retryIn = retry.After(e.retryIn, e.g.cfg.Lease)
+		e.wake(now, min(e.retryIn, e.nextWake(now)))
 	default:
 		e.retryIn = 0
 		e.wake(now, e.nextWake(now))

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Limits and defaults.
@@ -509,7 +510,7 @@ func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id 
 	defer expiry.Stop()
 	t := time.NewTimer(max(min(lease/3, time.Until(validUntil)), 0))
 	defer t.Stop()
-	var retry time.Duration
+	var wait time.Duration // after the last renewal, if it failed
 	for {
 		select {
 		case <-ctx.Done():
@@ -535,18 +536,14 @@ func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id 
 			lost(ErrLeaseLost)
 			return
 		case err != nil:
-			if retry == 0 {
-				retry = max(lease/30, time.Millisecond)
-			} else {
-				retry = min(2*retry, lease/3)
-			}
-			t.Reset(min(retry, validUntil.Sub(now)))
+			wait = retry.After(wait, lease)
+			t.Reset(min(wait, validUntil.Sub(now)))
 		default:
 			validUntil = sent.Add(lease)
 			if !expiry.Reset(validUntil.Sub(now)) {
 				return // it fired: the handler's context is cancelled
 			}
-			retry = 0
+			wait = 0
 			t.Reset(min(lease/3, validUntil.Sub(now)))
 		}
 	}

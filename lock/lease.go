@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Lease is a held lock: its name, owner token and fence, and a watchdog
@@ -186,22 +187,6 @@ func (e *Lease) nextWake(now time.Time) time.Duration {
 	return max(min(e.lk.cfg.TTL/3, e.validUntil.Sub(now)), 0)
 }
 
-// retryAfter is how long the watchdog waits after a failed renewal: a
-// thirtieth of the TTL (at least a millisecond), doubled after each
-// further failure in a row, at most a third (nextWake bounds it by the
-// lease's end). A renewal that timed out used up a third of the lease,
-// and a retry a third later would come at its end, too late to save it.
-// mu held.
-func (e *Lease) retryAfter() time.Duration {
-	ttl := e.lk.cfg.TTL
-	if e.retryIn == 0 {
-		e.retryIn = max(ttl/30, time.Millisecond)
-	} else {
-		e.retryIn = min(2*e.retryIn, ttl/3)
-	}
-	return e.retryIn
-}
-
 // wake sets the timer to fire after d. mu held.
 func (e *Lease) wake(now time.Time, d time.Duration) {
 	e.wakeAt = now.Add(d)
@@ -353,7 +338,8 @@ func (e *Lease) tick() {
 	case e.final:
 		e.wake(now, e.validUntil.Sub(now))
 	case err != nil:
-		e.wake(now, min(e.retryAfter(), e.nextWake(now)))
+		e.retryIn = retry.After(e.retryIn, e.lk.cfg.TTL)
+		e.wake(now, min(e.retryIn, e.nextWake(now)))
 	default:
 		e.retryIn = 0
 		e.wake(now, e.nextWake(now))
