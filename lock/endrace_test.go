@@ -46,10 +46,7 @@ func TestLeaseOverWhileItsEndIsReported(t *testing.T) {
 	}
 	logs := &blockingHandler{reached: make(chan struct{}), release: make(chan struct{})}
 	l := newLocker(t, h, lock.Config{TTL: ttl, Logger: slog.New(logs)})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	select {

@@ -104,14 +104,21 @@ func waitDone(t *testing.T, l *lock.Lease) {
 	}
 }
 
-// heldToEnd takes the lock "job" and waits until the lease ends, with
-// want as its Err.
-func heldToEnd(t *testing.T, l *lock.Locker, want error) {
+// takeJob takes the lock "job", or fails t.
+func takeJob(t *testing.T, l *lock.Locker) *lock.Lease {
 	t.Helper()
 	lease, err := l.TryAcquire(t.Context(), "job")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return lease
+}
+
+// heldToEnd takes the lock "job" and waits until the lease ends, with
+// want as its Err.
+func heldToEnd(t *testing.T, l *lock.Locker, want error) {
+	t.Helper()
+	lease := takeJob(t, l)
 	waitDone(t, lease)
 	if err := lease.Err(); !errors.Is(err, want) {
 		t.Fatalf("Err = %v, want %v", err, want)
@@ -126,10 +133,7 @@ func TestWatchdogRenews(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	h := newHook()
 	l := newLocker(t, h, lock.Config{TTL: ttl})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	const hold = 4 * ttl
 	end := time.Now().Add(hold)
 	for time.Now().Before(end) {
@@ -177,10 +181,7 @@ func TestWatchdogHangingExtend(t *testing.T) {
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl})
 	t0 := time.Now()
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	backendEnd := h.acquired.Load().Add(ttl) // the memory lease ends by then
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
@@ -225,10 +226,7 @@ func TestWatchdogRefused(t *testing.T) {
 	h := newHook()
 	h.extend = func(context.Context, int) (error, bool) { return lock.ErrNotHeld, true }
 	l := newLocker(t, h, lock.Config{TTL: 30 * time.Second})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	// Make the refusal real: another owner takes the lock.
@@ -262,10 +260,7 @@ func TestWatchdogTransientError(t *testing.T) {
 		return nil, false
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	time.Sleep(2 * ttl)
 	if err := lease.Err(); err != nil {
 		t.Fatalf("lease ended: %v", err)
@@ -290,10 +285,7 @@ func TestMaxHold(t *testing.T) {
 	h := newHook()
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
 	t0 := time.Now()
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	waitDone(t, lease)
@@ -438,10 +430,7 @@ func TestAcquireAnsweredTooLate(t *testing.T) {
 func TestReleaseTwice(t *testing.T) {
 	t.Parallel()
 	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	if err := lease.Release(t.Context()); err != nil {
@@ -462,10 +451,7 @@ func TestReleaseTwice(t *testing.T) {
 func TestContextCancelFunc(t *testing.T) {
 	t.Parallel()
 	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	a, cancelA := lease.Context(t.Context())
 	b, cancelB := lease.Context(t.Context())
 	defer cancelB()
@@ -632,10 +618,7 @@ func TestMaxHoldShortenedRenewalRefused(t *testing.T) {
 	h := newHook()
 	h.extend = func(context.Context, int) (error, bool) { return lock.ErrNotHeld, true }
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	waitDone(t, lease)
@@ -669,10 +652,7 @@ func TestMaxHoldShortenedRenewalAnsweredAfterRelease(t *testing.T) {
 		return nil, true // answered as if the backend had renewed it
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	select {
@@ -710,10 +690,7 @@ func TestMaxHoldEqualsTTL(t *testing.T) {
 	h := newHook()
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: ttl})
 	t0 := time.Now()
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	waitDone(t, lease)
 	if el := time.Since(t0); el < ttl {
 		t.Errorf("the lease ended %v after the acquisition was sent, before its TTL %v", el, ttl)
@@ -742,10 +719,7 @@ func TestWatchdogRetriesTimedOutRenewal(t *testing.T) {
 		return ctx.Err(), true
 	}
 	l := newLocker(t, h, lock.Config{TTL: ttl})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	time.Sleep(3 * ttl)
 	if err := lease.Err(); err != nil {
 		t.Fatalf("lease ended after one renewal timed out: %v", err)

@@ -17,10 +17,7 @@ import (
 // ran out before it.) Not parallel: it moves the package's wall clock.
 func TestSuspendedPastTheLease(t *testing.T) {
 	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour, MaxHold: 3 * time.Hour})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	defer lease.Release(t.Context())
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
@@ -41,10 +38,7 @@ func TestSuspendedPastTheLease(t *testing.T) {
 // A suspend shorter than what remains of the lease changes nothing.
 func TestSuspendedWithinTheLease(t *testing.T) {
 	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	undo := lock.SuspendFor(10 * time.Minute)
 	defer undo()
 	if err := lease.Err(); err != nil {
@@ -67,10 +61,7 @@ func TestMaxHoldCountsSuspend(t *testing.T) {
 	const ttl, maxHold, suspend = 1200 * time.Millisecond, 2 * time.Second, 300 * time.Millisecond
 	h := newHook()
 	l := newLocker(t, h, lock.Config{TTL: ttl, MaxHold: maxHold})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	// The acquisition was sent before this: the maximum hold ends, on the
 	// wall clock, no later than acquired + maxHold.
 	acquired := time.Now()
@@ -102,10 +93,7 @@ func TestMaxHoldCountsSuspend(t *testing.T) {
 // it moves the package's wall clock.
 func TestMaxHoldReachedWhileSuspended(t *testing.T) {
 	l := newLocker(t, lock.NewMemoryBackend(), lock.Config{TTL: time.Hour, MaxHold: time.Hour})
-	lease, err := l.TryAcquire(t.Context(), "job")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease := takeJob(t, l)
 	ctx, cancel := lease.Context(t.Context())
 	defer cancel()
 	undo := lock.SuspendFor(2 * time.Hour)
