@@ -498,11 +498,7 @@ func (in *Inbox) handle(ctx context.Context, m Message, h Handler) (Outcome, err
 // an answer that comes after it does not revive the claim. A renewal is
 // sent every third of the lease; each attempt is bounded by a third of
 // the lease and by the end of the lease last confirmed, and one that
-// fails or times out is retried soon after: a thirtieth of the lease,
-// doubled after each further failure in a row, at most a third. Were the
-// next attempt a third later, a renewal that failed twice, or one that
-// hung for a third, left the lease to end with the handler still running,
-// and another delivery took the message over.
+// fails or times out is retried after retry.After.
 func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id string, fence int64, sent time.Time) {
 	lease := in.cfg.Lease
 	validUntil := sent.Add(lease)
@@ -527,7 +523,7 @@ func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id 
 			deadline = validUntil
 		}
 		actx, cancel := context.WithDeadline(ctx, deadline)
-		sent := time.Now()
+		asked := time.Now()
 		err := in.store.Extend(actx, g, id, fence, lease)
 		cancel()
 		now = time.Now()
@@ -539,7 +535,7 @@ func (in *Inbox) watch(ctx context.Context, lost context.CancelCauseFunc, g, id 
 			wait = retry.After(wait, lease)
 			t.Reset(min(wait, validUntil.Sub(now)))
 		default:
-			validUntil = sent.Add(lease)
+			validUntil = asked.Add(lease)
 			if !expiry.Reset(validUntil.Sub(now)) {
 				return // it fired: the handler's context is cancelled
 			}

@@ -25,6 +25,7 @@ type extendCall struct {
 	ttl      time.Duration
 	deadline time.Time // the call's context deadline
 	err      error
+	done     time.Time // when the call returned
 }
 
 // hookBackend is a MemoryBackend whose calls are recorded and may be
@@ -75,7 +76,7 @@ func (h *hookBackend) Extend(ctx context.Context, name, owner string, fence int6
 		err = h.MemoryBackend.Extend(ctx, name, owner, fence, ttl)
 	}
 	h.mu.Lock()
-	h.extends[n].err = err
+	h.extends[n].err, h.extends[n].done = err, time.Now()
 	h.mu.Unlock()
 	return err
 }
@@ -247,32 +248,58 @@ func TestWatchdogRefused(t *testing.T) {
 	}
 }
 
-// A renewal that fails (the backend unreachable) is retried a third of
-// the TTL later; the lease survives if that one succeeds.
+// A renewal that fails (the backend unreachable) or times out (slower
+// than a third of the TTL) is retried soon after, within the third of
+// the lease that remains: the lease survives, held for several TTLs. A
+// retry a third later, as after a success, came at the lease's end and
+// lost it.
 func TestWatchdogTransientError(t *testing.T) {
-	t.Parallel()
-	const ttl = 900 * time.Millisecond
-	h := newHook()
-	h.extend = func(_ context.Context, n int) (error, bool) {
-		if n == 0 {
-			return errors.New("connection reset"), true
-		}
-		return nil, false
-	}
-	l := newLocker(t, h, lock.Config{TTL: ttl})
-	lease := takeJob(t, l)
-	time.Sleep(2 * ttl)
-	if err := lease.Err(); err != nil {
-		t.Fatalf("lease ended: %v", err)
-	}
-	calls := h.calls()
-	if len(calls) < 3 || calls[0].err == nil || calls[1].err != nil {
-		t.Fatalf("renewals %+v: want a failure, then successes", calls)
-	}
-	if err := lease.Release(t.Context()); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name    string
+		hang    bool // the first renewal waits for its deadline
+		wantErr error
+	}{{"fails", false, errReset}, {"times out", true, context.DeadlineExceeded}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			const ttl = 600 * time.Millisecond
+			h := newHook()
+			h.extend = func(ctx context.Context, n int) (error, bool) {
+				switch {
+				case n > 0:
+					return nil, false
+				case c.hang:
+					<-ctx.Done()
+					return ctx.Err(), true
+				}
+				return errReset, true
+			}
+			l := newLocker(t, h, lock.Config{TTL: ttl})
+			lease := takeJob(t, l)
+			time.Sleep(3 * ttl)
+			if err := lease.Err(); err != nil {
+				t.Fatalf("lease ended after one renewal went wrong: %v", err)
+			}
+			if _, err := l.TryAcquire(t.Context(), "job"); !errors.Is(err, lock.ErrHeld) {
+				t.Fatalf("TryAcquire by another = %v, want ErrHeld", err)
+			}
+			if err := lease.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			calls := h.calls()
+			if len(calls) < 3 || !errors.Is(calls[0].err, c.wantErr) || calls[1].err != nil {
+				t.Fatalf("renewals %+v: want %v, then successes", calls, c.wantErr)
+			}
+			// The retry came right after the failure (a thirtieth of the
+			// TTL), not a third of the TTL later.
+			if gap := calls[1].at.Sub(calls[0].done); gap >= ttl/3 {
+				t.Errorf("retry %v after the failed renewal returned; want well under a third of the TTL", gap)
+			}
+		})
 	}
 }
+
+// errReset is a backend's transient failure.
+var errReset = errors.New("connection reset")
 
 // MaxHold: the watchdog renews no further than the maximum hold, then
 // the lease runs out with ErrMaxHold and the lock is free.
@@ -700,44 +727,6 @@ func TestMaxHoldEqualsTTL(t *testing.T) {
 	}
 	if n := len(h.calls()); n != 0 {
 		t.Fatalf("%d renewals, want none", n)
-	}
-}
-
-// A renewal that times out (a backend slower than a third of the TTL,
-// once) is retried at once, within the third of the lease that
-// remains: the lease survives, held for several TTLs. A retry a third
-// later, as after a success, came at the lease's end and lost it.
-func TestWatchdogRetriesTimedOutRenewal(t *testing.T) {
-	t.Parallel()
-	const ttl = 600 * time.Millisecond
-	h := newHook()
-	h.extend = func(ctx context.Context, n int) (error, bool) {
-		if n > 0 {
-			return nil, false
-		}
-		<-ctx.Done() // the first renewal: slower than its deadline
-		return ctx.Err(), true
-	}
-	l := newLocker(t, h, lock.Config{TTL: ttl})
-	lease := takeJob(t, l)
-	time.Sleep(3 * ttl)
-	if err := lease.Err(); err != nil {
-		t.Fatalf("lease ended after one renewal timed out: %v", err)
-	}
-	if _, err := l.TryAcquire(t.Context(), "job"); !errors.Is(err, lock.ErrHeld) {
-		t.Fatalf("TryAcquire by another = %v, want ErrHeld", err)
-	}
-	if err := lease.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	calls := h.calls()
-	if len(calls) < 3 || !errors.Is(calls[0].err, context.DeadlineExceeded) || calls[1].err != nil {
-		t.Fatalf("renewals %+v; want a timeout, then successes", calls)
-	}
-	// The retry came right after the timeout (a thirtieth of the TTL),
-	// not a third of the TTL later.
-	if gap := calls[1].at.Sub(calls[0].deadline); gap >= ttl/3 {
-		t.Errorf("retry %v after the timed-out renewal's deadline; want well under a third of the TTL", gap)
 	}
 }
 
