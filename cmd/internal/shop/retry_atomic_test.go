@@ -56,11 +56,9 @@ func testRetryEventFailsWhole(t *testing.T, b backend) {
 		if pay.Code != http.StatusOK {
 			t.Fatalf("callback: %d %s", pay.Code, pay.Body)
 		}
-		var row int64
-		if err := db.QueryRowContext(ctx, q(`SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?`), o.OrderNo).Scan(&row); err != nil {
+		if err := db.QueryRowContext(ctx, q(`SELECT msg_id FROM idem_outbox WHERE id = (SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?)`), o.OrderNo).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
-		id = shop.DefaultEventIDPrefix + fmt.Sprint(row)
 		c, err := in.Claim(ctx, shop.LoyaltyGroup, id, time.Minute, 1)
 		if err != nil || !c.Claimed {
 			t.Fatal(c, err)
