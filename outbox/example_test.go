@@ -58,3 +58,12 @@ func ExampleMemoryStore_Begin() {
 	_ = b.Release(ctx)
 	// Output: 0 pending
 }
+
+// A store makes a message's ID with NewID when the message is added: a
+// readable prefix, then 26 characters (the time in milliseconds and 80
+// random bits), unique across stores and databases.
+func ExampleNewID() {
+	id := outbox.NewID("shop-eu/")
+	fmt.Println(id[:len("shop-eu/")], len(id)-len("shop-eu/") == outbox.IDLen, id != outbox.NewID("shop-eu/"))
+	// Output: shop-eu/ true true
+}
