@@ -92,7 +92,10 @@
 //     no particular order.
 //   - Uniqueness of the IDs of rows added by a build before the stored
 //     ID (the prefix and the row's id) across databases, or across a
-//     change of the prefix while they are pending.
+//     change of the prefix while they are pending; nor one ID for a
+//     message that a relay of such a build, still running in a rolling
+//     upgrade, publishes too (it publishes every row as the prefix and
+//     the row's id).
 //   - A message refused by the publisher forever (a poison message) holds
 //     its key back forever; the relay logs each failure.
 package outbox

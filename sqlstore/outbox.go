@@ -208,9 +208,8 @@ func (s *OutboxStore) fail(ctx context.Context, op string, err error) error {
 // Add writes msg, pending, in the caller's transaction tx, and returns
 // its ID: OutboxConfig.IDPrefix and outbox.NewID, made here (no round
 // trip but the insert) and written in the row, which keeps it for every
-// publish. The message exists if
-// and only if tx commits; on PostgreSQL the commit wakes the listening
-// relays. msg.ID and msg.CreatedAt are ignored; an invalid message
+// publish. The message exists if and only if tx commits; on PostgreSQL
+// the commit wakes the listening relays. msg.ID and msg.CreatedAt are ignored; an invalid message
 // (outbox.Message.Validate) is refused before any statement. tx may
 // belong to another *sql.DB on the same database.
 func (s *OutboxStore) Add(ctx context.Context, tx *sql.Tx, msg outbox.Message) (string, error) {
