@@ -157,7 +157,8 @@ func TestOutboxToInbox(t *testing.T) {
 	store := outbox.NewMemoryStore("m-")
 	msg := outbox.Message{Topic: "order.paid", Key: "order-1"}
 	msg.Headers = idemotel.Inject(pctx, msg.Headers)
-	if _, err := store.Add(pctx, msg); err != nil {
+	id, err := store.Add(pctx, msg)
+	if err != nil {
 		t.Fatal(err)
 	}
 	producer.End()
@@ -204,7 +205,7 @@ func TestOutboxToInbox(t *testing.T) {
 	if pub.SpanKind() != trace.SpanKindProducer || attr(pub, idemotel.AttrN) != "1" || attr(pub, idemotel.AttrRoute) != "orders" {
 		t.Fatalf("publish span %v %v", pub.SpanKind(), pub.Attributes())
 	}
-	noRawKey(t, spans, "m-1", "order-1")
+	noRawKey(t, spans, id, "order-1")
 }
 
 // TestLinkedWhenTheConsumerHasASpan: a consumer whose context has a span

@@ -9,11 +9,21 @@
 // sent those the broker confirmed. Sent messages are swept after a
 // retention.
 //
-// The message's ID is the outbox row's id (with the store's prefix). The
-// publisher sends it as the broker's message id (NATS Nats-Msg-Id, AMQP
-// message_id), so that a message published twice — a relay that died
-// after the broker's confirmation and before its mark — is dropped by the
-// broker's de-duplication window or by the consumer's inbox.
+// A message's ID is made when it is added — the store's prefix
+// (sqlstore's OutboxConfig.IDPrefix), then NewID's 26 characters: the
+// time in milliseconds and 80 random bits, a ULID — and stored with it
+// (sqlstore's idem_outbox.msg_id). The publisher sends it as the
+// broker's message id (NATS Nats-Msg-Id, AMQP message_id), so that a
+// message published twice — a relay that died after the broker's
+// confirmation and before its mark — is dropped by the broker's
+// de-duplication window or by the consumer's inbox. Both de-duplicate
+// across every producer they hear from, so an ID must never name two
+// messages: not the row's id, which a second database, a database
+// dropped and re-created or one restored from a backup gives again to
+// other messages; not anything the relay computes at a claim, which a
+// change of configuration between two publishes of one message (a
+// rolling deploy) would change. Rows added before sqlstore stored the
+// ID keep the one they were published with: the prefix and the row's id.
 //
 // A message's headers are the application's: Add refuses (see
 // Message.Validate) the names a broker or a publisher interprets — any
@@ -38,6 +48,11 @@
 //     until a relay publishes it.
 //   - Every pending message is published at least once, with the ID it
 //     got at Add, again and again until the publisher confirms it.
+//   - No two messages share an ID, across stores, databases and the life
+//     of one (re-created, restored from a backup), with the odds of 80
+//     random bits for IDs made in one millisecond: with the default
+//     settings, outboxes that publish into one stream need no prefix of
+//     their own for the broker or the inboxes to keep all their messages.
 //   - Messages of one non-empty key are published in the order they were
 //     added (the order of the rows' ids, which is the commit order of
 //     transactions that serialise on the business row they change), each
@@ -72,9 +87,15 @@
 //   - Throughput on one key: a claim takes one message per key, so a key
 //     moves one message per claim (a few milliseconds); many keys move in
 //     parallel, up to RelayConfig.BatchSize per claim.
-//   - IDs unique across databases: two outboxes that publish into one
-//     stream must have different ID prefixes (sqlstore's
-//     OutboxConfig.IDPrefix).
+//   - IDs that a consumer can order or count by: an ID's time part is
+//     the adding process's clock, and IDs made in one millisecond are in
+//     no particular order.
+//   - Uniqueness of the IDs of rows added by a build before the stored
+//     ID (the prefix and the row's id) across databases, or across a
+//     change of the prefix while they are pending; nor one ID for a
+//     message that a relay of such a build, still running in a rolling
+//     upgrade, publishes too (it publishes every row as the prefix and
+//     the row's id).
 //   - A message refused by the publisher forever (a poison message) holds
 //     its key back forever; the relay logs each failure.
 package outbox

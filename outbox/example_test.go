@@ -8,7 +8,9 @@ import (
 )
 
 // A relay moves the outbox's messages to a publisher, each key's in
-// order. Here the store is in memory and the publisher prints.
+// order. Here the store is in memory and the publisher prints. A
+// message's ID is the store's prefix and 26 characters made at Add
+// (outbox.NewID): published again, it carries the same ID.
 func ExampleRelay_Once() {
 	ctx := context.Background()
 	store := outbox.NewMemoryStore("shop-")
@@ -18,7 +20,7 @@ func ExampleRelay_Once() {
 		}
 	}
 	print := outbox.PublisherFunc(func(ctx context.Context, m outbox.Message) error {
-		fmt.Println("publish", m.ID, m.Topic, m.Key)
+		fmt.Println("publish", m.ID[:len("shop-")]+"…", m.Topic, m.Key)
 		return nil // confirmed: the relay marks it sent
 	})
 	relay, err := outbox.NewRelay(store, print, nil)
@@ -35,8 +37,8 @@ func ExampleRelay_Once() {
 		}
 	}
 	// Output:
-	// publish shop-1 order.paid order-1
-	// publish shop-2 order.refunded order-1
+	// publish shop-… order.paid order-1
+	// publish shop-… order.refunded order-1
 }
 
 // A message added in a transaction that rolls back is never published.
@@ -55,4 +57,13 @@ func ExampleMemoryStore_Begin() {
 	fmt.Println(len(b.Messages()), "pending")
 	_ = b.Release(ctx)
 	// Output: 0 pending
+}
+
+// A store makes a message's ID with NewID when the message is added: a
+// readable prefix, then 26 characters (the time in milliseconds and 80
+// random bits), unique across stores and databases.
+func ExampleNewID() {
+	id := outbox.NewID("shop-eu/")
+	fmt.Println(id[:len("shop-eu/")], len(id)-len("shop-eu/") == outbox.IDLen, id != outbox.NewID("shop-eu/"))
+	// Output: shop-eu/ true true
 }

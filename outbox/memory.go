@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 )
 
 // MemoryStore is a Store and a Notifier in one process's memory, for
 // tests and single-process programs without a database. It is safe for
-// concurrent use. Messages' IDs are the prefix given to NewMemoryStore
-// followed by 1, 2, 3 … in the order of Add.
+// concurrent use. A message's ID is NewID of the prefix given to
+// NewMemoryStore, made when it is added: two stores (or two runs of a
+// program) never give one ID to two messages.
 type MemoryStore struct {
 	mu        sync.Mutex
 	prefix    string
@@ -38,7 +38,7 @@ var (
 )
 
 // NewMemoryStore returns an empty MemoryStore whose message IDs start
-// with prefix.
+// with prefix (it may be empty).
 func NewMemoryStore(prefix string) *MemoryStore {
 	return &MemoryStore{prefix: prefix, listeners: map[int]func(){}}
 }
@@ -83,7 +83,7 @@ func (tx *MemoryTx) Add(ctx context.Context, msg Message) (string, error) {
 	s.next++
 	r := &memRow{id: s.next, msg: msg}
 	s.mu.Unlock()
-	r.msg.ID = s.prefix + strconv.FormatInt(r.id, 10)
+	r.msg.ID = NewID(s.prefix)
 	r.msg.Payload = slices.Clone(msg.Payload)
 	r.msg.Headers = maps.Clone(msg.Headers)
 	tx.rows = append(tx.rows, r)

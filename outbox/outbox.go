@@ -47,12 +47,16 @@ var (
 
 // Message is one event in the outbox.
 type Message struct {
-	// ID identifies the message: the store sets it from the outbox row's
-	// id (with the store's ID prefix) when it adds the message; Add
+	// ID identifies the message: the store sets it when it adds the
+	// message (the store's ID prefix and NewID's 26 characters of time
+	// and randomness) and keeps it with the message, so that every
+	// publish of it carries this ID whatever changed in between; Add
 	// ignores the field. Publishers send it as the broker's message id
 	// (NATS Nats-Msg-Id, AMQP message_id), so that a message published
 	// twice is recognised by the broker's de-duplication or by the
-	// consumer's inbox.
+	// consumer's inbox. It is unique across stores and databases, and
+	// across the life of one: a database re-created or restored from a
+	// backup gives its row ids again to other messages, never an ID.
 	ID string
 	// Topic is where the message goes: a subject, a routing key, an
 	// exchange; its meaning is the publisher's. Required.

@@ -65,10 +65,13 @@ func TestRelayOldRowWithCC(t *testing.T) {
 	b := newBroker(t, nil)
 	p := newPublisher(t, rabbitmq.PublisherConfig{URL: b.url})
 	s := outbox.NewMemoryStore("ob-")
+	var ids []string
 	for range 2 {
-		if _, err := s.Add(t.Context(), outbox.Message{Topic: b.queue, Key: "order-7", Headers: map[string]string{"event": "order.paid"}}); err != nil {
+		id, err := s.Add(t.Context(), outbox.Message{Topic: b.queue, Key: "order-7", Headers: map[string]string{"event": "order.paid"}})
+		if err != nil {
 			t.Fatal(err)
 		}
+		ids = append(ids, id)
 	}
 	r, err := outbox.NewRelay(outboxtest.WithHeaders(s, map[string]string{"CC": b.dlq}), p, nil)
 	if err != nil {
@@ -80,8 +83,8 @@ func TestRelayOldRowWithCC(t *testing.T) {
 		}
 	}
 	got := b.drain(t, b.queue)
-	if len(got) != 2 || got[0].MessageId != "ob-1" || got[1].MessageId != "ob-2" {
-		t.Fatalf("%d messages in the queue, want ob-1 and ob-2", len(got))
+	if len(got) != 2 || got[0].MessageId != ids[0] || got[1].MessageId != ids[1] {
+		t.Fatalf("%d messages in the queue, want %s and %s", len(got), ids[0], ids[1])
 	}
 	for _, d := range got {
 		if _, ok := d.Headers["CC"]; ok || d.Headers["event"] != "order.paid" {

@@ -62,7 +62,9 @@ func ExampleOutboxStore_Add() {
 
 	// The relay: a broker adapter is the Publisher; Run loops, Once is one pass.
 	publish := outbox.PublisherFunc(func(ctx context.Context, m outbox.Message) error {
-		fmt.Println("publish", m.Topic, "message id", m.ID)
+		// The ID: the prefix, then 26 characters of time and randomness
+		// made at Add (outbox.NewID), kept in the row for every publish.
+		fmt.Println("publish", m.Topic, "message id", m.ID[:len("shop-")]+"…", len(m.ID), "bytes")
 		return nil // confirmed by the broker: marked sent
 	})
 	relay, err := outbox.NewRelay(events, publish, nil)
@@ -72,5 +74,5 @@ func ExampleOutboxStore_Add() {
 	if _, err := relay.Once(ctx); err != nil {
 		log.Fatal(err)
 	}
-	// Output: publish order.paid message id shop-1
+	// Output: publish order.paid message id shop-… 31 bytes
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"strconv"
 	"time"
@@ -61,13 +60,19 @@ const DefaultOutboxLease = 30 * time.Second
 type OutboxConfig struct {
 	// Dialect is the database's dialect. Required.
 	Dialect Dialect
-	// IDPrefix starts every message ID; the rest is the row's id in
-	// decimal. It must be valid UTF-8 without control characters, and at
-	// most inbox.MaxIDLen - 19 bytes, so that every ID is one that
-	// package inbox accepts (inbox.Validate); NewOutboxStore refuses
-	// another. Default "": the ID is the row id alone, so two databases
-	// whose messages meet in one stream, or in one consumer's inbox,
-	// must set different prefixes (e.g. "shop-eu/").
+	// IDPrefix starts the ID of every message added from now on: a
+	// readable prefix (e.g. "shop-eu/") before outbox.NewID's 26
+	// characters, which make the ID unique across databases and across
+	// the life of one (a database re-created or restored from a backup
+	// reuses row ids, never these). Add writes the ID in the row
+	// (idem_outbox.msg_id) and every claim reads it back, so changing
+	// the prefix changes no pending message's ID. A row added by a build
+	// before that column (msg_id NULL) keeps the ID that build gave it:
+	// the prefix and the row's id in decimal. It must be valid UTF-8
+	// without control characters, and at most inbox.MaxIDLen - 26 bytes,
+	// so that every ID is one that package inbox accepts
+	// (inbox.Validate); NewOutboxStore refuses another. Default "": the
+	// ID is the generated part alone.
 	IDPrefix string
 	// Lease is how long a relay's claim lasts: the batch must be
 	// published and marked within it, or MarkSent answers
@@ -135,9 +140,11 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 	if c.Lease == 0 {
 		c.Lease = DefaultOutboxLease
 	}
-	// The longest ID (the largest row id) must be an ID every inbox
-	// takes: otherwise each message is dead-lettered by its consumers.
-	if err := inbox.Validate(c.IDPrefix + strconv.FormatInt(math.MaxInt64, 10)); c.IDPrefix != "" && err != nil {
+	// An ID (IDPrefix and outbox.IDLen characters, longer than any
+	// legacy one: IDPrefix and a row id of at most 19 digits) must be an
+	// ID every inbox takes: otherwise each message is dead-lettered by
+	// its consumers.
+	if err := inbox.Validate(outbox.NewID(c.IDPrefix)); err != nil {
 		return nil, fmt.Errorf("sqlstore: NewOutboxStore: IDPrefix %q: %w", c.IDPrefix, err)
 	}
 	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: newStmtCache(db, numOutboxQueries)}
@@ -199,9 +206,10 @@ func (s *OutboxStore) fail(ctx context.Context, op string, err error) error {
 }
 
 // Add writes msg, pending, in the caller's transaction tx, and returns
-// its ID (OutboxConfig.IDPrefix and the row's id). The message exists if
-// and only if tx commits; on PostgreSQL the commit wakes the listening
-// relays. msg.ID and msg.CreatedAt are ignored; an invalid message
+// its ID: OutboxConfig.IDPrefix and outbox.NewID, made here (no round
+// trip but the insert) and written in the row, which keeps it for every
+// publish. The message exists if and only if tx commits; on PostgreSQL
+// the commit wakes the listening relays. msg.ID and msg.CreatedAt are ignored; an invalid message
 // (outbox.Message.Validate) is refused before any statement. tx may
 // belong to another *sql.DB on the same database.
 func (s *OutboxStore) Add(ctx context.Context, tx *sql.Tx, msg outbox.Message) (string, error) {
@@ -223,35 +231,29 @@ func (s *OutboxStore) Add(ctx context.Context, tx *sql.Tx, msg outbox.Message) (
 		}
 		v.headers = string(h)
 	}
+	id := outbox.NewID(s.cfg.IDPrefix)
+	v.messageID = id
 	args := s.st.insert.args(&v)
-	_, mysql := s.d.(mysqlDialect)
-	var id int64
 	err := s.cache.run(ctx, tx, outboxInsert, s.st.insert.text, func(st *sql.Stmt) (err error) {
-		switch {
-		case mysql:
-			var res sql.Result
-			if st != nil {
-				res, err = st.ExecContext(ctx, args...)
-			} else {
-				res, err = tx.ExecContext(ctx, s.st.insert.text, args...)
-			}
-			if err == nil {
-				id, err = res.LastInsertId()
-			}
-			return err
-		case st != nil:
-			return st.QueryRowContext(ctx, args...).Scan(&id)
-		default:
-			return tx.QueryRowContext(ctx, s.st.insert.text, args...).Scan(&id)
+		if st != nil {
+			_, err = st.ExecContext(ctx, args...)
+		} else {
+			_, err = tx.ExecContext(ctx, s.st.insert.text, args...)
 		}
+		return err
 	})
 	if err != nil {
 		return "", s.fail(ctx, op, err)
 	}
-	return s.id(id), nil
+	return id, nil
 }
 
-func (s *OutboxStore) id(row int64) string { return s.cfg.IDPrefix + strconv.FormatInt(row, 10) }
+// legacyID is the ID of a row added before migration msg_id (an older
+// build), whose msg_id is NULL: the prefix and the row's id, as that
+// build published it.
+func (s *OutboxStore) legacyID(row int64) string {
+	return s.cfg.IDPrefix + strconv.FormatInt(row, 10)
+}
 
 // Claim implements outbox.Store; see OutboxStore for how a batch holds
 // its messages. A deadlock (MySQL) is retried.
@@ -364,9 +366,10 @@ func (s *OutboxStore) read(ctx context.Context, tx *sql.Tx, b *outboxBatch, limi
 		var (
 			id, created int64
 			m           outbox.Message
+			msgID       sql.NullString
 			headers     sql.NullString
 		)
-		if err := rows.Scan(&id, &m.Topic, &m.Key, &m.Payload, &headers, &created); err != nil {
+		if err := rows.Scan(&id, &msgID, &m.Topic, &m.Key, &m.Payload, &headers, &created); err != nil {
 			return err
 		}
 		if headers.Valid && headers.String != "" {
@@ -377,7 +380,10 @@ func (s *OutboxStore) read(ctx context.Context, tx *sql.Tx, b *outboxBatch, limi
 		if len(m.Payload) == 0 {
 			m.Payload = nil
 		}
-		m.ID = s.id(id)
+		m.ID = msgID.String
+		if !msgID.Valid {
+			m.ID = s.legacyID(id)
+		}
 		m.CreatedAt = fromMS(created)
 		b.msgs = append(b.msgs, m)
 		b.rows[m.ID] = id
@@ -546,7 +552,7 @@ func (b *outboxBatch) mark(ctx context.Context, tx *sql.Tx, rowIDs []int64) erro
 				return outbox.ErrLeaseLost
 			}
 			// The row is locked by this batch: it cannot have changed.
-			return fmt.Errorf("message %s: %d rows marked", s.id(id), n)
+			return fmt.Errorf("outbox row %d: %d rows marked", id, n)
 		}
 	}
 	return nil

@@ -79,25 +79,34 @@ func TestOutboxConformance(t *testing.T) {
 	forDialects(t, func(t *testing.T, srv server) {
 		outboxtest.Run(t, func(t *testing.T) outboxtest.Harness {
 			db, _ := outboxDB(t, srv)
-			s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: srv.dialect, IDPrefix: "db1/"})
+			h := sqlHarness(t, db, srv.dialect, "db1/")
 			// On PostgreSQL the relay listens (package pgnotify): the
 			// suite's NotifierWakesRelay checks it wakes at once.
-			var store outbox.Store = s
 			if srv.dialect == sqlstore.PostgreSQL {
-				store = pgnotify.Outbox(s, db)
+				h.Store = pgnotify.Outbox(h.Store.(*sqlstore.OutboxStore), db)
 			}
-			return outboxtest.Harness{
-				Store: store,
-				Add: func(ctx context.Context, msgs ...outbox.Message) ([]string, error) {
-					return addTx(ctx, db, s, false, msgs...)
-				},
-				AddRollback: func(ctx context.Context, msgs ...outbox.Message) error {
-					_, err := addTx(ctx, db, s, true, msgs...)
-					return err
-				},
-			}
+			return h
 		}, outboxtest.Caps{ExclusiveClaims: srv.dialect == sqlstore.SQLite})
 	})
+}
+
+// sqlHarness is the suite's harness over an OutboxStore on db with
+// prefix; Reopen makes another store on db.
+func sqlHarness(t *testing.T, db *sql.DB, d sqlstore.Dialect, prefix string) outboxtest.Harness {
+	s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: d, IDPrefix: prefix})
+	return outboxtest.Harness{
+		Store: s,
+		Add: func(ctx context.Context, msgs ...outbox.Message) ([]string, error) {
+			return addTx(ctx, db, s, false, msgs...)
+		},
+		AddRollback: func(ctx context.Context, msgs ...outbox.Message) error {
+			_, err := addTx(ctx, db, s, true, msgs...)
+			return err
+		},
+		Reopen: func(t *testing.T, prefix string) outboxtest.Harness {
+			return sqlHarness(t, db, d, prefix)
+		},
+	}
 }
 
 // TestOutboxRows: what Add writes and what a mark and a sweep leave, in
@@ -121,12 +130,12 @@ func TestOutboxRows(t *testing.T) {
 			t.Fatalf("%d rows, %d pending; want the committed message only, pending", n, pending)
 		}
 		var id int64
-		var topic, key string
-		if err := db.QueryRowContext(t.Context(), `SELECT id, topic, msg_key FROM idem_outbox`).Scan(&id, &topic, &key); err != nil {
+		var msgID, topic, key string
+		if err := db.QueryRowContext(t.Context(), `SELECT id, msg_id, topic, msg_key FROM idem_outbox`).Scan(&id, &msgID, &topic, &key); err != nil {
 			t.Fatal(err)
 		}
-		if want := fmt.Sprintf("eu/%d", id); ids[0] != want || topic != "order.paid" || key != "o-1" {
-			t.Fatalf("row %d %s %s for ID %s", id, topic, key, ids[0])
+		if ids[0] != msgID || len(msgID) != len("eu/")+outbox.IDLen || !strings.HasPrefix(msgID, "eu/") || topic != "order.paid" || key != "o-1" {
+			t.Fatalf("row %d %s %s %s for ID %s", id, msgID, topic, key, ids[0])
 		}
 		b, err := s.Claim(t.Context(), 10)
 		if err != nil {
@@ -397,18 +406,18 @@ func TestOutboxRelayKilled(t *testing.T) {
 
 // TestOutboxIDPrefix: an IDPrefix that would make message IDs no inbox
 // accepts (a control character, invalid UTF-8, so long that prefix and
-// row id pass inbox.MaxIDLen) is refused by NewOutboxStore; before, every
+// generated part pass inbox.MaxIDLen) is refused by NewOutboxStore; before, every
 // message the outbox published was dead-lettered by its consumers
 // (inbox.ErrInvalid). An accepted prefix gives IDs inbox.Validate takes.
 func TestOutboxIDPrefix(t *testing.T) {
 	t.Parallel()
 	db := openDB(t, filepath.Join(t.TempDir(), "prefix.db"))
-	for _, p := range []string{"shop\n", "shop\x00/", "\xffshop/", strings.Repeat("p", inbox.MaxIDLen-5)} {
+	for _, p := range []string{"shop\n", "shop\x00/", "\xffshop/", strings.Repeat("p", inbox.MaxIDLen-outbox.IDLen+1)} {
 		if _, err := sqlstore.NewOutboxStore(db, &sqlstore.OutboxConfig{Dialect: sqlstore.SQLite, IDPrefix: p}); err == nil {
 			t.Errorf("NewOutboxStore(IDPrefix %q) accepted a prefix whose IDs inbox.Validate refuses", p)
 		}
 	}
-	for _, p := range []string{"", "shop-eu/", strings.Repeat("p", inbox.MaxIDLen-19)} {
+	for _, p := range []string{"", "shop-eu/", strings.Repeat("p", inbox.MaxIDLen-outbox.IDLen)} {
 		s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: sqlstore.SQLite, IDPrefix: p})
 		id, err := addTx(t.Context(), db, s, false, outbox.Message{Topic: "t"})
 		if err != nil {

@@ -32,6 +32,10 @@ type Harness struct {
 	// AddRollback adds msgs in one transaction and rolls it back. Nil
 	// skips the case.
 	AddRollback func(ctx context.Context, msgs ...outbox.Message) error
+	// Reopen returns a harness over the same outbox through a new store
+	// whose messages' IDs start with prefix: a restart with another
+	// configuration, a rolling deploy. Nil skips the case.
+	Reopen func(t *testing.T, prefix string) Harness
 }
 
 // Caps says how a store claims.
@@ -43,17 +47,25 @@ type Caps struct {
 	ExclusiveClaims bool
 }
 
-// Run runs the suite. newHarness is called once per case.
+// Run runs the suite. newHarness is called once per case, twice for the
+// cases on two outboxes: each call returns a new outbox (a database of
+// its own, as a shop re-created or a second shop would have) configured
+// as the others (the same ID prefix).
 func Run(t *testing.T, newHarness func(t *testing.T) Harness, caps Caps) {
 	t.Helper()
+	harness := func(t *testing.T) Harness {
+		t.Helper()
+		h := newHarness(t)
+		if h.Store == nil || h.Add == nil {
+			t.Fatal("outboxtest: Harness without Store or Add")
+		}
+		return h
+	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t)
-			if h.Store == nil || h.Add == nil {
-				t.Fatal("outboxtest: Harness without Store or Add")
-			}
-			c.run(t, h, caps)
-		})
+		t.Run(c.name, func(t *testing.T) { c.run(t, harness(t), caps) })
+	}
+	for _, c := range pairCases {
+		t.Run(c.name, func(t *testing.T) { c.run(t, harness(t), harness(t), caps) })
 	}
 }
 
@@ -74,6 +86,74 @@ var cases = []struct {
 	{"RelaysOrderPerKey", relaysOrderPerKey},
 	{"NotifierWakesRelay", notifierWakes},
 	{"Backlog", backlog},
+	{"IDsKeptAcrossPrefixChange", idsKeptAcrossPrefixChange},
+}
+
+// pairCases run on two outboxes.
+var pairCases = []struct {
+	name string
+	run  func(t *testing.T, a, b Harness, caps Caps)
+}{
+	{"IDsUniqueAcrossOutboxes", idsUniqueAcrossOutboxes},
+}
+
+// idsUniqueAcrossOutboxes: two outboxes configured alike (two databases,
+// or one dropped and re-created) give their messages IDs that none of
+// the other's has, as Add returned them and as Claim does. A broker
+// de-duplicates by the ID across every producer of a stream, and a
+// consumer's inbox across every producer it reads: an ID of one outbox
+// that the other gave too would drop the second message.
+func idsUniqueAcrossOutboxes(t *testing.T, a, b Harness, _ Caps) {
+	seen := map[string]string{}
+	for _, o := range []struct {
+		name string
+		h    Harness
+	}{{"first", a}, {"second", b}} {
+		added := add(t, o.h, msg("t", "k", "1"), msg("t", "", "2"), msg("t", "j", "3"))
+		added = append(added, add(t, o.h, msg("t", "i", "4"))...)
+		if got := claimIDs(t, o.h.Store, 10, true); !slices.Equal(got, added) {
+			t.Fatalf("%s outbox: Claim = %q, want the IDs Add returned %q", o.name, got, added)
+		}
+		for _, id := range added {
+			if other, dup := seen[id]; dup {
+				t.Fatalf("ID %q given by the %s outbox and by the %s", id, o.name, other)
+			}
+			seen[id] = o.name
+		}
+	}
+}
+
+// idsKeptAcrossPrefixChange: a message's ID is fixed when it is added. A
+// store re-created with another ID prefix claims the pending messages
+// with the IDs Add returned, also one already claimed and released (a
+// publish whose mark was lost), and gives the new prefix to new
+// messages only: a message published twice, once by each configuration,
+// carries one ID, which the broker and the inboxes de-duplicate.
+func idsKeptAcrossPrefixChange(t *testing.T, h Harness, _ Caps) {
+	if h.Reopen == nil {
+		t.Skip("outboxtest: no Harness.Reopen")
+	}
+	old := add(t, h, msg("t", "k", "1"), msg("t", "j", "1"), msg("t", "k", "2"))
+	if got := claimIDs(t, h.Store, 10, false); !slices.Equal(got, []string{old[0], old[1]}) { // published, mark lost
+		t.Fatalf("Claim = %q, want %q", got, old[:2])
+	}
+	const prefix = "after-change/"
+	r := h.Reopen(t, prefix)
+	added := add(t, r, msg("t", "k", "3"), msg("t", "i", "1"))
+	for _, id := range added {
+		if !strings.HasPrefix(id, prefix) || slices.Contains(old, id) {
+			t.Fatalf("Add after the change = %q, want a new ID starting with %q", id, prefix)
+		}
+	}
+	if got, want := claimIDs(t, r.Store, 10, true), []string{old[0], old[1], added[1]}; !slices.Equal(got, want) {
+		t.Fatalf("Claim after the change = %q, want %q (the IDs Add returned)", got, want)
+	}
+	if got, want := claimIDs(t, r.Store, 10, true), []string{old[2]}; !slices.Equal(got, want) {
+		t.Fatalf("then Claim = %q, want %q", got, want)
+	}
+	if got, want := claimIDs(t, h.Store, 10, true), []string{added[0]}; !slices.Equal(got, want) {
+		t.Fatalf("then Claim on the first store = %q, want %q", got, want)
+	}
 }
 
 func add(t *testing.T, h Harness, msgs ...outbox.Message) []string {

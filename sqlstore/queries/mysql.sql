@@ -419,10 +419,10 @@ WHERE name = ? AND owner = ? AND fence = ?
 -- "outbox_".
 
 -- name: outbox_insert
--- params: topic msg_key payload headers
--- The id is the statement's insert id.
-INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
-VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
+-- params: message_id topic msg_key payload headers
+-- msg_id is the message's ID, made by OutboxStore.Add (outbox.NewID).
+INSERT INTO idem_outbox (msg_id, topic, msg_key, payload, headers, created_at)
+VALUES (?, ?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
 
 -- name: outbox_claim
 -- params: limit
@@ -430,7 +430,7 @@ VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMES
 -- (MySQL 8, MariaDB 10.6). The batch's transaction is READ COMMITTED, so
 -- the locking read takes no gap locks: an Add is never blocked by a
 -- relay's batch.
-SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+SELECT o.id, o.msg_id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
 FROM idem_outbox o
 WHERE o.sent_at IS NULL
   AND (o.msg_key = X'' OR NOT EXISTS (

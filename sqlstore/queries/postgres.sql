@@ -291,10 +291,10 @@ WHERE name = $1 AND owner = $2 AND fence = $3
 -- "outbox_".
 
 -- name: outbox_insert
--- params: topic msg_key payload headers
-INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
-VALUES ($1, $2, $3, $4, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
-RETURNING id;
+-- params: message_id topic msg_key payload headers
+-- msg_id is the message's ID, made by OutboxStore.Add (outbox.NewID).
+INSERT INTO idem_outbox (msg_id, topic, msg_key, payload, headers, created_at)
+VALUES ($1, $2, $3, $4, $5, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint);
 
 -- name: outbox_claim
 -- params: limit
@@ -303,7 +303,7 @@ RETURNING id;
 -- holds (SKIP LOCKED). The batch's transaction holds them until it marks
 -- them or ends. A head that another batch holds keeps its key's later
 -- messages out too: they have an older pending message.
-SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+SELECT o.id, o.msg_id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
 FROM idem_outbox o
 WHERE o.sent_at IS NULL
   AND (o.msg_key = '' OR NOT EXISTS (

@@ -245,17 +245,17 @@ WHERE name = ?1 AND owner = ?2 AND fence = ?3
 -- "outbox_".
 
 -- name: outbox_insert
--- params: topic msg_key payload headers
-INSERT INTO idem_outbox (topic, msg_key, payload, headers, created_at)
-VALUES (?1, ?2, ?3, ?4, CAST(unixepoch('subsec') * 1000 AS INTEGER))
-RETURNING id;
+-- params: message_id topic msg_key payload headers
+-- msg_id is the message's ID, made by OutboxStore.Add (outbox.NewID).
+INSERT INTO idem_outbox (msg_id, topic, msg_key, payload, headers, created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, CAST(unixepoch('subsec') * 1000 AS INTEGER));
 
 -- name: outbox_claim
 -- params: limit
 -- The pending heads (see queries/postgres.sql). SQLite has no row locks:
 -- the claimer holds the relay lease (idem_locks, name idem_outbox), and
 -- outbox_mark checks it.
-SELECT o.id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
+SELECT o.id, o.msg_id, o.topic, o.msg_key, o.payload, o.headers, o.created_at
 FROM idem_outbox o
 WHERE o.sent_at IS NULL
   AND (o.msg_key = '' OR NOT EXISTS (

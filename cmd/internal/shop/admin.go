@@ -26,7 +26,8 @@ import (
 // The event itself has an ID of its own, the new outbox row's: NATS
 // drops a message whose Nats-Msg-Id it saw within its 2-minute
 // de-duplication window, and a dead message is usually younger than
-// that.
+// that. A dead message written before the prefix changed (-event-prefix)
+// is not one of the shop's any more: republish its dead letter by hand.
 const RetryOfHeader = "Idem-Retry-Of"
 
 // RetryHelp says what RetryEvent does, on the operator page's
@@ -36,10 +37,18 @@ const RetryHelp = "Retry makes the message's consume record failed again with no
 	"with the header " + RetryOfHeader + " naming this message: the relay publishes it, and the loyalty consumer handles it under this message's ID, " +
 	"up to 5 attempts more. The ledger grants an order's points once whatever happens (a ledger row per order and event)."
 
-const sqlOutboxEvent = `SELECT topic, msg_key, payload FROM idem_outbox WHERE id = ?`
+// sqlOutboxEvent reads an event's outbox row by its message ID (the
+// unique index of msg_id); sqlOutboxLegacyEvent one written before the
+// ID was stored, whose ID is the prefix and the row's id.
+const (
+	sqlOutboxEvent       = `SELECT topic, msg_key, payload FROM idem_outbox WHERE msg_id = ?`
+	sqlOutboxLegacyEvent = `SELECT topic, msg_key, payload FROM idem_outbox WHERE id = ? AND msg_id IS NULL`
+)
 
 // RetryEvent retries the dead loyalty event id (see RetryHelp): it reads
-// the event's outbox row (which must not have been swept: -event-retention),
+// the event's outbox row by its ID (idem_outbox.msg_id, or the row's id
+// for an event written before the ID was stored), which must not have
+// been swept (-event-retention),
 // and, in one transaction, revives the consume record of id in group
 // (sqlstore's InboxStore.ReviveTx) and adds the event to the outbox
 // again. It fails, changing nothing, when id is not one of the shop's
@@ -50,15 +59,18 @@ func (s *Shop) RetryEvent(ctx context.Context, in *sqlstore.InboxStore, group, i
 		return fmt.Errorf("shop: retry: group %q is not the loyalty consumer's (%s)", group, LoyaltyGroup)
 	}
 	rest, ok := strings.CutPrefix(id, s.eventPrefix)
-	row, err := strconv.ParseInt(rest, 10, 64)
-	if !ok || err != nil || row <= 0 {
-		return fmt.Errorf("shop: retry: %q is not an event of this shop (IDs %s<number>)", id, s.eventPrefix)
+	if !ok || rest == "" {
+		return fmt.Errorf("shop: retry: %q is not an event of this shop (IDs %s…)", id, s.eventPrefix)
+	}
+	query, arg := sqlOutboxEvent, any(id)
+	if row, err := strconv.ParseInt(rest, 10, 64); err == nil && row > 0 && len(rest) < outbox.IDLen {
+		query, arg = sqlOutboxLegacyEvent, row
 	}
 	var (
 		topic, orderNo string
 		payload        []byte
 	)
-	err = s.db.QueryRowContext(ctx, rebind(s.dialect, sqlOutboxEvent), row).Scan(&topic, &orderNo, &payload)
+	err := s.db.QueryRowContext(ctx, rebind(s.dialect, query), arg).Scan(&topic, &orderNo, &payload)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("shop: retry: event %s is no longer in the outbox (swept after -event-retention); publish its dead letter again by hand", id)
 	}

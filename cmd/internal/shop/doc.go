@@ -199,7 +199,11 @@
 // (order_no, user_id, amount_cents, event, at); the row's topic is the
 // event's name (order.paid), the key the order number (one order's events
 // are published in order), the message ID -event-prefix (default "shop-")
-// and the outbox row's id.
+// and 26 characters of time and randomness (outbox.NewID), made when the
+// event is written and kept in its row (events written by an older
+// shopd keep the ID it gave them, the prefix and the row's id): two
+// shops' events never share an ID, even on one stream, nor does a
+// database re-created or restored from a backup give an ID again.
 //
 // shopd runs the outbox relay, which publishes them to the broker on
 // "NAME.<event>" (shop.order.paid; NAME is -events, see below), and the
@@ -235,9 +239,12 @@
 // their consumers would take each other's events and grant the points in
 // the wrong database. The instances of one shop (one database) share
 // -events, so they share the stream or the queue, and each event's points
-// are granted once. They need not change -event-prefix: each namespace
-// has its own stream (NATS de-duplicates Nats-Msg-Id per stream) and
-// queue, and each shop its own inbox.
+// are granted once. They need not change -event-prefix: no two events
+// share an ID, and each namespace has its own stream and queue, and
+// each shop its own inbox. A shop whose database is dropped and
+// re-created, or restored from a backup, keeps its -events: the events
+// it writes then have new IDs, which the stream does not take for
+// duplicates of those it published before.
 //
 // The outbox row holds the event's name, not the topic: the relay adds
 // NAME when it publishes, so the rows pending when -events changes are
@@ -246,11 +253,12 @@
 // rename moves the shop to a new stream or queue, and what was published
 // under the old name and not yet consumed stays there: rename every
 // instance at once, after the loyalty consumer caught up (the old
-// durable or queue empty). -event-prefix does not
-// follow -events: a message's ID is what the consume records
-// de-duplicate, so it must stay the same for as long as the database
-// lives (an event republished under another ID after a rename would
-// count twice).
+// durable or queue empty). -event-prefix may change at any time: an
+// event's ID is fixed when the event is written, so an event published
+// again after the change keeps the ID that the stream and the consume
+// records de-duplicate; new events get the new prefix. (Not while
+// events of an older shopd, whose ID is the prefix and the row's id, are
+// still pending: let the relay catch up after the upgrade first.)
 //
 // Without -broker shopd starts a NATS server with JetStream in its
 // own process, on a free loopback port, storing under -nats-store

@@ -30,8 +30,9 @@ const (
 // order.paid is "shop.order.paid" by default.
 func EventTopic(ns, event string) string { return ns + "." + event }
 
-// DefaultEventIDPrefix starts the ID of every event the shop writes (the
-// outbox row's id follows): Config.EventIDPrefix's default.
+// DefaultEventIDPrefix starts the ID of every event the shop writes (26
+// characters of time and randomness follow, made when the event is
+// written: outbox.NewID): Config.EventIDPrefix's default.
 const DefaultEventIDPrefix = "shop-"
 
 // OrderEvent is an event's payload (JSON). Its message key is the order

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -177,8 +176,8 @@ func (k *killCase) payOrder(s *shopd) shop.Order {
 // row is the outbox row id of the event ID id.
 func (k *killCase) row(id string) int64 {
 	k.t.Helper()
-	n, err := strconv.ParseInt(strings.TrimPrefix(id, shop.DefaultEventIDPrefix), 10, 64)
-	if err != nil {
+	var n int64
+	if err := k.db.QueryRow(`SELECT id FROM idem_outbox WHERE msg_id = $1`, id).Scan(&n); err != nil {
 		k.t.Fatalf("event ID %q: %v", id, err)
 	}
 	return n

@@ -336,3 +336,47 @@ func TestShopdTwoProcessesOneBrokerGrantOnce(t *testing.T) {
 		})
 	}
 }
+
+// Two shops on two databases (or one database dropped and re-created)
+// publish through one NATS stream, the second within the stream's
+// 2-minute de-duplication window of the first: both grant the points.
+// Before, an event's ID was the prefix and its outbox row's id, so the
+// second database's first events went out as shop-1 and shop-2, which
+// the stream had seen from the first and dropped as duplicates: the
+// second shop granted no point.
+func TestShopdTwoDatabasesOneStreamGrantBoth(t *testing.T) {
+	t.Parallel()
+	url := testenv.NATS.Need(t)
+	ns := brokerNamespace(t, testenv.NATS, url)
+	seen := map[string]string{} // event ID → the shop that wrote it
+	for _, name := range []string{"first", "second"} {
+		db, dbArg := postgresBackend.fresh(t)
+		user := 1 + rand.Int64N(1<<40)
+		// One shop at a time: they share -events, so their consumers
+		// would take each other's events.
+		if !t.Run(name, func(t *testing.T) {
+			base, _ := runShopd(t, "-addr", "127.0.0.1:0", "-db", dbArg, "-pay-secret", testPaySecret, "-broker", url, "-events", ns)
+			payAndSeePoints(t, base, user)
+		}) {
+			return
+		}
+		var rows, balance int64
+		if err := db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(points), 0) FROM shop_points WHERE user_id = $1`, user).Scan(&rows, &balance); err != nil {
+			t.Fatal(err)
+		}
+		if rows != 2 || balance != 0 {
+			t.Fatalf("%s shop: %d ledger rows, balance %d; want order.paid and order.refunded, 0", name, rows, balance)
+		}
+		// An event's ID: msg_id, or for a row an older shopd wrote, the
+		// prefix and the row's id.
+		for _, id := range idsOf(t, db, `SELECT COALESCE(msg_id, '`+shop.DefaultEventIDPrefix+`' || id) FROM idem_outbox ORDER BY id`) {
+			if other, dup := seen[id]; dup {
+				t.Fatalf("event ID %s written by the %s shop and the %s", id, other, name)
+			}
+			seen[id] = name
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("%d event IDs in the two outboxes, want 4", len(seen))
+	}
+}

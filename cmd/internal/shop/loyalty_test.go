@@ -36,23 +36,22 @@ func loyaltyInbox(t *testing.T, db *sql.DB, d sqlstore.Dialect) *inbox.Inbox {
 // the consumer would receive them, keyed by event name.
 func orderEvents(t *testing.T, db *sql.DB, b backend, orderNo string) map[string]inbox.Message {
 	t.Helper()
-	rows, err := db.Query(query(b, `SELECT id, topic, payload FROM idem_outbox WHERE msg_key = ? ORDER BY id`), orderNo)
+	rows, err := db.Query(query(b, `SELECT msg_id, topic, payload FROM idem_outbox WHERE msg_key = ? ORDER BY id`), orderNo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
 	evs := map[string]inbox.Message{}
 	for rows.Next() {
-		var id int64
 		var m inbox.Message
-		if err := rows.Scan(&id, &m.Topic, &m.Payload); err != nil {
+		if err := rows.Scan(&m.ID, &m.Topic, &m.Payload); err != nil {
 			t.Fatal(err)
 		}
 		var ev shop.OrderEvent
 		if err := json.Unmarshal(m.Payload, &ev); err != nil {
 			t.Fatal(err)
 		}
-		m.ID, m.Key = shop.DefaultEventIDPrefix+strconv.FormatInt(id, 10), orderNo
+		m.Key = orderNo
 		evs[ev.Event] = m
 	}
 	if err := rows.Err(); err != nil {

@@ -131,7 +131,7 @@ func TestCloseJobSweepsAreMetered(t *testing.T) {
 		const day = 24 * 60 * 60 * 1000
 		for _, row := range rows[:2] {
 			mustExec(t, db, fmt.Sprintf(`UPDATE idem_outbox SET sent_at = sent_at - %d WHERE id = %s`, 8*day, row))
-			mustExec(t, db, fmt.Sprintf(`UPDATE idem_inbox SET updated_at = updated_at - %d WHERE message_id = '%s'`, 8*day, shop.DefaultEventIDPrefix+row))
+			mustExec(t, db, fmt.Sprintf(`UPDATE idem_inbox SET updated_at = updated_at - %d WHERE message_id = '%s'`, 8*day, eventID(t, db, row)))
 		}
 		issue := func() {
 			t.Helper()
@@ -174,7 +174,7 @@ func TestCloseJobSweepsAreMetered(t *testing.T) {
 		if got := idsOf(t, db, `SELECT id FROM idem_outbox ORDER BY id`); !slices.Equal(got, rows[2:]) {
 			t.Errorf("outbox rows %v after the sweep, want %v", got, rows[2:])
 		}
-		if got := idsOf(t, db, `SELECT message_id FROM idem_inbox`); !slices.Equal(got, []string{shop.DefaultEventIDPrefix + rows[2]}) {
+		if got := idsOf(t, db, `SELECT message_id FROM idem_inbox`); !slices.Equal(got, []string{eventID(t, db, rows[2])}) {
 			t.Errorf("consume records %v after the sweep, want the fresh one", got)
 		}
 		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens`); n != 1 {

@@ -18,7 +18,9 @@ import (
 // write the event again (here its order was deleted) leaves the message dead,
 // so that the operator can retry it once the cause is fixed; a retry that
 // succeeds makes it failed, awaiting the event written again, and a
-// second retry finds nothing dead; of two concurrent retries, one is done.
+// second retry finds nothing dead; an event of an older shopd (its ID
+// the prefix and the row's id) is retried too; of two concurrent
+// retries, one is done.
 func TestRetryEventFailsWhole(t *testing.T) {
 	forBackends(t, func(t *testing.T, b backend) { testRetryEventFailsWhole(t, b) })
 }
@@ -56,11 +58,9 @@ func testRetryEventFailsWhole(t *testing.T, b backend) {
 		if pay.Code != http.StatusOK {
 			t.Fatalf("callback: %d %s", pay.Code, pay.Body)
 		}
-		var row int64
-		if err := db.QueryRowContext(ctx, q(`SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?`), o.OrderNo).Scan(&row); err != nil {
+		if err := db.QueryRowContext(ctx, q(`SELECT msg_id FROM idem_outbox WHERE id = (SELECT MAX(id) FROM idem_outbox WHERE msg_key = ?)`), o.OrderNo).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
-		id = shop.DefaultEventIDPrefix + fmt.Sprint(row)
 		c, err := in.Claim(ctx, shop.LoyaltyGroup, id, time.Minute, 1)
 		if err != nil || !c.Claimed {
 			t.Fatal(c, err)
@@ -99,6 +99,29 @@ func testRetryEventFailsWhole(t *testing.T, b backend) {
 	}
 	if err := s.RetryEvent(ctx, in, shop.LoyaltyGroup, id2); err == nil {
 		t.Fatal("a second RetryEvent of the same message: no error")
+	}
+
+	// An event an older shopd wrote (msg_id NULL) is found by its ID,
+	// the prefix and the row's id.
+	id4, _ := dead("304")
+	var row int64
+	if err := db.QueryRowContext(ctx, q(`SELECT id FROM idem_outbox WHERE msg_id = ?`), id4).Scan(&row); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, q(`UPDATE idem_outbox SET msg_id = NULL WHERE msg_id = ?`), id4); err != nil {
+		t.Fatal(err)
+	}
+	legacy := shop.DefaultEventIDPrefix + fmt.Sprint(row)
+	if c, err := in.Claim(ctx, shop.LoyaltyGroup, legacy, time.Minute, 1); err != nil || !c.Claimed {
+		t.Fatal(c, err)
+	} else if st, err := in.Fail(ctx, shop.LoyaltyGroup, legacy, c.Fence, 1, "points down"); err != nil || st != inbox.StatusDead {
+		t.Fatal(st, err)
+	}
+	if err := s.RetryEvent(ctx, in, shop.LoyaltyGroup, legacy); err != nil {
+		t.Fatalf("RetryEvent of an older shopd's event %s: %v", legacy, err)
+	}
+	if st := status(legacy); st != inbox.StatusFailed {
+		t.Fatalf("after a retry the older shopd's message is %s, want failed", st)
 	}
 
 	// Two operators retry one dead message at once: one retry is done,

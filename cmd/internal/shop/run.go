@@ -156,7 +156,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	eventsFlag := fs.String("events", DefaultEvents, "namespace `NAME` of the order events' names on the broker (a-z, 0-9 and '-', starting with a letter, at most 32): "+
 		"NATS stream NAME_ORDERS on NAME.order.>, consumer NAME-loyalty; RabbitMQ exchange NAME.events, queue NAME-loyalty; dead letters NAME_ORDERS_DEAD, NAME-loyalty.dead. "+
 		"Shops that share a broker need different ones")
-	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "prefix of the order events' message IDs (the inbox de-duplicates by them: keep it for the database's life)")
+	eventPrefix := fs.String("event-prefix", DefaultEventIDPrefix, "readable prefix of the order events' message IDs (the rest, fixed when an event is written, makes each unique across databases)")
 	eventRetention := fs.Duration("event-retention", DefaultRetention, "how long sent events (idem_outbox) and the loyalty consumer's finished records (idem_inbox) are kept; "+
 		"at least 1h, and longer than the broker may redeliver a message (a redelivery after its record went is handled again)")
 	adminToken := fs.String("admin-token", "", "token of the operator page at /admin/ (at least 16 bytes; default $"+adminTokenEnv+"; "+

@@ -47,9 +47,13 @@ type Config struct {
 	// production.
 	PaySecret string
 	// EventIDPrefix starts the ID of every order event the shop writes
-	// to its outbox (sqlstore.OutboxConfig.IDPrefix). Default
-	// DefaultEventIDPrefix ("shop-"); two shops whose events meet in one
-	// stream or one consumer need different prefixes.
+	// to its outbox (sqlstore.OutboxConfig.IDPrefix), a readable part
+	// before the 26 characters that make the ID unique: two shops (two
+	// databases, or one re-created or restored from a backup) whose
+	// events meet in one stream or one consumer never share an ID,
+	// whatever their prefixes. An event keeps the ID it was written
+	// with, so a change of the prefix applies to new events only.
+	// Default DefaultEventIDPrefix ("shop-").
 	EventIDPrefix string
 	// Observer receives the idempotency middleware's events (request
 	// outcomes by route, store calls, leases) and the close job's sweeps

@@ -33,6 +33,17 @@ func idsOf(t *testing.T, db *sql.DB, q string) []string {
 	return ids
 }
 
+// eventID is the message ID of the outbox row whose id is row (in
+// decimal): what the relay publishes it with and the consumer records.
+func eventID(t *testing.T, db *sql.DB, row string) string {
+	t.Helper()
+	ids := idsOf(t, db, `SELECT msg_id FROM idem_outbox WHERE id = `+row)
+	if len(ids) != 1 {
+		t.Fatalf("outbox row %s: message IDs %q", row, ids)
+	}
+	return ids[0]
+}
+
 // The close job's pass sweeps the sent events (idem_outbox) and the
 // loyalty consumer's finished records (idem_inbox) older than the
 // retention, by the rows' sent_at and updated_at, and keeps the newer
@@ -61,7 +72,7 @@ func testCloseJobSweeps(t *testing.T, b backend) {
 		payCount(t, db, b, `SELECT COUNT(*) FROM idem_inbox WHERE status = 'succeeded'`) != 4 {
 		t.Fatalf("outbox rows %v; want 5 (4 sent, 1 pending) and 4 succeeded consume records", rows)
 	}
-	msgID := func(row string) string { return shop.DefaultEventIDPrefix + row }
+	msgID := func(row string) string { return eventID(t, db, row) }
 	const day = 24 * 60 * 60 * 1000
 	// Rows 1 and 2 sent, and their records finished, 8 days ago; row 3
 	// 6 days ago (kept); row 4 now; the pending row 5 written 30 days ago.
