@@ -83,16 +83,7 @@ func TestProxyReleasesTryAgainAndAuth(t *testing.T) {
 func TestProxyLogsNoRawKey(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
-	up.on("/pay", func(w http.ResponseWriter, r *http.Request, n int) {
-		conn, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		fmt.Fprint(brw, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\npaid, and then")
-		brw.Flush()
-	})
+	up.on("/pay", func(w http.ResponseWriter, r *http.Request, n int) { answerBreaksOff(t, w) })
 	for _, policy := range []string{ambiguousKeep, ambiguousRelease} {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()
