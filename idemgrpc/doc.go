@@ -61,9 +61,8 @@
 //   - The first call with a key runs the handler. Its answer is stored:
 //     a message as its type's full name and its encoding (EncodeMessage),
 //     a definite failure (InvalidArgument, NotFound, AlreadyExists,
-//     PermissionDenied, FailedPrecondition, OutOfRange, Unauthenticated)
-//     as its google.rpc.Status, message and details included
-//     (EncodeStatus).
+//     FailedPrecondition, OutOfRange) as its google.rpc.Status, message
+//     and details included (EncodeStatus).
 //   - A retry with the same fingerprint after the first completed gets the
 //     stored message or status, with idempotency-replayed: true in the
 //     header metadata; the handler does not run. A stored message is
@@ -81,9 +80,14 @@
 //     with a RetryInfo of Config.RetryDelay (1 s).
 //   - A transient failure of the handler (DefaultRelease: Unavailable,
 //     DeadlineExceeded, ResourceExhausted, Aborted, Internal, Unknown, a
-//     plain error, Canceled, Unimplemented, DataLoss), or a panic, releases
-//     the record: a retry runs the handler again. Config.Release changes
-//     the policy.
+//     plain error, Canceled, Unimplemented, DataLoss), a refusal of the
+//     caller's credentials (Unauthenticated, PermissionDenied: the retry
+//     with a refreshed token must run, not get the stale refusal), or a
+//     panic, releases the record: a retry runs the handler again.
+//     Config.Release changes the policy, except for the answers that tell
+//     the client to try again (Unavailable, ResourceExhausted, Aborted,
+//     any status with a RetryInfo detail), which are never stored: a
+//     replayed "try again" would stop every retry.
 //   - The store cannot be reached to acquire the key: Unavailable
 //     IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo (or, with
 //     Config.FailOpen, the handler runs unguarded). If the answer cannot

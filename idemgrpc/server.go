@@ -269,7 +269,7 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 			r = omitted(codes.OK)
 		}
 		end = i.complete(bg, exec, r)
-	} else if st := status.Convert(herr); i.release(st.Code()) {
+	} else if st := status.Convert(herr); i.releases(st) {
 		released = true
 		end = i.releaseExec(bg, exec)
 	} else {
