@@ -29,6 +29,18 @@
 // as over HTTP: the lease, fencing and lease-loss rules are the
 // idem.Guard's.
 //
+// The handler's context does not end with the caller's: a client whose
+// deadline passes (or that cancels) while the handler runs does not cut
+// it after its effect, which would release the key and let the retry run
+// the effect again. The context keeps the call's values (metadata, peer,
+// auth info) but no deadline of the caller's; it ends when the lease is
+// lost or at Config.MaxExecution (5 min), with those causes. The answer
+// is stored when the handler returns, and sent if the caller is still
+// there; a caller's retry meanwhile gets Aborted (in flight), then the
+// stored answer. A handler that calls on to other services should bound
+// those calls itself. A caller that has gone before the key is acquired
+// gets no record.
+//
 // # What the server interceptor answers
 //
 // Statuses the interceptor answers itself carry a

@@ -700,3 +700,100 @@ func TestNew(t *testing.T) {
 		t.Error("New with a 1µs lease succeeded")
 	}
 }
+
+// TestClientDeadlineDoesNotCutHandler: the handler runs detached from the
+// caller's context. A client deadline shorter than the handler used to end
+// the handler's context after its effect; the handler answered
+// DeadlineExceeded, the key was released, and the retry ran the effect
+// again. Now the handler runs on (keeping the call's metadata), its answer
+// is stored although the caller has gone, and the retry gets it.
+func TestClientDeadlineDoesNotCutHandler(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int64
+	proceed := make(chan struct{})
+	ended := make(chan error, 1)
+	caller := make(chan context.Context, 1)
+	s, conn := setup(t, nil, func(s *testServer) {
+		s.onCall = func(ctx context.Context) {
+			select {
+			case caller <- ctx: // the first call's, as the server sees it
+			default:
+			}
+		}
+		s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(idemgrpc.MetadataKey)) != 1 {
+				return nil, status.Error(codes.InvalidArgument, "the handler's context lost the call's metadata")
+			}
+			effects.Add(1) // the effect, then work that heeds ctx
+			if n > 1 {
+				return order(n, req), nil
+			}
+			select {
+			case <-proceed:
+			case <-ctx.Done():
+			}
+			if err := ctx.Err(); err != nil {
+				ended <- context.Cause(ctx)
+				return nil, status.FromContextError(err).Err()
+			}
+			ended <- nil
+			return order(n, req), nil
+		}
+	})
+	ctx, cancel := context.WithTimeout(withKey(context.Background(), "deadline"), 100*time.Millisecond)
+	defer cancel()
+	if first := create(ctx, conn, item("pen")); status.Code(first.err) != codes.DeadlineExceeded {
+		t.Fatalf("first call: %v, want the client's DeadlineExceeded", first.err)
+	}
+	// Once the call's context has ended on the server too, the handler
+	// still runs (on the old code its context ended with it); let it
+	// finish.
+	select {
+	case <-(<-caller).Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call's context did not end on the server")
+	}
+	close(proceed)
+	if err := <-ended; err != nil {
+		t.Errorf("the handler's context ended with the client's deadline: %v", err)
+	}
+	// The retry gets Aborted while the answer is being stored, then the
+	// answer.
+	var retry call
+	waitFor(t, "the stored answer", func() bool {
+		retry = create(withKey(context.Background(), "deadline"), conn, item("pen"))
+		return status.Code(retry.err) != codes.Aborted
+	})
+	if retry.err != nil || !retry.replayed || !proto.Equal(retry.reply, order(1, item("pen"))) {
+		t.Fatalf("retry: %v, replayed %v, %v; want the first run's answer replayed", retry.err, retry.replayed, retry.reply)
+	}
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestHandlerBoundedByMaxExecution: detached from the caller, the handler
+// is still bounded: its context ends at MaxExecution.
+func TestHandlerBoundedByMaxExecution(t *testing.T) {
+	t.Parallel()
+	cause := make(chan error, 1)
+	_, conn := setup(t, &idemgrpc.Config{MaxExecution: 100 * time.Millisecond}, func(s *testServer) {
+		s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	})
+	create(withKey(context.Background(), "bounded"), conn, item("pen"))
+	select {
+	case err := <-cause:
+		if !errors.Is(err, idem.ErrMaxExecution) {
+			t.Fatalf("the handler's context ended with %v, want idem.ErrMaxExecution", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context did not end at MaxExecution")
+	}
+}
