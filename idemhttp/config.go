@@ -63,13 +63,14 @@ type Config struct {
 	// detail that does not show the error (it is logged at debug level).
 	//
 	// The key is taken, and recorded, before the handler runs: a request
-	// the handler then refuses as forged (a bad signature answered 401)
-	// still holds the key, and its 4xx answer is stored. Anyone who knows
+	// the handler then refuses as forged holds the key while it runs, and
+	// its refusal is stored unless the release policy releases it (the
+	// default releases 401 and 403, not a 400 or a 422). Anyone who knows
 	// a trade number (often an order number the customer sees) could send
 	// a forged notification first, and the provider's genuine one would
-	// be answered 422 KEY_MISMATCH until the record expires. Verify the
-	// provider's signature in Key, and return an error for a request that
-	// fails it: no record is made.
+	// be answered 409 while it runs, or 422 KEY_MISMATCH until the record
+	// expires. Verify the provider's signature in Key, and return an error
+	// for a request that fails it: no record is made.
 	//
 	// Nil means the Idempotency-Key header.
 	Key func(r *http.Request, body []byte) (string, error)
