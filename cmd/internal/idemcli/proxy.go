@@ -504,7 +504,7 @@ type proxy struct {
 	transport *http.Transport
 	keep      bool // -ambiguous keep
 	log       *slog.Logger
-	logKeys   bool // the guard's LogKeys: log lines carry the raw key, not only its hash
+	logKeys   bool // log lines carry the raw scope and key beside the hash (the middleware's LogKeys too); no flag sets it
 }
 
 // newProxy builds the handler of idem proxy.
