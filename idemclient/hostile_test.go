@@ -64,6 +64,68 @@ func TestKeepsKeyUnderAnyCase(t *testing.T) {
 	}
 }
 
+// An Idempotency-Key field that is present but empty (or blank) is no
+// key: the transport gives the request a key of its own, the same on
+// every attempt. It used to send the empty field as the caller's key, and
+// a server that reads an empty key as none ran each attempt unguarded:
+// the effect ran twice.
+func TestEmptyKeyIsAbsent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		values []string
+	}{
+		{"empty", []string{""}},
+		{"spaces", []string{"   "}},
+		{"tab", []string{"\t"}},
+		{"two empty", []string{"", " "}},
+	} {
+		for _, field := range []string{"Idempotency-Key", "idempotency-key"} {
+			t.Run(tc.name+" "+field, func(t *testing.T) {
+				t.Parallel()
+				var mu sync.Mutex
+				effects := 0
+				done := map[string]bool{}
+				// A server that takes an empty key for none, and loses the
+				// first answer after the effect (503).
+				srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+					key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
+					mu.Lock()
+					defer mu.Unlock()
+					if key == "" || !done[key] {
+						effects++
+						done[key] = key != ""
+					}
+					if n == 1 {
+						w.WriteHeader(http.StatusServiceUnavailable)
+						return
+					}
+					w.WriteHeader(http.StatusCreated)
+				})
+				req := mustPost(t, srv.URL)
+				req.Header[field] = tc.values
+				resp, _, err := send(t, fast(nil), req)
+				if err != nil || resp.StatusCode != http.StatusCreated {
+					t.Fatalf("%v %v", resp, err)
+				}
+				attempts := srv.seen()
+				if len(attempts) != 2 {
+					t.Fatalf("%d attempts, want 2", len(attempts))
+				}
+				mu.Lock()
+				if effects != 1 {
+					t.Errorf("%d effects, want 1", effects)
+				}
+				mu.Unlock()
+				oneKey(t, attempts) // the same generated key on both, and no other field
+				if got := req.Header[field]; len(got) != len(tc.values) {
+					t.Fatalf("the caller's request was changed: %q", got)
+				}
+			})
+		}
+	}
+}
+
 // One Transport shared by 200 goroutines, each with its own request,
 // against the idemhttp middleware whose handler fails the first run of
 // every key with 503 and loses a quarter of the first answers: every

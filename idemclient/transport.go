@@ -75,7 +75,8 @@ type Transport struct {
 	// Idempotency-Key.
 	Header string
 
-	// NewKey returns the key of a covered request that has none. Nil means
+	// NewKey returns the key of a covered request that has none (no key
+	// header, or one whose values are all empty or blank). Nil means
 	// 128 random bits from crypto/rand, as 26 base32 characters (rand.Text).
 	// A key that idem.ValidateKey refuses fails the request.
 	NewKey func() string
@@ -235,12 +236,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	ctx := req.Context()
 	r := req.Clone(ctx)
-	if covered && !hasField(r.Header, s.header) {
+	if covered && !hasKey(r.Header, s.header) {
 		key := s.newKey()
 		if err := idem.ValidateKey(key); err != nil {
 			closeBody(req)
 			return nil, fmt.Errorf("idemclient: NewKey: %w", err)
 		}
+		deleteFields(r.Header, s.header) // an empty field, under any spelling
 		r.Header.Set(s.header, key)
 	}
 
@@ -459,21 +461,37 @@ func closeBody(r *http.Request) {
 	}
 }
 
-// hasField reports whether h has a field named name, whatever the case
-// of the name it is kept under: a caller that sets h["idempotency-key"]
-// directly bypasses canonicalisation, net/http sends the field as it is,
-// and the server folds its name's case, so it is the key header all the
-// same.
-func hasField(h http.Header, name string) bool {
-	if len(h.Values(name)) > 0 {
-		return true
-	}
-	for k, v := range h {
-		if len(v) > 0 && strings.EqualFold(k, name) {
-			return true
+// hasKey reports whether h has a field named name with a value that is
+// not empty nor blank, whatever the case of the name it is kept under: a
+// caller that sets h["idempotency-key"] directly bypasses
+// canonicalisation, net/http sends the field as it is, and the server
+// folds its name's case, so it is the key header all the same. A field
+// whose values are all empty or blank (spaces and tabs, which a server
+// trims) carries no key: sent as it is, a server that reads it as absent
+// would run every attempt unguarded, and one that refuses it would refuse
+// the request.
+func hasKey(h http.Header, name string) bool {
+	for k, values := range h {
+		if !strings.EqualFold(k, name) {
+			continue
+		}
+		for _, v := range values {
+			if strings.Trim(v, " \t") != "" {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// deleteFields deletes the fields named name from h, whatever the case of
+// the name they are kept under.
+func deleteFields(h http.Header, name string) {
+	for k := range h {
+		if strings.EqualFold(k, name) {
+			delete(h, k)
+		}
+	}
 }
 
 // isToken reports whether s is an HTTP token (RFC 9110), as a header name

@@ -721,6 +721,16 @@ func (c *closeCounter) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// CloseIdleConnections closes base's idle connections, as
+// idemclient.Transport.CloseIdleConnections expects of its Base: without
+// it the call stops here, and a connection base put back in its pool stays
+// open.
+func (c *closeCounter) CloseIdleConnections() {
+	if b, ok := c.base.(interface{ CloseIdleConnections() }); ok {
+		b.CloseIdleConnections()
+	}
+}
+
 type countedBody struct {
 	io.ReadCloser
 	c   *closeCounter

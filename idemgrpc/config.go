@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
@@ -112,6 +113,13 @@ type Config struct {
 	// Release reports whether the code a handler returned releases the
 	// record (so that a retry runs the handler again) instead of storing
 	// the answer. It is never asked about OK. Nil means DefaultRelease.
+	//
+	// Whatever Release says, an answer that tells the client to try again
+	// is never stored: Unavailable, ResourceExhausted, Aborted, and any
+	// status with a google.rpc.RetryInfo detail (as idemhttp never stores
+	// 429, 503 or an answer with Retry-After). Stored, it would be
+	// replayed for the record's retention, and a client that honours the
+	// replay stops retrying.
 	Release func(codes.Code) bool
 
 	// RetryDelay is the delay the RetryInfo detail of an Aborted (in
@@ -163,17 +171,46 @@ type Config struct {
 // failed (the HTTP middleware releases 5xx, 408 and 429 alike), release
 // the record: Unavailable, DeadlineExceeded, ResourceExhausted, Aborted,
 // Internal, Unknown (which is also what a handler's plain error becomes),
-// Canceled, Unimplemented and DataLoss. The definite answers are stored
-// and replayed with their details: InvalidArgument, NotFound,
-// AlreadyExists, PermissionDenied, FailedPrecondition, OutOfRange and
-// Unauthenticated.
+// Canceled, Unimplemented and DataLoss. So do Unauthenticated and
+// PermissionDenied (the HTTP middleware's 401 and 403): they refuse the
+// caller's credentials, not the request, and the retry with a refreshed
+// token must reach the handler, not get the stale refusal replayed. The
+// definite answers are stored and replayed with their details:
+// InvalidArgument, NotFound, AlreadyExists, FailedPrecondition and
+// OutOfRange.
 func DefaultRelease(c codes.Code) bool {
 	switch c {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted,
-		codes.Internal, codes.Unknown, codes.Canceled, codes.Unimplemented, codes.DataLoss:
+		codes.Internal, codes.Unknown, codes.Canceled, codes.Unimplemented, codes.DataLoss,
+		codes.Unauthenticated, codes.PermissionDenied:
 		return true
 	}
 	return false
+}
+
+// retryInfoType is the type URL's suffix of a google.rpc.RetryInfo detail.
+const retryInfoType = "/google.rpc.RetryInfo"
+
+// tryAgain reports whether a handler's status tells the client to try
+// again, which no release policy may store: Unavailable,
+// ResourceExhausted, Aborted, or any status with a RetryInfo detail.
+func tryAgain(st *status.Status) bool {
+	switch st.Code() {
+	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+		return true
+	}
+	for _, d := range st.Proto().GetDetails() {
+		if strings.HasSuffix(d.GetTypeUrl(), retryInfoType) {
+			return true
+		}
+	}
+	return false
+}
+
+// releases reports whether a handler's status releases the record: it
+// tells the client to try again, or Config.Release selects its code.
+func (i *Interceptor) releases(st *status.Status) bool {
+	return tryAgain(st) || i.release(st.Code())
 }
 
 // healthService is the prefix of the standard health-checking service's

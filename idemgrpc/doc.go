@@ -29,6 +29,18 @@
 // as over HTTP: the lease, fencing and lease-loss rules are the
 // idem.Guard's.
 //
+// The handler's context does not end with the caller's: a client whose
+// deadline passes (or that cancels) while the handler runs does not cut
+// it after its effect, which would release the key and let the retry run
+// the effect again. The context keeps the call's values (metadata, peer,
+// auth info) but no deadline of the caller's; it ends when the lease is
+// lost or at Config.MaxExecution (5 min), with those causes. The answer
+// is stored when the handler returns, and sent if the caller is still
+// there; a caller's retry meanwhile gets Aborted (in flight), then the
+// stored answer. A handler that calls on to other services should bound
+// those calls itself. A caller that has gone before the key is acquired
+// gets no record.
+//
 // # What the server interceptor answers
 //
 // Statuses the interceptor answers itself carry a
@@ -61,9 +73,8 @@
 //   - The first call with a key runs the handler. Its answer is stored:
 //     a message as its type's full name and its encoding (EncodeMessage),
 //     a definite failure (InvalidArgument, NotFound, AlreadyExists,
-//     PermissionDenied, FailedPrecondition, OutOfRange, Unauthenticated)
-//     as its google.rpc.Status, message and details included
-//     (EncodeStatus).
+//     FailedPrecondition, OutOfRange) as its google.rpc.Status, message
+//     and details included (EncodeStatus).
 //   - A retry with the same fingerprint after the first completed gets the
 //     stored message or status, with idempotency-replayed: true in the
 //     header metadata; the handler does not run. A stored message is
@@ -81,9 +92,14 @@
 //     with a RetryInfo of Config.RetryDelay (1 s).
 //   - A transient failure of the handler (DefaultRelease: Unavailable,
 //     DeadlineExceeded, ResourceExhausted, Aborted, Internal, Unknown, a
-//     plain error, Canceled, Unimplemented, DataLoss), or a panic, releases
-//     the record: a retry runs the handler again. Config.Release changes
-//     the policy.
+//     plain error, Canceled, Unimplemented, DataLoss), a refusal of the
+//     caller's credentials (Unauthenticated, PermissionDenied: the retry
+//     with a refreshed token must run, not get the stale refusal), or a
+//     panic, releases the record: a retry runs the handler again.
+//     Config.Release changes the policy, except for the answers that tell
+//     the client to try again (Unavailable, ResourceExhausted, Aborted,
+//     any status with a RetryInfo detail), which are never stored: a
+//     replayed "try again" would stop every retry.
 //   - The store cannot be reached to acquire the key: Unavailable
 //     IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo (or, with
 //     Config.FailOpen, the handler runs unguarded). If the answer cannot

@@ -84,10 +84,11 @@ type testServer struct {
 	handle func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error)
 
 	mu      sync.Mutex
-	keys    []string           // the idempotency-key of every call that reached the server
-	answers map[codes.Code]int // every call's answer, by code
-	arrived []time.Time        // when each call reached the server
-	onCode  func(c codes.Code) // called after each answer, if set
+	keys    []string                  // the idempotency-key of every call that reached the server
+	answers map[codes.Code]int        // every call's answer, by code
+	arrived []time.Time               // when each call reached the server
+	onCode  func(c codes.Code)        // called after each answer, if set
+	onCall  func(ctx context.Context) // called with each call's context as it reaches the server, if set
 }
 
 func (s *testServer) create(ctx context.Context, req *structpb.Struct) (*structpb.Struct, error) {
@@ -113,7 +114,11 @@ func (s *testServer) observe(ctx context.Context, req any, info *grpc.UnaryServe
 	s.mu.Lock()
 	s.keys = append(s.keys, md.Get(idemgrpc.MetadataKey)...)
 	s.arrived = append(s.arrived, time.Now())
+	onCall := s.onCall
 	s.mu.Unlock()
+	if onCall != nil {
+		onCall(ctx)
+	}
 	resp, err := handler(ctx, req)
 	c := status.Code(err)
 	s.mu.Lock()

@@ -55,22 +55,23 @@ func TestClientRetryInfoBeyondMax(t *testing.T) {
 // TestClientDoesNotRetryReplays: an answer marked idempotency-replayed is
 // the key's stored answer; a retry would get it again, so the client
 // returns it even when its code is one it retries (a server whose Release
-// policy stores Unavailable).
+// policy stores DeadlineExceeded; Unavailable, a "try again", is never
+// stored).
 func TestClientDoesNotRetryReplays(t *testing.T) {
 	t.Parallel()
 	client := newClient(t, &idemgrpc.ClientConfig{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})
 	s, conn := setup(t, &idemgrpc.Config{Release: func(c codes.Code) bool { return c == codes.Internal }},
-		failing(100, status.Error(codes.Unavailable, "kept")), client.Unary)
-	ctx := withKey(context.Background(), "stored-unavailable")
-	// The first attempt runs the handler; its Unavailable (stored, not a
+		failing(100, status.Error(codes.DeadlineExceeded, "kept")), client.Unary)
+	ctx := withKey(context.Background(), "stored-deadline")
+	// The first attempt runs the handler; its DeadlineExceeded (stored, not a
 	// replay) is retried once, and that retry is the replay.
-	if c := create(ctx, conn, item("pen")); status.Code(c.err) != codes.Unavailable || !c.replayed {
-		t.Fatalf("first call: %v, replayed %v; want the stored Unavailable, replayed", c.err, c.replayed)
+	if c := create(ctx, conn, item("pen")); status.Code(c.err) != codes.DeadlineExceeded || !c.replayed {
+		t.Fatalf("first call: %v, replayed %v; want the stored DeadlineExceeded, replayed", c.err, c.replayed)
 	}
 	if n := len(s.seenKeys()); n != 2 {
 		t.Fatalf("first call: %d attempts, want 2 (the run, then one replay)", n)
 	}
-	if c := create(ctx, conn, item("pen")); status.Code(c.err) != codes.Unavailable || !c.replayed {
+	if c := create(ctx, conn, item("pen")); status.Code(c.err) != codes.DeadlineExceeded || !c.replayed {
 		t.Fatalf("second call: %v, replayed %v", c.err, c.replayed)
 	}
 	if n := len(s.seenKeys()); n != 3 {

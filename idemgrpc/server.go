@@ -172,7 +172,19 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 		return nil, refusal(codes.InvalidArgument, ReasonInvalidRequest, 0, "the request cannot be fingerprinted")
 	}
 
-	exec, res, err := i.guard.Begin(o.begin(ctx), scope, key, fp)
+	// The execution does not end with the caller's context: once the
+	// handler runs, a caller that goes away (its deadline passed, it
+	// cancelled) must not cut it after its effect, which would release
+	// the key and let the retry run the effect again. The handler keeps
+	// the call's values (metadata, peer, auth info) and runs until it
+	// returns, bounded by the lease and MaxExecution; its answer is
+	// stored, and sent if the caller is still there. A caller already
+	// gone is not given a record.
+	if err := ctx.Err(); err != nil {
+		o.set(idem.OutcomeStoreError, err)
+		return nil, status.FromContextError(err).Err()
+	}
+	exec, res, err := i.guard.Begin(o.begin(context.WithoutCancel(ctx)), scope, key, fp)
 	if err != nil {
 		o.set(idem.OutcomeStoreError, err)
 		switch {
@@ -269,7 +281,7 @@ func (i *Interceptor) finish(ctx, bg context.Context, exec *idem.Execution, fp i
 			r = omitted(codes.OK)
 		}
 		end = i.complete(bg, exec, r)
-	} else if st := status.Convert(herr); i.release(st.Code()) {
+	} else if st := status.Convert(herr); i.releases(st) {
 		released = true
 		end = i.releaseExec(bg, exec)
 	} else {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -198,7 +200,7 @@ func TestInFlight(t *testing.T) {
 func TestDefiniteErrorReplayed(t *testing.T) {
 	t.Parallel()
 	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.AlreadyExists,
-		codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange, codes.Unauthenticated} {
+		codes.FailedPrecondition, codes.OutOfRange} {
 		t.Run(code.String(), func(t *testing.T) {
 			t.Parallel()
 			s, conn := setup(t, nil, func(s *testServer) {
@@ -283,19 +285,110 @@ func TestTransientErrorReleases(t *testing.T) {
 	}
 }
 
-// TestReleasePolicy: Config.Release decides; here Unavailable is stored.
+// TestReleasePolicy: Config.Release decides; here Internal is stored.
 func TestReleasePolicy(t *testing.T) {
 	t.Parallel()
-	s, conn := setup(t, &idemgrpc.Config{Release: func(c codes.Code) bool { return c == codes.Internal }}, func(s *testServer) {
+	s, conn := setup(t, &idemgrpc.Config{Release: func(c codes.Code) bool { return c == codes.Unknown }}, func(s *testServer) {
 		s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
-			return nil, status.Error(codes.Unavailable, "kept")
+			return nil, status.Error(codes.Internal, "kept")
 		}
 	})
 	ctx := withKey(context.Background(), "policy")
 	create(ctx, conn, item("pen"))
 	c := create(ctx, conn, item("pen"))
-	if status.Code(c.err) != codes.Unavailable || !c.replayed || s.calls.Load() != 1 {
-		t.Fatalf("second call: %v, replayed %v, handler runs %d; want the stored Unavailable", c.err, c.replayed, s.calls.Load())
+	if status.Code(c.err) != codes.Internal || !c.replayed || s.calls.Load() != 1 {
+		t.Fatalf("second call: %v, replayed %v, handler runs %d; want the stored Internal", c.err, c.replayed, s.calls.Load())
+	}
+}
+
+// TestAuthErrorReleases: Unauthenticated and PermissionDenied refuse the
+// caller's credentials, not the request: by default they release the key,
+// and the retry with a refreshed token runs the handler, where a replay
+// would repeat the stale refusal.
+func TestAuthErrorReleases(t *testing.T) {
+	t.Parallel()
+	for _, code := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied} {
+		t.Run(code.String(), func(t *testing.T) {
+			t.Parallel()
+			var effects atomic.Int64
+			s, conn := setup(t, nil, func(s *testServer) {
+				s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+					md, _ := metadata.FromIncomingContext(ctx)
+					if tok := md.Get("authorization"); len(tok) != 1 || tok[0] != "Bearer fresh" {
+						return nil, status.Error(code, "token expired")
+					}
+					return order(effects.Add(1), req), nil
+				}
+			})
+			ctx := withKey(context.Background(), "auth-"+code.String())
+			if first := create(ctx, conn, item("pen")); status.Code(first.err) != code {
+				t.Fatalf("first call: %v, want %v", first.err, code)
+			}
+			fresh := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer fresh")
+			second := create(fresh, conn, item("pen"))
+			if second.err != nil || second.replayed {
+				t.Fatalf("retry with a fresh token: %v, replayed %v; want the handler's answer", second.err, second.replayed)
+			}
+			third := create(fresh, conn, item("pen"))
+			if third.err != nil || !third.replayed || !proto.Equal(third.reply, second.reply) {
+				t.Fatalf("third call: %v, replayed %v; want the second's answer replayed", third.err, third.replayed)
+			}
+			if s.calls.Load() != 2 || effects.Load() != 1 {
+				t.Fatalf("handler ran %d times with %d effects; want 2 and 1", s.calls.Load(), effects.Load())
+			}
+		})
+	}
+}
+
+// TestTryAgainNeverStored: an answer that tells the client to try again
+// (Unavailable, ResourceExhausted, Aborted, any status with a RetryInfo)
+// releases the key even under a policy that keeps every code; a definite
+// answer without RetryInfo is stored under it.
+func TestTryAgainNeverStored(t *testing.T) {
+	t.Parallel()
+	withRetryInfo := func(c codes.Code) error {
+		st, err := status.New(c, "later").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Err()
+	}
+	for _, tc := range []struct {
+		name   string
+		err    error
+		stored bool
+	}{
+		{"Unavailable", status.Error(codes.Unavailable, "down"), false},
+		{"ResourceExhausted", status.Error(codes.ResourceExhausted, "quota"), false},
+		{"Aborted", status.Error(codes.Aborted, "in flight downstream"), false},
+		{"FailedPrecondition with RetryInfo", withRetryInfo(codes.FailedPrecondition), false},
+		{"Internal with RetryInfo", withRetryInfo(codes.Internal), false},
+		{"FailedPrecondition", status.Error(codes.FailedPrecondition, "no"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, conn := setup(t, &idemgrpc.Config{Release: func(codes.Code) bool { return false }}, func(s *testServer) {
+				s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+					return nil, tc.err
+				}
+			})
+			ctx := withKey(context.Background(), "try-again")
+			first := create(ctx, conn, item("pen"))
+			second := create(ctx, conn, item("pen"))
+			if status.Code(first.err) != status.Code(tc.err) || status.Code(second.err) != status.Code(tc.err) {
+				t.Fatalf("answers %v and %v, want %v", first.err, second.err, tc.err)
+			}
+			_, err := s.store.Get(context.Background(), "", "try-again")
+			if tc.stored {
+				if err != nil || !second.replayed || s.calls.Load() != 1 {
+					t.Fatalf("record %v, second replayed %v, handler runs %d; want it stored and replayed", err, second.replayed, s.calls.Load())
+				}
+				return
+			}
+			if !errors.Is(err, idem.ErrNotFound) || second.replayed || s.calls.Load() != 2 {
+				t.Fatalf("record %v, second replayed %v, handler runs %d; want it released and run again", err, second.replayed, s.calls.Load())
+			}
+		})
 	}
 }
 
@@ -605,5 +698,102 @@ func TestNew(t *testing.T) {
 	}
 	if _, err := idemgrpc.New(&idemgrpc.Config{Store: memstore.New(nil), Lease: time.Microsecond}); err == nil {
 		t.Error("New with a 1µs lease succeeded")
+	}
+}
+
+// TestClientDeadlineDoesNotCutHandler: the handler runs detached from the
+// caller's context. A client deadline shorter than the handler used to end
+// the handler's context after its effect; the handler answered
+// DeadlineExceeded, the key was released, and the retry ran the effect
+// again. Now the handler runs on (keeping the call's metadata), its answer
+// is stored although the caller has gone, and the retry gets it.
+func TestClientDeadlineDoesNotCutHandler(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int64
+	proceed := make(chan struct{})
+	ended := make(chan error, 1)
+	caller := make(chan context.Context, 1)
+	s, conn := setup(t, nil, func(s *testServer) {
+		s.onCall = func(ctx context.Context) {
+			select {
+			case caller <- ctx: // the first call's, as the server sees it
+			default:
+			}
+		}
+		s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+			if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(idemgrpc.MetadataKey)) != 1 {
+				return nil, status.Error(codes.InvalidArgument, "the handler's context lost the call's metadata")
+			}
+			effects.Add(1) // the effect, then work that heeds ctx
+			if n > 1 {
+				return order(n, req), nil
+			}
+			select {
+			case <-proceed:
+			case <-ctx.Done():
+			}
+			if err := ctx.Err(); err != nil {
+				ended <- context.Cause(ctx)
+				return nil, status.FromContextError(err).Err()
+			}
+			ended <- nil
+			return order(n, req), nil
+		}
+	})
+	ctx, cancel := context.WithTimeout(withKey(context.Background(), "deadline"), 100*time.Millisecond)
+	defer cancel()
+	if first := create(ctx, conn, item("pen")); status.Code(first.err) != codes.DeadlineExceeded {
+		t.Fatalf("first call: %v, want the client's DeadlineExceeded", first.err)
+	}
+	// Once the call's context has ended on the server too, the handler
+	// still runs (on the old code its context ended with it); let it
+	// finish.
+	select {
+	case <-(<-caller).Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call's context did not end on the server")
+	}
+	close(proceed)
+	if err := <-ended; err != nil {
+		t.Errorf("the handler's context ended with the client's deadline: %v", err)
+	}
+	// The retry gets Aborted while the answer is being stored, then the
+	// answer.
+	var retry call
+	waitFor(t, "the stored answer", func() bool {
+		retry = create(withKey(context.Background(), "deadline"), conn, item("pen"))
+		return status.Code(retry.err) != codes.Aborted
+	})
+	if retry.err != nil || !retry.replayed || !proto.Equal(retry.reply, order(1, item("pen"))) {
+		t.Fatalf("retry: %v, replayed %v, %v; want the first run's answer replayed", retry.err, retry.replayed, retry.reply)
+	}
+	if n := effects.Load(); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+}
+
+// TestHandlerBoundedByMaxExecution: detached from the caller, the handler
+// is still bounded: its context ends at MaxExecution.
+func TestHandlerBoundedByMaxExecution(t *testing.T) {
+	t.Parallel()
+	cause := make(chan error, 1)
+	_, conn := setup(t, &idemgrpc.Config{MaxExecution: 100 * time.Millisecond}, func(s *testServer) {
+		s.handle = func(ctx context.Context, req *structpb.Struct, n int64) (*structpb.Struct, error) {
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	})
+	create(withKey(context.Background(), "bounded"), conn, item("pen"))
+	select {
+	case err := <-cause:
+		if !errors.Is(err, idem.ErrMaxExecution) {
+			t.Fatalf("the handler's context ended with %v, want idem.ErrMaxExecution", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context did not end at MaxExecution")
 	}
 }

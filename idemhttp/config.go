@@ -63,13 +63,14 @@ type Config struct {
 	// detail that does not show the error (it is logged at debug level).
 	//
 	// The key is taken, and recorded, before the handler runs: a request
-	// the handler then refuses as forged (a bad signature answered 401)
-	// still holds the key, and its 4xx answer is stored. Anyone who knows
+	// the handler then refuses as forged holds the key while it runs, and
+	// its refusal is stored unless the release policy releases it (the
+	// default releases 401 and 403, not a 400 or a 422). Anyone who knows
 	// a trade number (often an order number the customer sees) could send
 	// a forged notification first, and the provider's genuine one would
-	// be answered 422 KEY_MISMATCH until the record expires. Verify the
-	// provider's signature in Key, and return an error for a request that
-	// fails it: no record is made.
+	// be answered 409 while it runs, or 422 KEY_MISMATCH until the record
+	// expires. Verify the provider's signature in Key, and return an error
+	// for a request that fails it: no record is made.
 	//
 	// Nil means the Idempotency-Key header.
 	Key func(r *http.Request, body []byte) (string, error)
@@ -128,8 +129,16 @@ type Config struct {
 
 	// Release reports whether a handler's final status releases the record
 	// (so that a retry runs the handler again) instead of storing the
-	// response. Nil means DefaultRelease: 5xx, 408, 425 and 429. To keep
-	// 5xx as Stripe does: func(s int) bool { return s == 408 || s == 425 || s == 429 }.
+	// response. Nil means DefaultRelease: 5xx, 401, 403, 407, 408, 425 and
+	// 429. To keep 5xx as Stripe does:
+	//
+	//	func(s int) bool { return s < 500 && idemhttp.DefaultRelease(s) }
+	//
+	// Whatever Release says, an answer that tells the client to try again
+	// is never stored: 429, 503, and any 4xx or 5xx with a Retry-After
+	// header (a 409 PROCESSING of an upstream that is itself idempotent,
+	// say). Storing it would replay "try again later" for the record's
+	// retention, and a client that honours the replay stops retrying.
 	Release func(status int) bool
 
 	// Wait is how long a retry that arrives while the first request is
@@ -190,11 +199,51 @@ type Config struct {
 }
 
 // DefaultRelease is the release policy when Config.Release is nil: a
-// handler status of 5xx, 408 Request Timeout, 425 Too Early or 429 Too Many
-// Requests releases the record, so a retry runs the handler again.
+// handler status of 5xx, 401 Unauthorized, 403 Forbidden, 407 Proxy
+// Authentication Required, 408 Request Timeout, 425 Too Early or 429 Too
+// Many Requests releases the record, so a retry runs the handler again.
+// The authentication answers are released because they refuse the
+// caller's credentials, not the request: the retry with a refreshed token
+// (or the header that was missing) must reach the handler, not get the
+// stale refusal replayed.
 func DefaultRelease(status int) bool {
-	return status >= 500 || status == http.StatusRequestTimeout ||
-		status == http.StatusTooEarly || status == http.StatusTooManyRequests
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return status >= 500
+}
+
+// tryAgain reports whether an answer tells the client to try again later,
+// which no release policy may store: 429 Too Many Requests, 503 Service
+// Unavailable, and any error status (4xx, 5xx) with a Retry-After header.
+// A 2xx or 3xx with Retry-After is a definite answer that only paces a
+// follow-up request (a 202 Accepted naming a job to poll), and is stored.
+func tryAgain(status int, h http.Header) bool {
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		return true
+	}
+	if status < 400 {
+		return false
+	}
+	if len(h["Retry-After"]) > 0 {
+		return true
+	}
+	for name, values := range h { // a name set in the map as it is, not canonical
+		if len(values) > 0 && strings.EqualFold(name, "Retry-After") {
+			return true
+		}
+	}
+	return false
+}
+
+// releases reports whether the handler's response in rec releases the
+// record: it tells the client to try again, or Config.Release selects its
+// status.
+func (m *Middleware) releases(rec *recorder) bool {
+	status := rec.finalStatus()
+	return tryAgain(status, rec.finalHeader()) || m.release(status)
 }
 
 // ScopeError lets a Config.Scope function choose the answer to a request

@@ -61,8 +61,15 @@
 //     waiting retry polls the store with Get every 5 to 250 ms (growing,
 //     jittered) and holds its goroutine while it waits.
 //   - The handler answers a status that Config.Release selects (by default
-//     5xx, 408, 425 and 429) or panics: the record is released (deleted),
-//     so a retry runs the handler again. Other statuses, 4xx included, are
+//     5xx; 401, 403 and 407, which refuse the caller's credentials, not
+//     the request; 408, 425 and 429) or panics: the record is released
+//     (deleted), so a retry runs the handler again. An answer that tells
+//     the client to try again is released whatever Config.Release says
+//     (a policy that keeps 5xx included): 429, 503, and any 4xx or 5xx
+//     with Retry-After (an upstream's own 409 PROCESSING, say); stored, it
+//     would be replayed as "try again later" for the whole retention, and
+//     the client would stop retrying. Other statuses, the other 4xx and a
+//     2xx with Retry-After (a 202 naming a job to poll) included, are
 //     stored and replayed.
 //   - The store cannot be reached to acquire the key: 503 STORE_UNAVAILABLE
 //     with Retry-After: 1 (fail closed), or, with Config.FailOpen, the

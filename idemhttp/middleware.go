@@ -589,7 +589,7 @@ func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Exe
 	rec := &ex.rec
 	if rec.hijacked {
 		var err error
-		released := m.release(rec.finalStatus())
+		released := m.releases(rec)
 		if released {
 			err = m.releaseExec(ctx, exec)
 		} else {
@@ -619,7 +619,7 @@ func (m *Middleware) finish(ctx context.Context, r *http.Request, exec *idem.Exe
 		rec.sendCommitted(stored)
 		return
 	}
-	released := m.release(rec.finalStatus())
+	released := m.releases(rec)
 	if released {
 		err = m.releaseExec(ctx, exec)
 	} else {

@@ -427,7 +427,8 @@ func TestWaitTimeout(t *testing.T) {
 	e.WantCalls(1)
 }
 
-// Row: handler answers 5xx, 408, 425 or 429 → released; a retry runs again.
+// Row: handler answers 5xx, 408, 425 or 429 → released; a retry runs again
+// (401, 403 and 407: TestReleasesAuthAnswers).
 func TestReleasedStatuses(t *testing.T) {
 	t.Parallel()
 	for _, status := range []int{500, 502, 503, 408, 425, 429} {
@@ -444,6 +445,96 @@ func TestReleasedStatuses(t *testing.T) {
 					t.Fatalf("status %d, body %q, header %v", w.Code, w.Body, w.Header())
 				}
 				e.WantCalls(int64(i))
+				e.NoRecord("", "k")
+			}
+		})
+	}
+}
+
+// Row: handler answers 401, 403 or 407 → released by default: they refuse
+// the caller's credentials, and the retry with the header that was
+// missing (or a refreshed token) runs the handler, where a replay would
+// repeat the stale refusal for the record's retention.
+func TestReleasesAuthAnswers(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			t.Parallel()
+			var effects atomic.Int32
+			e := setup(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-User-ID") == "" {
+					idemhttp.WriteProblem(w, status, "NO_USER", "Who are you", "send X-User-ID")
+					return
+				}
+				effects.Add(1)
+				w.WriteHeader(http.StatusCreated)
+			})
+			if w := e.Do(http.MethodPost, "/orders", "k", `{}`); w.Code != status {
+				t.Fatalf("without credentials: status %d, want %d", w.Code, status)
+			}
+			e.NoRecord("", "k")
+			withUser := func() *http.Request {
+				r := request(http.MethodPost, "/orders", "k", `{}`)
+				r.Header.Set("X-User-ID", "u1")
+				return r
+			}
+			if w := e.Serve(withUser()); w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "" {
+				t.Fatalf("with credentials: status %d, header %v; want 201, not replayed", w.Code, w.Header())
+			}
+			if w := e.Serve(withUser()); w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "true" {
+				t.Fatalf("retry: status %d, header %v; want the 201 replayed", w.Code, w.Header())
+			}
+			if n := effects.Load(); n != 1 {
+				t.Fatalf("%d effects, want 1", n)
+			}
+			e.WantCalls(2) // the refusal and the 201; the retry is a replay
+		})
+	}
+}
+
+// An answer that tells the client to try again (429, 503, an error status
+// with Retry-After: an upstream's own 409 PROCESSING) is never stored,
+// even under a policy that keeps every status; a 2xx with Retry-After is
+// a definite answer, and is.
+func TestTryAgainNeverStored(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		status     int
+		retryAfter string // header name; "" sets none
+		stored     bool
+	}{
+		{"409 PROCESSING with Retry-After", http.StatusConflict, "Retry-After", false},
+		{"503", http.StatusServiceUnavailable, "", false},
+		{"429", http.StatusTooManyRequests, "", false},
+		{"500 with Retry-After", http.StatusInternalServerError, "Retry-After", false},
+		{"400 with retry-after set as is", http.StatusBadRequest, "retry-after", false},
+		{"409 without Retry-After", http.StatusConflict, "", true},
+		{"500 without Retry-After", http.StatusInternalServerError, "", true},
+		{"202 with Retry-After", http.StatusAccepted, "Retry-After", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, &idemhttp.Config{Release: func(int) bool { return false }}, func(w http.ResponseWriter, r *http.Request) {
+				if tc.retryAfter != "" {
+					w.Header()[tc.retryAfter] = []string{"1"}
+				}
+				idemhttp.WriteProblem(w, tc.status, idemhttp.CodeProcessing, "Processing", "still running")
+			})
+			for i := 1; i <= 2; i++ {
+				w := e.Do(http.MethodPost, "/orders", "k", `{}`)
+				if w.Code != tc.status {
+					t.Fatalf("attempt %d: status %d, want %d", i, w.Code, tc.status)
+				}
+				if replayed := w.Header().Get(idemhttp.HeaderReplayed) == "true"; replayed != (tc.stored && i == 2) {
+					t.Fatalf("attempt %d replayed: %v", i, replayed)
+				}
+			}
+			if tc.stored {
+				e.WantCalls(1)
+				e.Record("", "k")
+			} else {
+				e.WantCalls(2)
 				e.NoRecord("", "k")
 			}
 		})

@@ -247,18 +247,23 @@ func (r *recorder) forward() error {
 // itself). Its header map is the writer's, or the copy made when the
 // response was forwarded.
 func (r *recorder) response() idem.Response {
-	r.prepare()
-	h := r.header
-	if !r.forwarded && !r.hijacked {
-		h = r.w.Header()
-	}
-	resp := idem.Response{StatusCode: r.finalStatus(), Header: h, BodyOmitted: r.omitted}
+	resp := idem.Response{StatusCode: r.finalStatus(), Header: r.finalHeader(), BodyOmitted: r.omitted}
 	if !r.omitted && len(r.buf) > 0 {
 		// buf goes back to a pool once the request ends; stores do not
 		// retain a response after Complete returns (idem.Store).
 		resp.Body = r.buf
 	}
 	return resp
+}
+
+// finalHeader is the header of the handler's response as the client gets
+// it: the writer's, or the copy made when the response was forwarded.
+func (r *recorder) finalHeader() http.Header {
+	r.prepare()
+	if !r.forwarded && !r.hijacked {
+		return r.w.Header()
+	}
+	return r.header
 }
 
 // send sends the handler's response to the client.

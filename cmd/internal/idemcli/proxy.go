@@ -79,6 +79,12 @@ shares one key space.
 
 The upstream's answers:
   - 5xx, 408, 425 and 429 release the key: a retry goes to the upstream again;
+  - so do 401, 403 and 407, which refuse the caller's credentials rather
+    than the request: the retry with the header that was missing, or a
+    refreshed token, reaches the upstream instead of the stale refusal;
+  - an answer that says "try again" (429, 503, any 4xx or 5xx with
+    Retry-After, such as the 409 PROCESSING of an upstream that is itself
+    idempotent) is never stored;
   - other answers (2xx, 3xx, 4xx) are stored and replayed;
   - the upstream cannot be reached (connection refused, DNS, dial
     timeout): 502 UPSTREAM_UNAVAILABLE, the key is released;
@@ -498,6 +504,7 @@ type proxy struct {
 	transport *http.Transport
 	keep      bool // -ambiguous keep
 	log       *slog.Logger
+	logKeys   bool // log lines carry the raw scope and key beside the hash (the middleware's LogKeys too); no flag sets it
 }
 
 // newProxy builds the handler of idem proxy.
@@ -555,6 +562,7 @@ func newProxy(p *proxyFlags, upstream *url.URL, routes []route, store idem.Store
 		Observer:        obs,
 		StoreName:       storeName,
 		Route:           px.route,
+		LogKeys:         px.logKeys,
 	}
 	if name := p.scopeHeader; name != "" {
 		cfg.Scope = func(r *http.Request) (string, error) {
@@ -755,11 +763,11 @@ func (px *proxy) brokeOff(ctx context.Context, r *http.Request) {
 	}
 	l := exec.Lease()
 	if errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
-		px.log.WarnContext(ctx, "idem proxy: answer cut: the key's lease was lost", "path", r.URL.Path, "key", l.Key)
+		px.log.WarnContext(ctx, "idem proxy: answer cut: the key's lease was lost", "path", r.URL.Path, idem.LogKey(l.Scope, l.Key, px.logKeys))
 		return
 	}
 	px.log.WarnContext(ctx, "idem proxy: the upstream's answer broke off; outcome unknown",
-		"path", r.URL.Path, "key", l.Key, "ambiguous", map[bool]string{true: ambiguousKeep, false: ambiguousRelease}[px.keep],
+		"path", r.URL.Path, idem.LogKey(l.Scope, l.Key, px.logKeys), "ambiguous", map[bool]string{true: ambiguousKeep, false: ambiguousRelease}[px.keep],
 		"cause", context.Cause(ctx))
 	if px.keep {
 		exec.Abandon()
@@ -767,7 +775,7 @@ func (px *proxy) brokeOff(ctx context.Context, r *http.Request) {
 	}
 	if err := exec.Release(context.WithoutCancel(ctx)); err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrFinished) {
 		exec.Abandon()
-		px.log.ErrorContext(ctx, "idem proxy: cannot release the key; left to its lease", "path", r.URL.Path, "key", l.Key, "error", err)
+		px.log.ErrorContext(ctx, "idem proxy: cannot release the key; left to its lease", "path", r.URL.Path, idem.LogKey(l.Scope, l.Key, px.logKeys), "error", err)
 	}
 }
 

@@ -140,14 +140,7 @@ func TestProxyBodyBreaksOff(t *testing.T) {
 					fmt.Fprintf(w, "paid by call %d", n)
 					return
 				}
-				conn, brw, err := http.NewResponseController(w).Hijack()
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				defer conn.Close()
-				fmt.Fprint(brw, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\npaid, and then")
-				brw.Flush()
+				answerBreaksOff(t, w)
 			})
 			stderr := &obstest.LogBuffer{}
 			base := startProxyLog(t, stderr, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL,
@@ -185,6 +178,19 @@ func TestProxyBodyBreaksOff(t *testing.T) {
 			}
 		})
 	}
+}
+
+// answerBreaksOff answers 201 with a Content-Length of 1000 and closes
+// the connection after a few bytes of the body.
+func answerBreaksOff(t *testing.T, w http.ResponseWriter) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer conn.Close()
+	fmt.Fprint(brw, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\npaid, and then")
+	brw.Flush()
 }
 
 // A streamed answer cut at -max-execution is an unknown outcome too: the
