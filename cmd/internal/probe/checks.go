@@ -125,7 +125,8 @@ var Checks = []Info{
 		ID:     "stored-4xx",
 		Title:  "a 4xx answer is stored and replayed",
 		Source: "draft §2.6; Stripe",
-		Explain: "Sends the -d4xx body (one the API refuses with a 4xx other than 409, 408, 425 and 429) with a " +
+		Explain: "Sends the -d4xx body (one the API refuses with a 4xx other than 401, 403, 407, 408, 409, 425 and " +
+			"429, and without Retry-After) with a " +
 			"fresh key twice: the retry must replay the refusal byte for byte, marked as a replay (unmarked, " +
 			"it cannot be told from the request running again). Not applicable without -d4xx.",
 		run: checkStored4xx,

@@ -57,7 +57,8 @@ type Config struct {
 	// Body is the body of a request the API accepts (2xx) and executes.
 	Body []byte
 	// RefusedBody, when not nil, is a body the API refuses with a 4xx
-	// other than 409 (an unknown product, say): the stored-4xx check sends
+	// other than 401, 403, 407, 408, 409, 425 and 429, without
+	// Retry-After (an unknown product, say): the stored-4xx check sends
 	// it twice under one key. Nil makes that check not applicable.
 	RefusedBody []byte
 	// Concurrency is the number of concurrent requests with one key; 0
