@@ -478,6 +478,51 @@ func TestGuardLeaseLost(t *testing.T) {
 	}
 }
 
+// lostObserver records, for each lease lost it is told, whether the
+// execution's context had ended by then.
+type lostObserver struct {
+	mu   sync.Mutex
+	live []bool // ctx.Err() == nil at each OutcomeLost
+}
+
+func (o *lostObserver) Start(ctx context.Context, _ idem.Event) context.Context { return ctx }
+
+func (o *lostObserver) End(ctx context.Context, e idem.Event) {
+	if e.Kind == idem.KindLease && e.Outcome == idem.OutcomeLost {
+		o.mu.Lock()
+		o.live = append(o.live, ctx.Err() == nil)
+		o.mu.Unlock()
+	}
+}
+
+// Once the guard knows the lease is lost, the execution's context says
+// so to every goroutine of the work before anything else happens: here
+// the observer told of the loss by a completion the store refused finds
+// the context ended. (The context was cancelled after the guard let go of
+// its lock, so work could check Err, find it nil and go on with its
+// effect meanwhile, on a loaded machine for as long as the goroutine
+// that was to cancel it waited for a CPU.)
+func TestGuardContextEndsWithLoss(t *testing.T) {
+	t.Parallel()
+	s := &hookStore{Store: memstore.New(nil), complete: func(context.Context, idem.Lease, idem.Response, time.Duration) error {
+		return idem.ErrLeaseLost
+	}}
+	obs := &lostObserver{}
+	g := newGuard(t, s, &idem.GuardConfig{Observer: obs})
+	exec := begin(t, g, "k")
+	if err := exec.Complete(t.Context(), idem.Response{StatusCode: 201}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Complete = %v, want ErrLeaseLost", err)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.live) != 1 || obs.live[0] {
+		t.Fatalf("lease lost reported %d times, context live at each: %v; want once, the context ended", len(obs.live), obs.live)
+	}
+	if cause := context.Cause(exec.Context()); !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("cause = %v, want ErrLeaseLost", cause)
+	}
+}
+
 func TestGuardRenewalFails(t *testing.T) {
 	// A store that cannot be reached: the watchdog retries with a backoff
 	// (from a thirtieth of the lease, doubling), not in a tight loop, and
