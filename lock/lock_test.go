@@ -752,15 +752,16 @@ func TestMaxHoldEqualsTTL(t *testing.T) {
 // loop: from a thirtieth of the TTL, doubling.
 func TestWatchdogRetryBackoff(t *testing.T) {
 	t.Parallel()
-	const ttl = 600 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	h := newHook()
 	h.extend = func(context.Context, int) (error, bool) { return errors.New("connection refused"), true }
 	l := newLocker(t, h, lock.Config{TTL: ttl})
 	heldToEnd(t, l, lock.ErrLost)
 	calls := h.calls()
-	// At a third of the TTL (200 ms), then 20, 40, 80 and 160 ms later;
-	// the lease's end at 600 ms cuts the rest: 5 attempts, or fewer on a
-	// late timer, never dozens. (Retried only a third later, there were 2.)
+	// At a third of the TTL (500 ms), then 50, 100, 200 and 400 ms
+	// later; the lease's end at 1500 ms cuts the rest: 5 attempts, or
+	// fewer on a timer hundreds of milliseconds late, never dozens.
+	// (Retried only a third later, there were 2.)
 	if n := len(calls); n < 3 || n > 8 {
 		t.Fatalf("%d renewal attempts in one TTL against a failing backend; want 3 to 8", n)
 	}
