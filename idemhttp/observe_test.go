@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -304,81 +303,73 @@ func TestLogsHashKeys(t *testing.T) {
 	t.Parallel()
 	const key, scope = "order-key-Qz81x", "tenant-Wy93v"
 	for _, logKeys := range []bool{false, true} {
-		t.Run(fmt.Sprint("LogKeys=", logKeys), func(t *testing.T) {
-			t.Parallel()
-			logsHashKeys(t, key, scope, logKeys)
+		var buf obstest.LogBuffer
+		store := &flakyStore{Store: memstore.New(nil)}
+		var lose sync.Mutex
+		losing := false
+		mw, err := idemhttp.New(&idemhttp.Config{
+			Store:   store,
+			Scope:   func(*http.Request) (string, error) { return scope, nil },
+			Logger:  slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			LogKeys: logKeys,
+			// The renewal must be refused by the store (logged "lease
+			// lost"), not come after the lease ended on the guard's clock.
+			Lease: renewedLease,
 		})
-	}
-}
-
-// logsHashKeys runs TestLogsHashKeys with or without LogKeys.
-func logsHashKeys(t *testing.T, key, scope string, logKeys bool) {
-	var buf obstest.LogBuffer
-	store := &flakyStore{Store: memstore.New(nil)}
-	var lose sync.Mutex
-	losing := false
-	mw, err := idemhttp.New(&idemhttp.Config{
-		Store:   store,
-		Scope:   func(*http.Request) (string, error) { return scope, nil },
-		Logger:  slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		LogKeys: logKeys,
-		// The renewal must be refused by the store (logged "lease
-		// lost"), not come after the lease ended on the guard's clock.
-		Lease: renewedLease,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lose.Lock()
-		l := losing
-		lose.Unlock()
-		if l {
-			// The record goes: the next renewal is refused (the
-			// guard logs the lease lost) and the completion too.
-			lease := idemhttp.ExecutionFrom(r.Context()).Lease()
-			if err := store.Delete(context.Background(), lease.Scope, lease.Key); err != nil {
-				t.Error(err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			lose.Lock()
+			l := losing
+			lose.Unlock()
+			if l {
+				// The record goes: the next renewal is refused (the
+				// guard logs the lease lost) and the completion too.
+				lease := idemhttp.ExecutionFrom(r.Context()).Lease()
+				if err := store.Delete(context.Background(), lease.Scope, lease.Key); err != nil {
+					t.Error(err)
+				}
+				<-r.Context().Done()
 			}
-			<-r.Context().Done()
+			w.WriteHeader(http.StatusCreated)
+		}))
+		do := func(k, body string) int {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, request(http.MethodPost, "/x", k, body))
+			return w.Code
 		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	do := func(k, body string) int {
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, request(http.MethodPost, "/x", k, body))
-		return w.Code
-	}
-	if do(key, `{}`) != http.StatusCreated || do(key, `{}`) != http.StatusCreated || do(key, `{"b":2}`) != http.StatusUnprocessableEntity {
-		t.Fatal("executed, replayed, mismatch: unexpected status")
-	}
-	lose.Lock()
-	losing = true
-	lose.Unlock()
-	if c := do(key+"-lost", `{}`); c != http.StatusConflict {
-		t.Fatalf("lease lost: %d", c)
-	}
-	store.acquire.Store(true)
-	if c := do(key+"-down", `{}`); c != http.StatusServiceUnavailable {
-		t.Fatalf("store error: %d", c)
-	}
-	// The guard cancels the execution before it logs the loss: the
-	// request may be answered before that line is written.
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(buf.String(), "idem: lease lost") && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
-	out := buf.String()
-	for _, want := range []string{"idem: lease lost", "lease lost, and the key holds no response", "store unavailable",
-		`"idem.key_hash":"` + idem.HashKey(scope, key+"-lost") + `"`, `"idem.key_hash":"` + idem.HashKey(scope, key+"-down") + `"`} {
-		if !strings.Contains(out, want) {
-			t.Errorf("LogKeys %v: the log lacks %q:\n%s", logKeys, want, out)
+		if do(key, `{}`) != http.StatusCreated || do(key, `{}`) != http.StatusCreated || do(key, `{"b":2}`) != http.StatusUnprocessableEntity {
+			t.Fatal("executed, replayed, mismatch: unexpected status")
 		}
-	}
-	hasRaw := strings.Contains(out, key) || strings.Contains(out, scope)
-	if hasRaw != logKeys {
-		t.Errorf("LogKeys %v: raw key or scope in the log: %v\n%s", logKeys, hasRaw, out)
-	}
-	if logKeys && !strings.Contains(out, `"idem.key":"`+key+`-down"`) {
-		t.Errorf("LogKeys: the key is not under idem.key:\n%s", out)
+		lose.Lock()
+		losing = true
+		lose.Unlock()
+		if c := do(key+"-lost", `{}`); c != http.StatusConflict {
+			t.Fatalf("lease lost: %d", c)
+		}
+		store.acquire.Store(true)
+		if c := do(key+"-down", `{}`); c != http.StatusServiceUnavailable {
+			t.Fatalf("store error: %d", c)
+		}
+		// The guard cancels the execution before it logs the loss: the
+		// request may be answered before that line is written.
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(buf.String(), "idem: lease lost") && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		out := buf.String()
+		for _, want := range []string{"idem: lease lost", "lease lost, and the key holds no response", "store unavailable",
+			`"idem.key_hash":"` + idem.HashKey(scope, key+"-lost") + `"`, `"idem.key_hash":"` + idem.HashKey(scope, key+"-down") + `"`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("LogKeys %v: the log lacks %q:\n%s", logKeys, want, out)
+			}
+		}
+		hasRaw := strings.Contains(out, key) || strings.Contains(out, scope)
+		if hasRaw != logKeys {
+			t.Errorf("LogKeys %v: raw key or scope in the log: %v\n%s", logKeys, hasRaw, out)
+		}
+		if logKeys && !strings.Contains(out, `"idem.key":"`+key+`-down"`) {
+			t.Errorf("LogKeys: the key is not under idem.key:\n%s", out)
+		}
 	}
 }
