@@ -9,8 +9,10 @@ import (
 
 func TestBoundedContextDeadline(t *testing.T) {
 	var c boundedContext
+	start := time.Now()
 	c.init(context.Background(), 30*time.Millisecond)
-	if err := c.Err(); err != nil {
+	// Nil until the timeout (a loaded machine may get here later).
+	if err := c.Err(); err != nil && time.Since(start) < 30*time.Millisecond {
 		t.Fatalf("fresh: Err = %v", err)
 	}
 	if d, ok := c.Deadline(); !ok || time.Until(d) > 30*time.Millisecond {

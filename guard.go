@@ -538,7 +538,7 @@ func (e *Execution) expire() {
 	l := e.lease
 	cause := e.expiredCause(time.Now())
 	if cause != nil {
-		e.endWatch()
+		e.endWatch(cause)
 	}
 	e.mu.Unlock()
 	e.report(l, cause, nil)
@@ -558,8 +558,15 @@ func (e *Execution) halt() {
 	}
 }
 
-// endWatch ends the watchdog for good. e.mu held.
-func (e *Execution) endWatch() {
+// endWatch ends the watchdog for good, and the context with cause
+// (unless it is nil). The context ends before e.mu is let go: once the
+// watchdog is over, Err no longer checks the clock, so work that asked
+// between the two would find the context live past the lease's end, or
+// after the store said the lease was lost. e.mu held.
+func (e *Execution) endWatch(cause error) {
+	if cause != nil {
+		e.cancel(cause)
+	}
 	e.watchOver = true
 	e.halt()
 }
@@ -574,7 +581,7 @@ func (e *Execution) resume() error {
 	}
 	now := time.Now()
 	if cause := e.expiredCause(now); cause != nil {
-		e.endWatch()
+		e.endWatch(cause)
 		return cause
 	}
 	// The next renewal is due a third into the lease last confirmed (at
@@ -604,7 +611,7 @@ func (e *Execution) tick() {
 	l := e.lease
 	now := time.Now()
 	if cause := e.expiredCause(now); cause != nil {
-		e.endWatch()
+		e.endWatch(cause)
 		e.mu.Unlock()
 		e.report(l, cause, nil)
 		return
@@ -651,7 +658,7 @@ func (e *Execution) tick() {
 	}
 	switch {
 	case cause != nil:
-		e.endWatch()
+		e.endWatch(cause)
 	case err != nil:
 		e.retryIn = retry.After(e.retryIn, e.g.cfg.Lease)
 		e.wake(now, min(e.retryIn, e.nextWake(now)))
@@ -671,15 +678,10 @@ func (e *Execution) tick() {
 	e.report(l, cause, err)
 }
 
-// report logs what the watchdog found (err: a renewal's error), and
-// cancels the context with cause if it is set.
+// report logs what the watchdog found (err: a renewal's error; cause:
+// why the watchdog ended, if it did: endWatch has cancelled the context
+// with it, so a slow log never leaves the context live past the lease).
 func (e *Execution) report(l Lease, cause, err error) {
-	// The execution is over for whoever asks before anything is logged or
-	// observed: a slow log must not leave the context live past the
-	// lease.
-	if cause != nil {
-		e.cancel(cause)
-	}
 	log := e.g.cfg.Logger
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -744,21 +746,18 @@ func (e *Execution) settle(err error, holdTx bool) {
 		e.txOpen = true
 	case err == nil, errors.Is(err, ErrFinished):
 		e.finished = true
-		e.endWatch()
 		cause = context.Canceled
+		e.endWatch(cause)
 	case errors.Is(err, ErrLeaseLost):
 		e.finished = true
-		e.endWatch()
 		cause = ErrLeaseLost
+		e.endWatch(cause)
 	default:
 		expired = e.resume()
 	}
 	e.mu.Unlock()
-	if cause != nil {
-		if cause == ErrLeaseLost {
-			e.lost(l)
-		}
-		e.cancel(cause)
+	if cause == ErrLeaseLost {
+		e.lost(l)
 	}
 	e.report(l, expired, nil)
 }
@@ -863,9 +862,8 @@ func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 		e.mu.Lock()
 		e.pending, e.committed = rec.Response, true
 		e.finished, e.txOpen = true, false
-		e.endWatch()
+		e.endWatch(context.Canceled)
 		e.mu.Unlock()
-		e.cancel(context.Canceled)
 		return *rec.Response, true, nil
 	}
 	// The transaction has ended (it rolled back, or the store cannot say
@@ -907,7 +905,6 @@ func (e *Execution) Release(ctx context.Context) error {
 func (e *Execution) Abandon() {
 	e.mu.Lock()
 	e.finished = true
-	e.endWatch()
+	e.endWatch(context.Canceled)
 	e.mu.Unlock()
-	e.cancel(context.Canceled)
 }

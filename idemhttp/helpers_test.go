@@ -36,6 +36,14 @@ type flakyStore struct {
 
 var errDown = errors.New("store down")
 
+// renewedLease is a lease whose renewals (every third of it) reach the
+// store long before it ends, also on a loaded machine whose timers run
+// hundreds of milliseconds late: the tests that need the store to answer
+// a renewal, rather than the lease to run out first, hold it. (With a
+// 30 ms lease a timer 20 ms late let the guard give the lease up on its
+// own clock, "lease may have ended", before any renewal was refused.)
+const renewedLease = 1500 * time.Millisecond
+
 func (s *flakyStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
 	if s.acquire.Load() {
 		return idem.AcquireResult{}, errDown

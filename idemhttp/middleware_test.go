@@ -1371,13 +1371,16 @@ func TestWaitStoreStalls(t *testing.T) {
 // A handler that cannot tell whether its effect happened abandons the
 // execution: its answer reaches the client, the record is neither stored
 // nor released, retries get 409 until the lease ends (it is no longer
-// renewed), and a retry after that runs the handler again.
+// renewed), and a retry after that runs the handler again. The store's
+// clock is a fake one, so the lease ends when the test says, however
+// slowly a loaded machine runs it.
 func TestHandlerAbandons(t *testing.T) {
 	t.Parallel()
 	const lease = 300 * time.Millisecond
+	clock := newFakeClock()
 	var abandon atomic.Bool
 	abandon.Store(true)
-	e := setup(t, &idemhttp.Config{Lease: lease}, func(w http.ResponseWriter, r *http.Request) {
+	e := setup(t, &idemhttp.Config{Store: memstore.New(&memstore.Config{Now: clock.Now}), Lease: lease}, func(w http.ResponseWriter, r *http.Request) {
 		if abandon.Load() {
 			idemhttp.ExecutionFrom(r.Context()).Abandon()
 			idemhttp.WriteProblem(w, http.StatusBadGateway, "UPSTREAM_OUTCOME_UNKNOWN", "Outcome unknown", "no answer")
@@ -1394,27 +1397,21 @@ func TestHandlerAbandons(t *testing.T) {
 	wantProblem(t, e.Do(http.MethodPost, "/things", "k", `{}`), http.StatusConflict, idemhttp.CodeProcessing)
 	e.WantCalls(1)
 
-	// The watchdog stopped with Abandon: at the lease's end the record
-	// holds the lease as it was (a renewal would have moved it).
-	time.Sleep(time.Until(rec.LeaseUntil) + lease/10)
+	// The watchdog stopped with Abandon: halfway through the lease on
+	// the store's clock, and after a whole lease of real time, in which a
+	// running watchdog would have renewed it (moved it on from the
+	// store's now), the record holds the lease as it was.
+	clock.Advance(lease / 2)
+	time.Sleep(lease)
 	if got := e.Record("", "k"); got.Status != idem.StatusProcessing || !got.LeaseUntil.Equal(rec.LeaseUntil) {
-		t.Fatalf("record at the lease's end: %+v; want processing until %v (not renewed)", got, rec.LeaseUntil)
+		t.Fatalf("record after a lease: %+v; want processing until %v (not renewed)", got, rec.LeaseUntil)
 	}
+	wantProblem(t, e.Do(http.MethodPost, "/things", "k", `{}`), http.StatusConflict, idemhttp.CodeProcessing)
 
 	abandon.Store(false)
-	deadline := time.Now().Add(10 * lease)
-	for {
-		w := e.Do(http.MethodPost, "/things", "k", `{}`)
-		if w.Code == http.StatusOK {
-			if w.Body.String() != "done" {
-				t.Fatalf("after the lease: body %q", w.Body)
-			}
-			break
-		}
-		if w.Code != http.StatusConflict || time.Now().After(deadline) {
-			t.Fatalf("retry: status %d %s; want 409 until the lease ends, then 200", w.Code, w.Body)
-		}
-		time.Sleep(lease / 10)
+	clock.Advance(lease / 2) // the lease ends
+	if w := e.Do(http.MethodPost, "/things", "k", `{}`); w.Code != http.StatusOK || w.Body.String() != "done" {
+		t.Fatalf("retry after the lease: %d %q; want 200 \"done\"", w.Code, w.Body)
 	}
 	e.WantCalls(2)
 	if got := e.Record("", "k"); got.Status != idem.StatusCompleted || got.Fence != rec.Fence+1 {

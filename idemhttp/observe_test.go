@@ -235,7 +235,7 @@ func TestObserverLease(t *testing.T) {
 	store := memstore.New(nil)
 	renewed := make(chan struct{})
 	var once sync.Once
-	mw, err := idemhttp.New(&idemhttp.Config{Store: store, Observer: obs, Lease: 30 * time.Millisecond,
+	mw, err := idemhttp.New(&idemhttp.Config{Store: store, Observer: obs, Lease: renewedLease,
 		Release: func(int) bool { return false }})
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +251,9 @@ func TestObserverLease(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		once.Do(func() { close(renewed) })
+		if !hasLease(obs, idem.OutcomeRenewed) {
+			t.Error("no renewal reported")
+		}
 		l := idemhttp.ExecutionFrom(r.Context()).Lease()
 		if err := store.Delete(context.Background(), l.Scope, l.Key); err != nil {
 			t.Error(err)
@@ -309,7 +312,9 @@ func TestLogsHashKeys(t *testing.T) {
 			Scope:   func(*http.Request) (string, error) { return scope, nil },
 			Logger:  slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
 			LogKeys: logKeys,
-			Lease:   30 * time.Millisecond,
+			// The renewal must be refused by the store (logged "lease
+			// lost"), not come after the lease ended on the guard's clock.
+			Lease: renewedLease,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -87,6 +87,21 @@ func (h *hookBackend) calls() []extendCall {
 	return append([]extendCall(nil), h.extends...)
 }
 
+// waitCalls waits until n Extend calls have returned, and returns the
+// calls, or fails t after a generous deadline.
+func (h *hookBackend) waitCalls(t *testing.T, n int) []extendCall {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		calls := h.calls()
+		if len(calls) >= n && !calls[n-1].done.IsZero() {
+			return calls
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d renewals returned, want %d", len(calls), n)
+		}
+	}
+}
+
 func newLocker(t *testing.T, b lock.Backend, cfg lock.Config) *lock.Locker {
 	t.Helper()
 	l, err := lock.New(b, &cfg)
@@ -250,9 +265,11 @@ func TestWatchdogRefused(t *testing.T) {
 
 // A renewal that fails (the backend unreachable) or times out (slower
 // than a third of the TTL) is retried soon after, within the third of
-// the lease that remains: the lease survives, held for several TTLs. A
-// retry a third later, as after a success, came at the lease's end and
-// lost it.
+// the lease that remains: the lease survives, and the renewals after the
+// retry go on. A retry a third later, as after a success, came at the
+// lease's end and lost it. The TTL is long: after a renewal that timed
+// out, a third of it is all the retry has to be confirmed in, and with a
+// 600 ms TTL a loaded machine missed those 200 ms.
 func TestWatchdogTransientError(t *testing.T) {
 	for _, c := range []struct {
 		name    string
@@ -261,7 +278,7 @@ func TestWatchdogTransientError(t *testing.T) {
 	}{{"fails", false, errReset}, {"times out", true, context.DeadlineExceeded}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			const ttl = 600 * time.Millisecond
+			const ttl = 3 * time.Second
 			h := newHook()
 			h.extend = func(ctx context.Context, n int) (error, bool) {
 				switch {
@@ -275,7 +292,8 @@ func TestWatchdogTransientError(t *testing.T) {
 			}
 			l := newLocker(t, h, lock.Config{TTL: ttl})
 			lease := takeJob(t, l)
-			time.Sleep(3 * ttl)
+			// The failed renewal, its retry and the renewal after it.
+			h.waitCalls(t, 3)
 			if err := lease.Err(); err != nil {
 				t.Fatalf("lease ended after one renewal went wrong: %v", err)
 			}
@@ -734,15 +752,16 @@ func TestMaxHoldEqualsTTL(t *testing.T) {
 // loop: from a thirtieth of the TTL, doubling.
 func TestWatchdogRetryBackoff(t *testing.T) {
 	t.Parallel()
-	const ttl = 600 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	h := newHook()
 	h.extend = func(context.Context, int) (error, bool) { return errors.New("connection refused"), true }
 	l := newLocker(t, h, lock.Config{TTL: ttl})
 	heldToEnd(t, l, lock.ErrLost)
 	calls := h.calls()
-	// At a third of the TTL (200 ms), then 20, 40, 80 and 160 ms later;
-	// the lease's end at 600 ms cuts the rest: 5 attempts, or fewer on a
-	// late timer, never dozens. (Retried only a third later, there were 2.)
+	// At a third of the TTL (500 ms), then 50, 100, 200 and 400 ms
+	// later; the lease's end at 1500 ms cuts the rest: 5 attempts, or
+	// fewer on a timer hundreds of milliseconds late, never dozens.
+	// (Retried only a third later, there were 2.)
 	if n := len(calls); n < 3 || n > 8 {
 		t.Fatalf("%d renewal attempts in one TTL against a failing backend; want 3 to 8", n)
 	}

@@ -28,7 +28,10 @@ func TestLogsHashNames(t *testing.T) {
 		}
 		return lock.ErrNotHeld, true
 	}
-	l := newLocker(t, h, lock.Config{TTL: 300 * time.Millisecond,
+	// The failed renewal's retry must reach the backend (and be refused)
+	// before the lease runs out, on a loaded machine too: with 300 ms, a
+	// timer 200 ms late ended it "may have ended", with no refusal.
+	l := newLocker(t, h, lock.Config{TTL: 1500 * time.Millisecond,
 		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	lease, err := l.TryAcquire(t.Context(), name)
 	if err != nil {

@@ -252,7 +252,9 @@ func TestAbandonedProcessingRecord(t *testing.T) {
 			c := setup.client(t)
 			s := newStore(t, c, nil)
 			ctx := t.Context()
-			const lease, retention = 100 * time.Millisecond, 300 * time.Millisecond
+			// The checks after the lease's end must come before the end of
+			// the retention, on a loaded machine too: a second apart.
+			const lease, retention = 100 * time.Millisecond, 1200 * time.Millisecond
 			req := func(key string) idem.AcquireRequest {
 				return idem.AcquireRequest{Scope: "abandoned", Key: key, Fingerprint: "fp", Lease: lease, Retention: retention}
 			}

@@ -145,8 +145,16 @@ func TestExtendSweepRace(t *testing.T) {
 				scope := randomName("sweeprace-")
 				for round := range rounds {
 					r := idem.AcquireRequest{Scope: scope, Key: fmt.Sprint(round), Fingerprint: "fp", Lease: lease, Retention: retention}
+					if round%2 == 1 {
+						// Half of them renewed once before: the renewal is
+						// what expires. They are acquired for long, so that
+						// no Sweep (another case's runs in parallel) can
+						// remove them before that renewal, however late it
+						// comes on a loaded machine.
+						r.Lease = long
+					}
 					l := mustAcquire(t, s, r, idem.Acquired).Lease
-					if round%2 == 1 { // half of them renewed once before: the renewal is what expires
+					if round%2 == 1 {
 						var err error
 						if l, err = s.Extend(t.Context(), l, lease); err != nil {
 							t.Fatal(err)

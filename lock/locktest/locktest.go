@@ -137,12 +137,14 @@ func testExtendOwnerOnly(t *testing.T, b lock.Backend, name func(string) string)
 func testExtendKeepsHeld(t *testing.T, b lock.Backend, name func(string) string) {
 	n := name("x")
 	a := lock.NewOwner()
-	const ttl = 200 * time.Millisecond
+	// Long enough that the Extend, one round trip after the Acquire,
+	// comes within the first lease on a loaded machine too.
+	const ttl = 600 * time.Millisecond
 	f := mustAcquire(t, b, n, a, ttl)
 	if err := b.Extend(ctx(t), n, a, f, time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(3 * ttl) // past the first lease, well within the second
+	time.Sleep(ttl + 250*time.Millisecond) // past the first lease on any clock and rounding, well within the second
 	wantHeld(t, b, n)
 	if err := b.Extend(ctx(t), n, a, f, time.Minute); err != nil {
 		t.Fatalf("Extend after the first lease's end: %v", err)
@@ -349,9 +351,11 @@ func testRace(t *testing.T, b lock.Backend, name func(string) string) {
 
 // testLocker runs a Locker over the backend: its watchdog keeps the lock
 // held across several TTLs, and a release lets another in with a
-// greater fence.
+// greater fence. Each renewal has two thirds of the TTL, 600 ms, to be
+// answered: a timer late on a loaded machine and a slow round trip
+// together missed 200 ms.
 func testLocker(t *testing.T, b lock.Backend, name func(string) string) {
-	const ttl = 300 * time.Millisecond
+	const ttl = 900 * time.Millisecond
 	l, err := lock.New(b, &lock.Config{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -361,7 +365,7 @@ func testLocker(t *testing.T, b lock.Backend, name func(string) string) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	deadline := time.Now().Add(4 * ttl)
+	deadline := time.Now().Add(3 * ttl)
 	for time.Now().Before(deadline) {
 		if _, err := l.TryAcquire(ctx(t), n); !errors.Is(err, lock.ErrHeld) {
 			t.Fatalf("TryAcquire while the watchdog renews: %v, want ErrHeld", err)

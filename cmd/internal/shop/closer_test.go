@@ -298,9 +298,10 @@ func (unawareLease) Context(parent context.Context) (context.Context, context.Ca
 	return context.WithCancel(parent)
 }
 
-// A pass of job A, under a lease that runs out after 300 ms (its maximum
-// hold), is paused before its first close until job B has taken the lock
-// (a higher fence) and closed one order. Resumed, A closes nothing: if A
+// A pass of job A, under a lease that runs out after a second (its
+// maximum hold, long enough for A to reach its first close before it on
+// a loaded machine), is paused before its first close until job B has
+// taken the lock (a higher fence) and closed one order. Resumed, A closes nothing: if A
 // watches its lease (its Context), it stops because the lease ended; if
 // it does not notice (paused between its check and its write), its close
 // transaction presents the old fence, which shop_jobs refuses
@@ -321,7 +322,7 @@ func TestCloseJobPausedHolderIsFenced(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer backendA.Close()
-				lockerA, err := lock.New(backendA, &lock.Config{TTL: 300 * time.Millisecond, MaxHold: 300 * time.Millisecond})
+				lockerA, err := lock.New(backendA, &lock.Config{TTL: time.Second, MaxHold: time.Second})
 				if err != nil {
 					t.Fatal(err)
 				}
