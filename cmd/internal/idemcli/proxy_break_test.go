@@ -47,7 +47,7 @@ func TestProxyClientGoneBeforeTheAnswer(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "paid by call %d", n)
 	})
-	base := startProxy(t, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL, "-lease", "300ms")
+	base := startProxy(t, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL, "-lease", "1500ms")
 	key := newKey("gone")
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/pay", strings.NewReader(`{"amount":5}`))
@@ -68,9 +68,10 @@ func TestProxyClientGoneBeforeTheAnswer(t *testing.T) {
 	}
 	cancel() // the client goes away while the upstream works
 	<-done
-	// Past several leases: the proxy must have kept the key alive (or
-	// stored the answer) while the upstream still worked.
-	time.Sleep(time.Second)
+	// Past two leases: the proxy must have kept the key alive (or stored
+	// the answer) while the upstream still worked. The lease leaves each
+	// renewal a second, so a loaded machine does not lose it.
+	time.Sleep(4 * time.Second)
 	close(answerNow)
 	a := retryUntilAnswered(t, base+"/pay", key, `{"amount":5}`)
 	if a.status != http.StatusCreated || a.body != "paid by call 1" || !a.replayed() {
@@ -100,7 +101,7 @@ func TestProxyClientGoneMidStream(t *testing.T) {
 			w.(http.Flusher).Flush()
 		}
 	})
-	base := startProxy(t, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL, "-lease", "300ms")
+	base := startProxy(t, "-store", "sqlite:"+filepath.Join(t.TempDir(), "idem.db"), "-upstream", up.URL, "-lease", "1500ms")
 	key := newKey("stream-gone")
 	req, _ := http.NewRequest(http.MethodPost, base+"/stream", strings.NewReader(`{}`))
 	req.Header.Set("Idempotency-Key", key)
