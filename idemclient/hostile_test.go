@@ -172,6 +172,25 @@ func sendKeyedTwice(t *testing.T, fields map[string][]string) string {
 	return oneKey(t, attempts)
 }
 
+// A request built without a header map, given to RoundTrip directly
+// (http.Client adds the map; a direct call does not), gets its key in a
+// map of its own, and the caller's request keeps none. RoundTrip used to
+// panic (assignment to entry in nil map).
+func TestNilHeaderGetsKey(t *testing.T) {
+	t.Parallel()
+	srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	req := mustPost(t, srv.URL)
+	req.Header = nil
+	resp, _, err := send(t, fast(nil), req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("%v %v", resp, err)
+	}
+	oneKey(t, srv.seen())
+	if req.Header != nil {
+		t.Fatalf("the caller's request was given a header: %v", req.Header)
+	}
+}
+
 // One Transport shared by 200 goroutines, each with its own request,
 // against the idemhttp middleware whose handler fails the first run of
 // every key with 503 and loses a quarter of the first answers: every

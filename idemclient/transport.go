@@ -236,6 +236,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	ctx := req.Context()
 	r := req.Clone(ctx)
+	if r.Header == nil {
+		// A request made without one (http.Client adds it, a direct
+		// RoundTrip does not): the key needs a map to go in.
+		r.Header = make(http.Header)
+	}
 	if covered {
 		keys, blank := keyValues(r.Header, s.header)
 		switch {
