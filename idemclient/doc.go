@@ -9,8 +9,9 @@
 // covers) without an Idempotency-Key gets a fresh one, 128 random bits; a
 // request that has a key keeps it. A header that is present but empty or
 // blank is no key, and gets a fresh one in its place: sent as it is, a
-// server that reads it as absent would run every attempt unguarded. The
-// transport sends the request, and
+// server that reads it as absent would run every attempt unguarded. An
+// empty value beside the key is dropped: the server would read two keys,
+// and refuse the request. The transport sends the request, and
 // sends it again with the same key, the same headers and the same body
 // while the answer is one that another attempt may improve:
 //

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,20 +29,7 @@ func TestKeepsKeyUnderAnyCase(t *testing.T) {
 	for _, name := range []string{"idempotency-key", "IDEMPOTENCY-KEY", "idempotency-Key"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
-				if n == 1 {
-					w.WriteHeader(http.StatusServiceUnavailable)
-					return
-				}
-				w.WriteHeader(http.StatusCreated)
-			})
-			req := mustPost(t, srv.URL)
-			req.Header[name] = []string{"order-7"}
-			resp, _, err := send(t, fast(nil), req)
-			if err != nil || resp.StatusCode != http.StatusCreated {
-				t.Fatalf("%v %v", resp, err)
-			}
-			if got := oneKey(t, srv.seen()); got != "order-7" {
+			if got := sendKeyedTwice(t, map[string][]string{name: {"order-7"}}); got != "order-7" {
 				t.Fatalf("server saw key %q, want the caller's order-7", got)
 			}
 		})
@@ -123,6 +111,83 @@ func TestEmptyKeyIsAbsent(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A key field beside empty or blank ones (one field with an empty value
+// and the key, or an empty field and the key under two spellings of the
+// name, which a server reads as one field of two values) carries the
+// caller's key: the attempts send it alone. They used to send the empty
+// value too, and a server that refuses a request with two key values
+// (idemhttp answers 400) refused every attempt.
+func TestKeyBesideEmptyValues(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		fields map[string][]string
+	}{
+		{"empty then key", map[string][]string{"Idempotency-Key": {"", "k-1"}}},
+		{"key then blank", map[string][]string{"Idempotency-Key": {"k-1", " \t"}}},
+		{"two spellings", map[string][]string{"Idempotency-Key": {""}, "idempotency-key": {"k-1"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if key := sendKeyedTwice(t, tc.fields); key != "k-1" {
+				t.Fatalf("the attempts carried %q, want the caller's key k-1", key)
+			}
+		})
+	}
+}
+
+// sendKeyedTwice sends a POST whose header has fields through a fast
+// transport to a server that answers 503 and then 201, checks that the
+// caller's request is left as it was and that both attempts carried one
+// key, the same, and returns it.
+func sendKeyedTwice(t *testing.T, fields map[string][]string) string {
+	t.Helper()
+	srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	req := mustPost(t, srv.URL)
+	for k, v := range fields {
+		req.Header[k] = slices.Clone(v)
+	}
+	resp, _, err := send(t, fast(nil), req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("%v %v", resp, err)
+	}
+	for k, v := range fields {
+		if got := req.Header[k]; !slices.Equal(got, v) {
+			t.Fatalf("the caller's request was changed: %s %q", k, got)
+		}
+	}
+	attempts := srv.seen()
+	if len(attempts) != 2 {
+		t.Fatalf("%d attempts, want 2", len(attempts))
+	}
+	return oneKey(t, attempts)
+}
+
+// A request built without a header map, given to RoundTrip directly
+// (http.Client adds the map; a direct call does not), gets its key in a
+// map of its own, and the caller's request keeps none. RoundTrip used to
+// panic (assignment to entry in nil map).
+func TestNilHeaderGetsKey(t *testing.T) {
+	t.Parallel()
+	srv := newRecorder(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	req := mustPost(t, srv.URL)
+	req.Header = nil
+	resp, _, err := send(t, fast(nil), req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("%v %v", resp, err)
+	}
+	oneKey(t, srv.seen())
+	if req.Header != nil {
+		t.Fatalf("the caller's request was given a header: %v", req.Header)
 	}
 }
 

@@ -236,14 +236,28 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	ctx := req.Context()
 	r := req.Clone(ctx)
-	if covered && !hasKey(r.Header, s.header) {
-		key := s.newKey()
-		if err := idem.ValidateKey(key); err != nil {
-			closeBody(req)
-			return nil, fmt.Errorf("idemclient: NewKey: %w", err)
+	if r.Header == nil {
+		// A request made without one (http.Client adds it, a direct
+		// RoundTrip does not): the key needs a map to go in.
+		r.Header = make(http.Header)
+	}
+	if covered {
+		keys, blank := keyValues(r.Header, s.header)
+		switch {
+		case len(keys) == 0:
+			key := s.newKey()
+			if err := idem.ValidateKey(key); err != nil {
+				closeBody(req)
+				return nil, fmt.Errorf("idemclient: NewKey: %w", err)
+			}
+			deleteFields(r.Header, s.header) // an empty field, under any spelling
+			r.Header.Set(s.header, key)
+		case blank:
+			// The key goes alone: beside an empty value the server reads
+			// two values, and refuses the request.
+			deleteFields(r.Header, s.header)
+			r.Header[http.CanonicalHeaderKey(s.header)] = keys
 		}
-		deleteFields(r.Header, s.header) // an empty field, under any spelling
-		r.Header.Set(s.header, key)
 	}
 
 	maxAttempts := s.maxAttempts
@@ -461,27 +475,30 @@ func closeBody(r *http.Request) {
 	}
 }
 
-// hasKey reports whether h has a field named name with a value that is
-// not empty nor blank, whatever the case of the name it is kept under: a
+// keyValues returns the values of h's fields named name that are not
+// empty nor blank, whatever the case of the name they are kept under: a
 // caller that sets h["idempotency-key"] directly bypasses
 // canonicalisation, net/http sends the field as it is, and the server
-// folds its name's case, so it is the key header all the same. A field
-// whose values are all empty or blank (spaces and tabs, which a server
-// trims) carries no key: sent as it is, a server that reads it as absent
-// would run every attempt unguarded, and one that refuses it would refuse
-// the request.
-func hasKey(h http.Header, name string) bool {
+// folds its name's case, so it is the key header all the same. blank
+// reports whether such a field has an empty or blank value (spaces and
+// tabs, which a server trims) too. Such a value carries no key: sent as
+// it is alone, a server that reads it as absent would run every attempt
+// unguarded, and one that refuses it would refuse the request; sent
+// beside the key, the server reads two keys and refuses the request.
+func keyValues(h http.Header, name string) (keys []string, blank bool) {
 	for k, values := range h {
 		if !strings.EqualFold(k, name) {
 			continue
 		}
 		for _, v := range values {
-			if strings.Trim(v, " \t") != "" {
-				return true
+			if strings.Trim(v, " \t") == "" {
+				blank = true
+				continue
 			}
+			keys = append(keys, v)
 		}
 	}
-	return false
+	return keys, blank
 }
 
 // deleteFields deletes the fields named name from h, whatever the case of

@@ -38,8 +38,13 @@
 // is stored when the handler returns, and sent if the caller is still
 // there; a caller's retry meanwhile gets Aborted (in flight), then the
 // stored answer. A handler that calls on to other services should bound
-// those calls itself. A caller that has gone before the key is acquired
-// gets no record.
+// those calls itself. A caller that has gone before the key is acquired,
+// or while it is, gets no record and no run of the handler (and, with
+// Config.StoreTimeout negative, its going away ends the Acquire). Since
+// the handler's context does not end with the call's, grpc.Server.Stop
+// does not end a handler that is running: GracefulStop waits for it (up
+// to MaxExecution); after Stop it runs on, and finds the store closed if
+// the program closes it.
 //
 // # What the server interceptor answers
 //

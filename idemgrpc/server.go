@@ -178,13 +178,24 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	// the key and let the retry run the effect again. The handler keeps
 	// the call's values (metadata, peer, auth info) and runs until it
 	// returns, bounded by the lease and MaxExecution; its answer is
-	// stored, and sent if the caller is still there. A caller already
-	// gone is not given a record.
+	// stored, and sent if the caller is still there. Until Begin returns
+	// the caller's context does end Begin's: a caller that goes away
+	// while the key is acquired is given no record (Begin releases it),
+	// and with StoreTimeout off the Acquire is bounded by the caller.
 	if err := ctx.Err(); err != nil {
 		o.set(idem.OutcomeStoreError, err)
 		return nil, status.FromContextError(err).Err()
 	}
-	exec, res, err := i.guard.Begin(o.begin(context.WithoutCancel(ctx)), scope, key, fp)
+	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	exec, res, err := i.guard.Begin(o.begin(bctx), scope, key, fp)
+	if !stop() && err == nil && exec != nil {
+		// The caller went away just as Begin returned: the handler has
+		// not run, the key goes back.
+		i.releaseExec(context.WithoutCancel(ctx), exec)
+		exec, err = nil, ctx.Err()
+	}
 	if err != nil {
 		o.set(idem.OutcomeStoreError, err)
 		switch {

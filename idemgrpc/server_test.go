@@ -797,3 +797,85 @@ func TestHandlerBoundedByMaxExecution(t *testing.T) {
 		t.Fatal("the handler's context did not end at MaxExecution")
 	}
 }
+
+// slowAcquireStore is a store whose Acquire waits for gate (or for its
+// context to end, when heedCtx) before it runs; entered is closed once an
+// Acquire waits.
+type slowAcquireStore struct {
+	idem.Store
+	heedCtx bool
+	gate    chan struct{}
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (s *slowAcquireStore) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.AcquireResult, error) {
+	s.once.Do(func() { close(s.entered) })
+	done := ctx.Done()
+	if !s.heedCtx {
+		done = nil
+	}
+	select {
+	case <-s.gate:
+	case <-done:
+		return idem.AcquireResult{}, ctx.Err()
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// TestCallerGoneDuringAcquire: a caller that goes away while its key is
+// being acquired gets no record and no run of the handler, and, with
+// StoreTimeout off (negative: the caller's context bounds the store
+// calls), a store that does not answer holds the call only as long as
+// the caller waits. The interceptor used to detach Begin's context too:
+// the Acquire ran on after the caller had gone (forever, with
+// StoreTimeout off, against a store that does not answer), and the
+// handler then ran for nobody.
+func TestCallerGoneDuringAcquire(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		storeTimeout time.Duration
+	}{
+		{"store timeout off", -1},
+		{"default store timeout", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := &slowAcquireStore{Store: memstore.New(nil), heedCtx: tc.storeTimeout < 0, gate: make(chan struct{}), entered: make(chan struct{})}
+			caller := make(chan context.Context, 1)
+			answered := make(chan codes.Code, 1)
+			s, conn := setup(t, &idemgrpc.Config{Store: store, StoreTimeout: tc.storeTimeout}, func(s *testServer) {
+				s.onCall = func(ctx context.Context) { caller <- ctx }
+				s.onCode = func(c codes.Code) { answered <- c }
+			})
+			openGate := sync.OnceFunc(func() { close(store.gate) })
+			defer openGate()
+			ctx, cancel := context.WithTimeout(withKey(context.Background(), "gone"), 100*time.Millisecond)
+			defer cancel()
+			if first := create(ctx, conn, item("pen")); status.Code(first.err) != codes.DeadlineExceeded {
+				t.Fatalf("call: %v, want the client's DeadlineExceeded", first.err)
+			}
+			<-store.entered
+			select {
+			case <-(<-caller).Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call's context did not end on the server")
+			}
+			if tc.storeTimeout >= 0 {
+				openGate() // the Acquire ends after the caller has gone
+			}
+			select {
+			case <-answered:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the server still holds the call of a caller gone 5 s ago")
+			}
+			if n := s.calls.Load(); n != 0 {
+				t.Fatalf("the handler ran %d times for a caller that had gone", n)
+			}
+			if rec, err := store.Get(t.Context(), "", "gone"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("record %+v, %v; want none", rec, err)
+			}
+		})
+	}
+}

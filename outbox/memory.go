@@ -38,7 +38,9 @@ var (
 )
 
 // NewMemoryStore returns an empty MemoryStore whose message IDs start
-// with prefix (it may be empty).
+// with prefix (it may be empty). An ID is prefix and IDLen characters: a
+// prefix longer than 229 bytes makes IDs longer than the 255 that an
+// inbox takes, and every consumer refuses the messages.
 func NewMemoryStore(prefix string) *MemoryStore {
 	return &MemoryStore{prefix: prefix, listeners: map[int]func(){}}
 }

@@ -1,7 +1,6 @@
 package sqlstore_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/idemkit/idem/lock"
@@ -28,14 +27,7 @@ func TestLockMySQLModes(t *testing.T) {
 	for _, m := range lockModes {
 		t.Run(m.String(), func(t *testing.T) {
 			t.Parallel()
-			admin := mysqlServer.open(t, "")
-			name := randomName("idem_lockmode_")
-			if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
-				t.Fatal(err)
-			}
-			admin.SetMaxIdleConns(0) // used again only to drop the database
-			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
-			db := openMySQLMode(t, m, name)
+			db := openMySQLModeDB(t, m)
 			db.SetMaxOpenConns(4)
 			b := newLockBackend(t, db, sqlstore.MySQL)
 			if err := b.Migrate(t.Context()); err != nil {

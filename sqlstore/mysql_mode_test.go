@@ -12,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/storetest"
 )
@@ -245,14 +246,7 @@ func TestMySQLModeConformance(t *testing.T) {
 	for _, m := range mysqlModes {
 		t.Run(m.String(), func(t *testing.T) {
 			t.Parallel()
-			admin := mysqlServer.open(t, "")
-			name := randomName("idem_mode_")
-			if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
-				t.Fatal(err)
-			}
-			admin.SetMaxIdleConns(0) // used again only to drop the database
-			t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
-			db := openMySQLMode(t, m, name)
+			db := openMySQLModeDB(t, m)
 			s, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.MySQL})
 			if err != nil {
 				t.Fatal(err)
@@ -266,4 +260,64 @@ func TestMySQLModeConformance(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestMySQLModeOutbox: under each session sql_mode of mysqlModes, the
+// migration that adds msg_id runs on a table with a pending row of an
+// older build, and again after an interruption (its version not
+// recorded); then a message with an empty key and no payload is added
+// beside a keyed one, and every row is claimed with its ID. Under
+// EMPTY_STRING_IS_NULL, the empty key and payload used to be bound as
+// NULL, and Add failed ("Column 'msg_key' cannot be null").
+func TestMySQLModeOutbox(t *testing.T) {
+	t.Parallel()
+	for _, m := range mysqlModes {
+		t.Run(m.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			db := openMySQLModeDB(t, m)
+			old, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.MySQL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			version := msgIDVersion(t, sqlstore.MySQL)
+			if err := sqlstore.MigrateTo(ctx, old, version-1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, `INSERT INTO idem_outbox (topic, msg_key, payload, created_at) VALUES (?, ?, ?, 1)`, "order.paid", "o-1", []byte("p")); err != nil {
+				t.Fatal(err)
+			}
+			s := newOutboxStore(t, db, sqlstore.OutboxConfig{Dialect: sqlstore.MySQL, IDPrefix: "eu/"})
+			if _, err := db.ExecContext(ctx, `DELETE FROM idem_schema_migrations WHERE version = ?`, version); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate again after an interruption: %v", err)
+			}
+			added, err := addTx(ctx, db, s, false, outbox.Message{Topic: "order.paid"}, outbox.Message{Topic: "order.paid", Key: "o-2", Payload: []byte("q")})
+			if err != nil {
+				t.Fatalf("Add: %v", err)
+			}
+			if got, want := claimAll(t, s, true), append([]string{"eu/1"}, added...); !slices.Equal(got, want) {
+				t.Fatalf("Claim = %q, want %q", got, want)
+			}
+			if n := pendingCount(t, db); n != 0 {
+				t.Fatalf("%d pending, want 0", n)
+			}
+		})
+	}
+}
+
+// openMySQLModeDB opens a database of its own, dropped when t ends, with
+// every connection's session set up as m says.
+func openMySQLModeDB(t *testing.T, m mysqlSession) *sql.DB {
+	t.Helper()
+	admin := mysqlServer.open(t, "")
+	name := randomName("idem_mode_")
+	if _, err := admin.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	admin.SetMaxIdleConns(0) // used again only to drop the database
+	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
+	return openMySQLMode(t, m, name)
 }

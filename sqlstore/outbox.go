@@ -67,8 +67,13 @@ type OutboxConfig struct {
 	// reuses row ids, never these). Add writes the ID in the row
 	// (idem_outbox.msg_id) and every claim reads it back, so changing
 	// the prefix changes no pending message's ID. A row added by a build
-	// before that column (msg_id NULL) keeps the ID that build gave it:
-	// the prefix and the row's id in decimal. It must be valid UTF-8
+	// before that column (msg_id NULL) has no stored ID: it is published
+	// as that build published it, IDPrefix and the row's id in decimal,
+	// as long as IDPrefix is the prefix that build had; change the prefix
+	// only once no such row is pending (SELECT count(*) FROM idem_outbox
+	// WHERE msg_id IS NULL AND sent_at IS NULL is 0), or a message whose
+	// first publish was not marked is published again under another ID.
+	// It must be valid UTF-8
 	// without control characters, and at most inbox.MaxIDLen - 26 bytes,
 	// so that every ID is one that package inbox accepts
 	// (inbox.Validate); NewOutboxStore refuses another. Default "": the

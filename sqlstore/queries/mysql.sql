@@ -421,8 +421,10 @@ WHERE name = ? AND owner = ? AND fence = ?
 -- name: outbox_insert
 -- params: message_id topic msg_key payload headers
 -- msg_id is the message's ID, made by OutboxStore.Add (outbox.NewID).
+-- The key and the payload may be empty: COALESCE(?, X''), as the scopes
+-- (EMPTY_STRING_IS_NULL binds them as NULL).
 INSERT INTO idem_outbox (msg_id, topic, msg_key, payload, headers, created_at)
-VALUES (?, ?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
+VALUES (?, ?, COALESCE(?, X''), COALESCE(?, X''), ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
 
 -- name: outbox_claim
 -- params: limit

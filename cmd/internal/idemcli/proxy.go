@@ -91,7 +91,8 @@ The upstream's answers:
   - the request reached the upstream and no answer came within
     -upstream-timeout (or the connection broke, or the body of the answer
     broke off or was cut at -max-execution): the outcome is unknown. By default (-ambiguous keep) the
-    client gets 502 UPSTREAM_OUTCOME_UNKNOWN and the key stays in flight
+    client gets 502 UPSTREAM_OUTCOME_UNKNOWN (or, when the body of the
+    answer broke off, its own connection cut off) and the key stays in flight
     until its lease ends (-lease; it is no longer renewed): retries get
     409 PROCESSING and never reach the upstream within it, and the first
     retry after it goes to the upstream again. -ambiguous release releases

@@ -413,8 +413,12 @@ func checkStored4xx(ctx context.Context, c *check) (Status, string, error) {
 		return Fail, "the -d4xx body got " + first.String() + "; give -d4xx a body the API refuses with a 4xx", nil
 	}
 	switch first.status {
-	case http.StatusConflict, http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+	case http.StatusConflict, http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests,
+		http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired:
 		return Fail, "the -d4xx body got " + statusText(first.status) + ", an answer a retry is meant to run again; give -d4xx a body the API refuses for good (400, 404, 422)", nil
+	}
+	if len(first.header.Values("Retry-After")) > 0 {
+		return Fail, "the -d4xx body got " + statusText(first.status) + " with Retry-After, an answer that says to try again; give -d4xx a body the API refuses for good (400, 404, 422)", nil
 	}
 	a := c.settle(ctx, rq)
 	switch {

@@ -70,6 +70,51 @@ func TestIdemhttpPasses(t *testing.T) {
 	}
 }
 
+// TestIdemhttpReleasedRefusal: a -d4xx body that idemhttp's middleware
+// rightly does not store (a refusal of the credentials, which it
+// releases, or a 4xx with Retry-After) fails the stored-4xx check with a
+// reason that asks for another body. It used to fail it as a refusal
+// "not stored (the request ran again)", blaming the API.
+func TestIdemhttpReleasedRefusal(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status     int
+		retryAfter bool
+	}{
+		{http.StatusUnauthorized, false},
+		{http.StatusForbidden, false},
+		{http.StatusProxyAuthRequired, false},
+		{http.StatusUnprocessableEntity, true},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			t.Parallel()
+			mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), "refuse") {
+					if tc.retryAfter {
+						w.Header().Set("Retry-After", "1")
+					}
+					idemhttp.WriteProblem(w, tc.status, "REFUSED", "Refused", "not now")
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			})))
+			t.Cleanup(srv.Close)
+			cfg := fakeConfig(srv.URL)
+			cfg.EffectURL, cfg.EffectPath = "", ""
+			rep := run(t, cfg)
+			for _, r := range rep.Checks {
+				if r.ID == "stored-4xx" && (r.Status != probe.Fail || !strings.Contains(r.Reason, "give -d4xx a body the API refuses for good")) {
+					t.Fatalf("stored-4xx: %s %q; want a failure that asks for another -d4xx body", r.Status, r.Reason)
+				}
+			}
+		})
+	}
+}
+
 // TestShopdPasses probes shopd's POST /orders on each backend, with GET
 // /orders as the effect: every check passes.
 func TestShopdPasses(t *testing.T) {
