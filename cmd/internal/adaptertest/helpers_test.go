@@ -40,6 +40,9 @@ type broker interface {
 	// consume runs the adapter's consumer with the adapter's Handle(in,
 	// h) until the test ends; each outcome is recorded in rec.
 	consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, rec *outcomes)
+	// consumeDefaults runs the adapter's consumer with p and the
+	// adapter's default settings until the test ends.
+	consumeDefaults(t testing.TB, p inbox.Process)
 	// dead returns the dead letters, as id → reason.
 	dead(t testing.TB) map[string]string
 	// settled reports whether nothing is left to deliver or to ack.
@@ -222,6 +225,16 @@ func (b *natsBroker) consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, rec
 	runUntilCleanup(t, c.Run)
 }
 
+func (b *natsBroker) consumeDefaults(t testing.TB, p inbox.Process) {
+	t.Helper()
+	c, err := natsjs.NewConsumer(context.Background(), b.js, p, &natsjs.Config{Stream: b.stream, Durable: "defaults"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cons = c
+	runUntilCleanup(t, c.Run)
+}
+
 func (b *natsBroker) dead(t testing.TB) map[string]string {
 	t.Helper()
 	ctx := context.Background()
@@ -305,6 +318,15 @@ func (b *rabbitBroker) consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, r
 		URL: b.url, Queue: b.queue, DeadLetterRoutingKey: b.dlq, Workers: 2,
 		ReconnectDelay: 50 * time.Millisecond, MaxReconnect: time.Second,
 	}, rabbitmq.HandleFunc(rec.wrap(rabbitmq.Handle(in, h))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, c.Run)
+}
+
+func (b *rabbitBroker) consumeDefaults(t testing.TB, p inbox.Process) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(&rabbitmq.ConsumerConfig{URL: b.url, Queue: b.queue, DeadLetterRoutingKey: b.dlq}, p)
 	if err != nil {
 		t.Fatal(err)
 	}

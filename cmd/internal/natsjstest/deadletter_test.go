@@ -128,3 +128,24 @@ func TestDeadLetterIDsAcrossStreamRecreated(t *testing.T) {
 		stop()
 	}
 }
+
+// A durable created with a server-side MaxDeliver (by an earlier version
+// of this package) is updated to an unlimited one by NewConsumer, so the
+// server never drops a message the consumer could not dead-letter yet.
+func TestDurableMaxDeliverUpdated(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	ctx := context.Background()
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{Durable: "old", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 20}); err != nil {
+		t.Fatal(err)
+	}
+	db, _, in := sqliteInbox(t, inbox.Config{})
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, func(context.Context, *sql.Tx, inbox.Delivery) error { return nil }), natsjs.Config{Durable: "old"})
+	info, err := c.JetStreamConsumer().Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxDeliver != -1 {
+		t.Fatalf("the durable's MaxDeliver is %d, want -1 (unlimited)", info.Config.MaxDeliver)
+	}
+}
