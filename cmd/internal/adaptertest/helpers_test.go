@@ -3,6 +3,7 @@ package adaptertest
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"sync"
@@ -365,6 +366,13 @@ func (b *rabbitBroker) settled(t testing.TB) bool {
 func openPostgres(t testing.TB) inbox.Store {
 	t.Helper()
 	db, _ := testdb.Postgres(t)
+	return postgresInbox(t, db)
+}
+
+// postgresInbox is the migrated PostgreSQL inbox store on db, at most 4
+// connections.
+func postgresInbox(t testing.TB, db *sql.DB) *sqlstore.InboxStore {
+	t.Helper()
 	db.SetMaxOpenConns(4)
 	s, err := sqlstore.NewInboxStore(db, sqlstore.PostgreSQL)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/netfault"
 	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/sqlstore"
 )
 
 // outage is how long the database is cut off in TestDatabaseOutage: a
@@ -51,14 +50,7 @@ func TestDatabaseOutage(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = db.Close() })
-			db.SetMaxOpenConns(4)
-			s, err := sqlstore.NewInboxStore(db, sqlstore.PostgreSQL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Migrate(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			s := postgresInbox(t, db)
 			if _, err := admin.Exec(`CREATE TABLE effects (message_id TEXT NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
