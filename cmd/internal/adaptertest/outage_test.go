@@ -93,7 +93,7 @@ func TestDatabaseOutage(t *testing.T) {
 			deadline := time.Now().Add(2 * time.Minute)
 			for r, _ := count(); r < n; r, _ = count() {
 				if time.Now().After(deadline) {
-					t.Fatalf("%d effects of %d messages two minutes after the outage; dead letters %v", r, n, br.dead(t))
+					t.Fatalf("%d effects of %d messages two minutes after the outage; %d dead letters", r, n, len(br.dead(t)))
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
