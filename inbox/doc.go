@@ -47,8 +47,14 @@
 //     fallback.
 //
 // It does not: cancel a Process that hangs (a store that black-holes
-// its connections holds the delivery until the driver gives up; bound
-// the store's calls), nor order deliveries.
+// its connections holds the delivery, heartbeating, until the network
+// or the driver gives up); tell a store outage from a Process that
+// returns an error for ever (a misuse, such as HandleTx over a store
+// without TxStore, holds its delivery until the consumer stops: every
+// retry is logged); nor order deliveries. In Handle's mode, a Finish
+// that failed leaves the claim's lease held: the retry finds it
+// InProgress and the delivery is naked until the lease ends, when a
+// redelivery takes the message over (and runs the handler again).
 //
 // Stores: MemoryStore (this package, one process; no HandleTx), the
 // sqlstore package's InboxStore (PostgreSQL, MySQL/MariaDB, SQLite; with
@@ -102,7 +108,8 @@
 //     Keep the retention longer than the broker may redeliver, and far
 //     longer than a handler may outlive its lease (see Inbox.Sweep).
 //   - An error from the store leaves the record's state unknown; the
-//     Outcome is Retry, and the redelivery settles it.
+//     Outcome is Retry, and a later call settles it (the consumer loop
+//     calls again in place, holding the delivery).
 //   - It does not order messages: that is the broker's and the adapter's
 //     concern.
 package inbox
