@@ -253,6 +253,7 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 		wait := c.cfg.Backoff(n)
 		c.log.WarnContext(ctx, c.cfg.Name+": store failed; retrying", c.attrs(m, s, slog.Any("err", err), slog.Duration("delay", wait))...)
 		if !sleep(ctx, wait) {
+			stop()
 			s.Action = Naked
 			s.Err = errors.Join(s.Err, c.nak(hctx, d, m, s, DefaultStopNak))
 			return s
@@ -262,6 +263,7 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	o := s.Outcome
 	switch {
 	case o.Result.Ack():
+		stop()
 		s.Action = Acked
 		if err := d.Ack(hctx); err != nil {
 			// Unconfirmed: if the ack was lost, the redelivery is a
@@ -270,16 +272,17 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 			c.log.WarnContext(ctx, c.cfg.Name+": ack failed", c.attrs(m, s, slog.Any("err", err))...)
 		}
 	case o.Result == Dead:
-		c.deadLetter(ctx, d, &s, reasonOf(o))
+		c.deadLetter(ctx, d, &s, reasonOf(o), stop)
 	default: // Retry, InProgress, or a Process without an outcome
 		if c.cfg.MaxDeliver > 0 && s.Delivered >= c.cfg.MaxDeliver {
-			c.deadLetter(ctx, d, &s, fmt.Sprintf("delivered %d times (MaxDeliver), last: %s", s.Delivered, reasonOf(o)))
+			c.deadLetter(ctx, d, &s, fmt.Sprintf("delivered %d times (MaxDeliver), last: %s", s.Delivered, reasonOf(o)), stop)
 			break
 		}
 		delay := o.Delay
 		if o.Result != Retry && o.Result != InProgress && delay == 0 {
 			delay = DefaultStopNak
 		}
+		stop()
 		s.Action = Naked
 		c.log.InfoContext(ctx, c.cfg.Name+": requeueing", c.attrs(m, s, slog.Duration("delay", delay), slog.Any("reason", o.Err))...)
 		s.Err = c.nak(hctx, d, m, s, delay)
@@ -322,8 +325,8 @@ func (c *Consumer) nak(ctx context.Context, d BrokerDelivery, m Message, s Settl
 
 // deadLetter publishes d's dead copy, retrying with Backoff until it is
 // confirmed or ctx ends (d is then naked: its redelivery is Dead again),
-// and terminates d.
-func (c *Consumer) deadLetter(ctx context.Context, d BrokerDelivery, s *Settled, reason string) {
+// and terminates d. It calls stop (the heartbeat's) before it settles d.
+func (c *Consumer) deadLetter(ctx context.Context, d BrokerDelivery, s *Settled, reason string, stop func()) {
 	reason = cutReason(reason)
 	hctx := context.WithoutCancel(ctx)
 	for n := 1; ; n++ {
@@ -335,11 +338,13 @@ func (c *Consumer) deadLetter(ctx context.Context, d BrokerDelivery, s *Settled,
 		wait := c.cfg.Backoff(n)
 		c.log.WarnContext(ctx, c.cfg.Name+": dead-letter publish failed; retrying", c.attrs(s.Message, *s, slog.String("reason", reason), slog.Any("err", err), slog.Duration("delay", wait))...)
 		if !sleep(ctx, wait) {
+			stop()
 			s.Action = Naked
 			s.Err = errors.Join(s.Err, c.nak(hctx, d, s.Message, *s, DefaultStopNak))
 			return
 		}
 	}
+	stop()
 	s.Err = nil
 	s.Action = DeadLettered
 	c.log.WarnContext(ctx, c.cfg.Name+": dead message dead-lettered", c.attrs(s.Message, *s, slog.String("reason", reason))...)
@@ -349,7 +354,9 @@ func (c *Consumer) deadLetter(ctx context.Context, d BrokerDelivery, s *Settled,
 	}
 }
 
-// heartbeat sends d's InProgress every Heartbeat until stop is called.
+// heartbeat sends d's InProgress every Heartbeat until stop is called
+// (stop may be called more than once), so that none follows the
+// delivery's settlement.
 func (c *Consumer) heartbeat(ctx context.Context, d BrokerDelivery) (stop func()) {
 	if c.cfg.Heartbeat <= 0 {
 		return func() {}
@@ -368,9 +375,12 @@ func (c *Consumer) heartbeat(ctx context.Context, d BrokerDelivery) (stop func()
 			}
 		}
 	})
+	var once sync.Once
 	return func() {
-		close(done)
-		wg.Wait()
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+		})
 	}
 }
 
