@@ -170,16 +170,17 @@ type Event struct {
 }
 
 // Consumer consumes a JetStream durable pull consumer with explicit acks
-// and hands each message to a Process: Processed and Duplicate are
-// double-acked, Retry and InProgress negatively acked with the outcome's
-// delay, Dead published to the dead-letter subject and terminated.
+// and hands each message to the inbox's consumer loop (inbox.Consumer)
+// with a Process: Processed and Duplicate are double-acked, Retry and
+// InProgress negatively acked with the outcome's delay, Dead published
+// to the dead-letter subject and terminated, a store error retried while
+// the message is held.
 type Consumer struct {
-	js      jetstream.JetStream
-	cc      jetstream.ConsumerConfig // the durable's, to create it again
-	process Process
-	cfg     Config
-	log     *slog.Logger
-	loop    *inbox.Consumer
+	js   jetstream.JetStream
+	cc   jetstream.ConsumerConfig // the durable's, to create it again
+	cfg  Config
+	log  *slog.Logger
+	loop *inbox.Consumer
 
 	mu   sync.Mutex
 	cons jetstream.Consumer // the durable; replaced when Run creates it again
@@ -265,7 +266,7 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{js: js, cc: cc, cons: cons, process: p, cfg: c, log: log, loop: loop}, nil
+	return &Consumer{js: js, cc: cc, cons: cons, cfg: c, log: log, loop: loop}, nil
 }
 
 // receivesOwnDeadLetters refuses a dead-letter subject that the consumer

@@ -143,10 +143,11 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 }
 
-// Consumer consumes a queue with manual acks and maps each delivery's
-// Outcome to the broker: Processed and Duplicate → ack; Retry and
-// InProgress → nack with requeue after the Outcome's Delay (bounded);
-// Dead → dead-letter, then ack. It reconnects when the connection or the
+// Consumer consumes a queue with manual acks and hands each delivery to
+// the inbox's consumer loop (inbox.Consumer), which maps its Outcome to
+// the broker: Processed and Duplicate → ack; Retry and InProgress → nack
+// with requeue after the Outcome's Delay (bounded); Dead → dead-letter,
+// then ack; a store error or a panic never ends it. It reconnects when the connection or the
 // channel drops, and when the broker cancels its consumer (the queue was
 // deleted: Setup may declare it again).
 type Consumer struct {
