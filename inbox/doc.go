@@ -18,6 +18,44 @@
 // Outcome.Delay; Dead → terminate / dead-letter; InProgress (another
 // consumer holds the message's lease) → nak after Outcome.Delay.
 //
+// # The consumer loop
+//
+// Consumer is the consumer protocol, once for every broker: an adapter
+// (natsjs, rabbitmq, or an adopter's) receives its broker's deliveries,
+// wraps each as a BrokerDelivery and hands it to Consumer.Settle, which
+// runs the Process (Inbox.ProcessTx or Inbox.Process) and settles the
+// delivery. The consumertest package is the conformance suite an adapter
+// passes over its real broker. The loop guarantees:
+//
+//   - A store error (the Process returned an error) is not a failed
+//     attempt: the delivery is held (InProgress every
+//     ConsumerConfig.Heartbeat) and the Process called again after a
+//     growing, bounded backoff (100 ms doubling to 10 s, jittered), until
+//     it gives an outcome or the consumer stops (the delivery is then
+//     naked with DefaultStopNak). A store outage costs time, never a
+//     delivery nor an attempt.
+//   - A panic of the Process, or of the handler inside it, is a Retry
+//     (a handler's counts as a failed attempt), never the consumer's end.
+//   - A dead message is dead-lettered (DeadLetter, retried with the
+//     backoff while the delivery is held) and only then terminated: it
+//     ends handled or dead-lettered, never neither, as long as the
+//     broker redelivers a message that was naked.
+//   - A Retry or InProgress on the ConsumerConfig.MaxDeliver-th delivery
+//     (by the broker's count) is dead-lettered.
+//   - A message without an ID gets one from ConsumerConfig.DeriveFrom
+//     (its business number, event type and version), else the broker's
+//     fallback.
+//
+// It does not: cancel a Process that hangs (a store that black-holes
+// its connections holds the delivery, heartbeating, until the network
+// or the driver gives up); tell a store outage from a Process that
+// returns an error for ever (a misuse, such as HandleTx over a store
+// without TxStore, holds its delivery until the consumer stops: every
+// retry is logged); nor order deliveries. In Handle's mode, a Finish
+// that failed leaves the claim's lease held: the retry finds it
+// InProgress and the delivery is naked until the lease ends, when a
+// redelivery takes the message over (and runs the handler again).
+//
 // Stores: MemoryStore (this package, one process; no HandleTx), the
 // sqlstore package's InboxStore (PostgreSQL, MySQL/MariaDB, SQLite; with
 // TxStore, for HandleTx), and the redisstore package's InboxStore (for
@@ -70,7 +108,8 @@
 //     Keep the retention longer than the broker may redeliver, and far
 //     longer than a handler may outlive its lease (see Inbox.Sweep).
 //   - An error from the store leaves the record's state unknown; the
-//     Outcome is Retry, and the redelivery settles it.
+//     Outcome is Retry, and a later call settles it (the consumer loop
+//     calls again in place, holding the delivery).
 //   - It does not order messages: that is the broker's and the adapter's
 //     concern.
 package inbox

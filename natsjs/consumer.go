@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,25 +54,19 @@ const (
 
 // Process handles one message and says what to do with it: the inbox's
 // HandleTx or Handle (see HandleTx and Handle in this package). The
-// Consumer maps its Outcome to JetStream's acks.
-type Process func(ctx context.Context, m inbox.Message) (inbox.Outcome, error)
+// consumer loop (inbox.Consumer) maps its Outcome to JetStream's acks.
+type Process = inbox.Process
 
 // HandleTx returns a Process that handles each message with
 // in.HandleTx(ctx, db, m, h): the effect and the consume record commit
 // in one transaction.
 func HandleTx(in *inbox.Inbox, db inbox.Beginner, h inbox.TxHandler) Process {
-	return func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
-		return in.HandleTx(ctx, db, m, h)
-	}
+	return in.ProcessTx(db, h)
 }
 
 // Handle returns a Process that handles each message with
 // in.Handle(ctx, m, h): the external-effect mode.
-func Handle(in *inbox.Inbox, h inbox.Handler) Process {
-	return func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
-		return in.Handle(ctx, m, h)
-	}
-}
+func Handle(in *inbox.Inbox, h inbox.Handler) Process { return in.Process(h) }
 
 // Config configures a Consumer. The zero value of each field means its
 // default; Stream and Durable are required.
@@ -91,12 +84,17 @@ type Config struct {
 	// redelivers. While a message is handled, the consumer sends
 	// InProgress every third of it. Default 30 s.
 	AckWait time.Duration
-	// MaxDeliver is the most times the server delivers a message. A
-	// delivery that is the MaxDeliver-th and would be retried is
-	// dead-lettered instead (the server would drop it silently). Keep it
-	// above the inbox's MaxAttempts: deliveries that found the message
-	// in progress elsewhere, or that died with their process, count too.
-	// Default 20; negative: unlimited.
+	// MaxDeliver is the most times a message is delivered before it is
+	// dead-lettered: a delivery that is the MaxDeliver-th (by the
+	// server's count of deliveries) and would be retried is
+	// dead-lettered instead. The limit is the consumer's, not the
+	// server's: the durable is created with an unlimited MaxDeliver, so
+	// that the server never drops a message the consumer could not
+	// dead-letter yet. A store error does not cost a delivery (the
+	// consumer keeps the message and retries). Keep it above the inbox's
+	// MaxAttempts: deliveries that found the message in progress
+	// elsewhere, or that died with their process, count too. Default
+	// 20; negative: unlimited.
 	MaxDeliver int
 	// Workers is how many messages are handled at once. Default 1
 	// (messages are handled in the stream's order, redeliveries aside).
@@ -115,6 +113,15 @@ type Config struct {
 	// AckTimeout bounds the wait for the server's confirmation of a
 	// double ack and of a dead letter's publish. Default 5 s.
 	AckTimeout time.Duration
+	// DeriveFrom, when a message has no Nats-Msg-Id, names the fields
+	// its ID is derived from (inbox.DeriveID), before the
+	// "<stream>:<sequence>:<timestamp>" fallback: its business number,
+	// event type and version (see inbox.ConsumerConfig.DeriveFrom).
+	DeriveFrom func(m inbox.Message) []string
+	// Backoff is the wait before the n-th retry of a store error or of
+	// a dead-letter publish (the message is kept meanwhile). Default
+	// inbox.DefaultBackoff: from 100 ms, doubling, to 10 s.
+	Backoff func(n int) time.Duration
 	// Observe, if set, is called after each delivery is settled (from
 	// the worker that handled it; it must not block long).
 	Observe func(Event)
@@ -125,28 +132,22 @@ type Config struct {
 }
 
 // Action is what the consumer did with a delivery.
-type Action uint8
+type Action = inbox.Action
 
 // Actions.
 const (
 	// Acked: the outcome was Processed or Duplicate; double-acked.
-	Acked Action = iota + 1
+	Acked = inbox.Acked
 	// Naked: Retry or InProgress; negatively acked with the outcome's
-	// delay (or redelivered after a failed dead-lettering).
-	Naked
+	// delay (or the consumer stopped while it held the message).
+	Naked = inbox.Naked
 	// DeadLettered: published to the dead-letter subject and terminated.
-	DeadLettered
+	DeadLettered = inbox.DeadLettered
+	// Terminated: a dead letter of this consumer delivered back to it
+	// (the stream captures the dead-letter subject since NewConsumer
+	// checked): terminated, never handled.
+	Terminated = inbox.Terminated
 )
-
-var actionNames = [...]string{Acked: "acked", Naked: "naked", DeadLettered: "dead-lettered"}
-
-// String returns the action's name.
-func (a Action) String() string {
-	if int(a) < len(actionNames) && actionNames[a] != "" {
-		return actionNames[a]
-	}
-	return fmt.Sprintf("natsjs.Action(%d)", uint8(a))
-}
 
 // Event reports a settled delivery to Config.Observe.
 type Event struct {
@@ -159,21 +160,27 @@ type Event struct {
 	// Outcome is the Process's answer; Action what the consumer did.
 	Outcome inbox.Outcome
 	Action  Action
-	// Err is the Process's error, or the failure of the action (a double
-	// ack unconfirmed, a dead letter not published), nil otherwise.
+	// Err is the failure of the action (a double ack unconfirmed), or
+	// the Process's last store error when the consumer stopped before an
+	// outcome, nil otherwise.
 	Err error
+	// StoreErrors counts the Process's store errors that the consumer
+	// retried, keeping the message.
+	StoreErrors int
 }
 
 // Consumer consumes a JetStream durable pull consumer with explicit acks
-// and hands each message to a Process: Processed and Duplicate are
-// double-acked, Retry and InProgress negatively acked with the outcome's
-// delay, Dead published to the dead-letter subject and terminated.
+// and hands each message to the inbox's consumer loop (inbox.Consumer)
+// with a Process: Processed and Duplicate are double-acked, Retry and
+// InProgress negatively acked with the outcome's delay, Dead published
+// to the dead-letter subject and terminated, a store error retried while
+// the message is held.
 type Consumer struct {
-	js      jetstream.JetStream
-	cc      jetstream.ConsumerConfig // the durable's, to create it again
-	process Process
-	cfg     Config
-	log     *slog.Logger
+	js   jetstream.JetStream
+	cc   jetstream.ConsumerConfig // the durable's, to create it again
+	cfg  Config
+	log  *slog.Logger
+	loop *inbox.Consumer
 
 	mu   sync.Mutex
 	cons jetstream.Consumer // the durable; replaced when Run creates it again
@@ -224,11 +231,17 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if err := literalSubject(c.DeadLetterSubject); err != nil {
+		return nil, fmt.Errorf("natsjs: NewConsumer: DeadLetterSubject: %w", err)
+	}
+	// The limit is enforced here, by the server's count: a server that
+	// stopped delivering at MaxDeliver would drop a message whose dead
+	// letter could not be published on its last delivery.
 	cc := jetstream.ConsumerConfig{
 		Durable:       c.Durable,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.AckWait,
-		MaxDeliver:    c.MaxDeliver,
+		MaxDeliver:    -1,
 		MaxAckPending: c.MaxAckPending,
 	}
 	switch len(c.FilterSubjects) {
@@ -238,11 +251,49 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	default:
 		cc.FilterSubjects = c.FilterSubjects
 	}
+	if err := receivesOwnDeadLetters(ctx, js, c); err != nil {
+		return nil, err
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cc)
 	if err != nil {
 		return nil, fmt.Errorf("natsjs: create consumer %s on %s: %w", c.Durable, c.Stream, err)
 	}
-	return &Consumer{js: js, cc: cc, cons: cons, process: p, cfg: c, log: log}, nil
+	maxDeliver := max(c.MaxDeliver, 0)
+	loop, err := inbox.NewConsumer(&inbox.ConsumerConfig{
+		Process: p, MaxDeliver: maxDeliver, Heartbeat: c.AckWait / 3,
+		Backoff: c.Backoff, DeriveFrom: c.DeriveFrom, Logger: log, Name: "natsjs",
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{js: js, cc: cc, cons: cons, cfg: c, log: log, loop: loop}, nil
+}
+
+// receivesOwnDeadLetters refuses a dead-letter subject that the consumer
+// would receive: each dead letter would come back to it as a new message
+// (its Nats-Msg-Id is not copied), be handled, fail and be dead-lettered
+// again, for ever.
+func receivesOwnDeadLetters(ctx context.Context, js jetstream.JetStream, c Config) error {
+	s, err := js.Stream(ctx, c.Stream)
+	if err != nil {
+		return fmt.Errorf("natsjs: create consumer %s on %s: %w", c.Durable, c.Stream, err)
+	}
+	info := s.CachedInfo()
+	captured := false
+	for _, p := range info.Config.Subjects {
+		captured = captured || SubjectMatches(p, c.DeadLetterSubject)
+	}
+	received := captured
+	if captured && len(c.FilterSubjects) > 0 {
+		received = false
+		for _, f := range c.FilterSubjects {
+			received = received || SubjectMatches(f, c.DeadLetterSubject)
+		}
+	}
+	if received {
+		return fmt.Errorf("natsjs: NewConsumer: stream %s captures the dead-letter subject %q and the consumer %s would receive its own dead letters; choose a DeadLetterSubject outside the stream's subjects (default %q) or filter it out", c.Stream, c.DeadLetterSubject, c.Durable, DefaultDeadLetterPrefix+c.Stream+"."+c.Durable)
+	}
+	return nil
 }
 
 // JetStreamConsumer returns the underlying durable consumer (for its
@@ -283,12 +334,13 @@ const RestartDelay = time.Second
 // and redelivered after AckWait.
 func (c *Consumer) Run(ctx context.Context) error {
 	work := make(chan jetstream.Msg)
-	hctx := context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for range c.cfg.Workers {
 		wg.Go(func() {
 			for msg := range work {
-				c.handle(hctx, msg)
+				// The loop runs the Process without ctx's cancellation;
+				// ctx's end stops only its retries.
+				c.handle(ctx, msg)
 			}
 		})
 	}
@@ -401,6 +453,19 @@ func (c *Consumer) recreate(ctx context.Context) (jetstream.Consumer, error) {
 // the topic is its subject, the key its Idem-Key header, the headers the
 // first value of each.
 func Message(msg jetstream.Msg) (inbox.Message, error) {
+	m := message(msg)
+	if m.ID == "" {
+		meta, err := msg.Metadata()
+		if err != nil {
+			return m, fmt.Errorf("natsjs: message metadata: %w", err)
+		}
+		m.ID = seqID(meta)
+	}
+	return m, nil
+}
+
+// message is Message without the fallback ID.
+func message(msg jetstream.Msg) inbox.Message {
 	h := msg.Headers()
 	m := inbox.Message{
 		ID:      h.Get(jetstream.MsgIDHeader),
@@ -416,21 +481,22 @@ func Message(msg jetstream.Msg) (inbox.Message, error) {
 			}
 		}
 	}
-	if m.ID == "" {
-		meta, err := msg.Metadata()
-		if err != nil {
-			return m, fmt.Errorf("natsjs: message metadata: %w", err)
-		}
-		seq, ts := strconv.FormatUint(meta.Sequence.Stream, 10), strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
-		m.ID = meta.Stream + ":" + seq + ":" + ts
-		if len(m.ID) > inbox.MaxIDLen { // a stream name of over 200 bytes
-			m.ID = inbox.DeriveID(meta.Stream, seq, ts)
-		}
-	}
-	return m, nil
+	return m
 }
 
-// handle runs one delivery through the Process and settles it.
+// seqID is the ID of a message without one:
+// "<stream>:<stream sequence>:<timestamp>", derived when longer than
+// inbox.MaxIDLen (a stream name of over 200 bytes).
+func seqID(meta *jetstream.MsgMetadata) string {
+	seq, ts := strconv.FormatUint(meta.Sequence.Stream, 10), strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
+	id := meta.Stream + ":" + seq + ":" + ts
+	if len(id) > inbox.MaxIDLen {
+		id = inbox.DeriveID(meta.Stream, seq, ts)
+	}
+	return id
+}
+
+// handle runs one delivery through the consumer loop and reports it.
 func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	meta, err := msg.Metadata()
 	if err != nil {
@@ -438,92 +504,77 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		c.log.WarnContext(ctx, "natsjs: message without metadata", "subject", msg.Subject(), "err", err)
 		return
 	}
-	m, _ := Message(msg)
-	ev := Event{Message: m, Sequence: meta.Sequence.Stream, Delivered: meta.NumDelivered}
-
-	stop := c.heartbeat(msg)
-	o, perr := c.call(ctx, m)
-	stop()
-	ev.Outcome, ev.Err = o, perr
-
-	switch {
-	case o.Result.Ack():
-		ev.Action = Acked
-		actx, cancel := context.WithTimeout(ctx, c.cfg.AckTimeout)
-		if err := msg.DoubleAck(actx); err != nil {
-			// Unconfirmed: if the ack was lost, the redelivery is a
-			// duplicate and is acked then.
-			ev.Err = fmt.Errorf("natsjs: double ack: %w", err)
+	d := &delivery{c: c, msg: msg, meta: meta}
+	var ev Event
+	if c.ownDeadLetter(msg) {
+		// The stream's subjects changed after NewConsumer: never handle
+		// a dead letter (it would be dead-lettered again, for ever).
+		m, _ := Message(msg)
+		ev = Event{Message: m, Sequence: meta.Sequence.Stream, Delivered: meta.NumDelivered, Action: Terminated}
+		c.log.WarnContext(ctx, "natsjs: a dead letter of this consumer delivered to it; terminated", "durable", c.cfg.Durable, "subject", msg.Subject(), "seq", meta.Sequence.Stream)
+		if err := d.Term(context.WithoutCancel(ctx), "a dead letter of this consumer"); err != nil {
+			ev.Err = err
 		}
-		cancel()
-	case o.Result == inbox.Dead:
-		c.deadLetter(ctx, msg, meta, &ev, reasonOf(o, perr))
-	default: // Retry, InProgress, or a Process without an outcome
-		last := c.cfg.MaxDeliver > 0 && meta.NumDelivered >= uint64(c.cfg.MaxDeliver)
-		if last {
-			c.deadLetter(ctx, msg, meta, &ev, fmt.Sprintf("delivered %d times (MaxDeliver), last: %s", meta.NumDelivered, reasonOf(o, perr)))
-			break
-		}
-		ev.Action = Naked
-		delay := o.Delay
-		if o.Result != inbox.Retry && o.Result != inbox.InProgress && delay == 0 {
-			delay = time.Second
-		}
-		if err := msg.NakWithDelay(delay); err != nil {
-			ev.Err = errors.Join(ev.Err, fmt.Errorf("natsjs: nak: %w", err))
-		}
-	}
-	if ev.Err != nil && ev.Action != Acked {
-		c.log.WarnContext(ctx, "natsjs: delivery", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "result", o.Result.String(), "action", ev.Action.String(), "err", ev.Err)
-	} else if ev.Err != nil {
-		c.log.WarnContext(ctx, "natsjs: ack", idem.LogKey("", m.ID, false), "seq", ev.Sequence, "err", ev.Err)
+	} else {
+		s := c.loop.Settle(ctx, d)
+		ev = Event{Message: s.Message, Sequence: meta.Sequence.Stream, Delivered: meta.NumDelivered,
+			Outcome: s.Outcome, Action: s.Action, Err: s.Err, StoreErrors: s.StoreErrors}
 	}
 	if c.cfg.Observe != nil {
 		c.cfg.Observe(ev)
 	}
 }
 
-// call runs the Process, turning a panic into a Retry.
-func (c *Consumer) call(ctx context.Context, m inbox.Message) (o inbox.Outcome, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("natsjs: process panicked: %v", r)
-			o = inbox.Outcome{Result: inbox.Retry, ID: m.ID, Delay: time.Second, Err: err}
-		}
-	}()
-	return c.process(ctx, m)
-}
-
-// heartbeat sends InProgress every third of AckWait until stop is called,
-// so that the server does not redeliver a message being handled.
-func (c *Consumer) heartbeat(msg jetstream.Msg) (stop func()) {
-	done := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		t := time.NewTicker(c.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-ended
+// ownDeadLetter reports whether msg is a dead letter this consumer
+// published.
+func (c *Consumer) ownDeadLetter(msg jetstream.Msg) bool {
+	if msg.Subject() == c.cfg.DeadLetterSubject {
+		return true
 	}
+	h := msg.Headers()
+	return h.Get(DeadConsumerHeader) == c.cfg.Durable && h.Get(DeadStreamHeader) == c.cfg.Stream
 }
 
-// deadLetter publishes msg to the dead-letter subject and, once the
-// stream confirmed it, terminates msg with the reason. If the publish
-// fails, msg is negatively acked instead, to be dead-lettered on its
-// redelivery: a dead message is never dropped unseen.
-func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, meta *jetstream.MsgMetadata, ev *Event, reason string) {
-	reason = cut(reason, 1024)
+// delivery is a JetStream message as the consumer loop settles it.
+type delivery struct {
+	c    *Consumer
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata
+}
+
+var _ inbox.BrokerDelivery = (*delivery)(nil)
+
+// Message is msg without the fallback ID: the loop derives one first.
+func (d *delivery) Message() inbox.Message { return message(d.msg) }
+
+// FallbackID is "<stream>:<stream sequence>:<timestamp>".
+func (d *delivery) FallbackID() string { return seqID(d.meta) }
+
+func (d *delivery) Delivered() int { return int(min(d.meta.NumDelivered, uint64(math.MaxInt32))) }
+
+func (d *delivery) Ack(ctx context.Context) error {
+	actx, cancel := context.WithTimeout(ctx, d.c.cfg.AckTimeout)
+	defer cancel()
+	return d.msg.DoubleAck(actx)
+}
+
+func (d *delivery) Nak(_ context.Context, delay time.Duration) error {
+	return d.msg.NakWithDelay(delay)
+}
+
+func (d *delivery) InProgress(context.Context) error { return d.msg.InProgress() }
+
+func (d *delivery) Term(_ context.Context, reason string) error {
+	if termReasonSupported(d.c.js.Conn().ConnectedServerVersion()) {
+		return d.msg.TermWithReason(reason)
+	}
+	return d.msg.Term()
+}
+
+// DeadLetter publishes msg to the dead-letter subject, awaiting the
+// stream's confirmation.
+func (d *delivery) DeadLetter(ctx context.Context, reason string, o inbox.Outcome) error {
+	c, msg, meta := d.c, d.msg, d.meta
 	dl := nats.NewMsg(c.cfg.DeadLetterSubject)
 	dl.Data = msg.Data()
 	for k, v := range msg.Headers() {
@@ -532,8 +583,12 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, meta *jets
 		}
 		dl.Header[k] = v
 	}
+	id := o.ID
+	if id == "" {
+		id = seqID(meta)
+	}
 	dl.Header.Set(DeadReasonHeader, reason)
-	dl.Header.Set(DeadIDHeader, ev.Message.ID)
+	dl.Header.Set(DeadIDHeader, id)
 	dl.Header.Set(DeadSubjectHeader, msg.Subject())
 	dl.Header.Set(DeadStreamHeader, meta.Stream)
 	dl.Header.Set(DeadSequenceHeader, strconv.FormatUint(meta.Sequence.Stream, 10))
@@ -543,23 +598,22 @@ func (c *Consumer) deadLetter(ctx context.Context, msg jetstream.Msg, meta *jets
 	defer cancel()
 	// A dead letter published again (the consumer died before Term) is
 	// dropped by the dead-letter stream's duplicate window.
-	dlID := "dead:" + meta.Stream + ":" + c.cfg.Durable + ":" + strconv.FormatUint(meta.Sequence.Stream, 10)
-	if _, err := c.js.PublishMsg(pctx, dl, jetstream.WithMsgID(dlID)); err != nil {
-		ev.Action = Naked
-		ev.Err = errors.Join(ev.Err, fmt.Errorf("natsjs: dead-letter to %s: %w", c.cfg.DeadLetterSubject, err))
-		if nerr := msg.NakWithDelay(max(time.Second, c.cfg.AckWait/3)); nerr != nil {
-			ev.Err = errors.Join(ev.Err, fmt.Errorf("natsjs: nak: %w", nerr))
-		}
-		return
+	_, err := c.js.PublishMsg(pctx, dl, jetstream.WithMsgID(deadLetterID(meta, c.cfg.Durable)))
+	return err
+}
+
+// deadLetterID is the Nats-Msg-Id of the dead letter of the message at
+// meta: its stream, durable, sequence and the stream's timestamp of the
+// message (a stream deleted and created again numbers from 1 again: the
+// timestamp tells its lives apart), derived when longer than
+// inbox.MaxIDLen.
+func deadLetterID(meta *jetstream.MsgMetadata, durable string) string {
+	seq, ts := strconv.FormatUint(meta.Sequence.Stream, 10), strconv.FormatInt(meta.Timestamp.UnixNano(), 10)
+	id := "dead:" + meta.Stream + ":" + durable + ":" + seq + ":" + ts
+	if len(id) > inbox.MaxIDLen {
+		id = inbox.DeriveID("dead", meta.Stream, durable, seq, ts)
 	}
-	ev.Action = DeadLettered
-	term := msg.Term
-	if termReasonSupported(c.js.Conn().ConnectedServerVersion()) {
-		term = func() error { return msg.TermWithReason(reason) }
-	}
-	if err := term(); err != nil {
-		ev.Err = errors.Join(ev.Err, fmt.Errorf("natsjs: term: %w", err))
-	}
+	return id
 }
 
 // termReasonSupported reports whether a server of version v honours
@@ -576,27 +630,4 @@ func termReasonSupported(v string) bool {
 		ver[i] = n
 	}
 	return ver[0] > 2 || ver[0] == 2 && (ver[1] > 10 || ver[1] == 10 && ver[2] >= 4)
-}
-
-func reasonOf(o inbox.Outcome, err error) string {
-	switch {
-	case o.Err != nil:
-		return o.Err.Error()
-	case err != nil:
-		return err.Error()
-	case o.Result == 0:
-		return "no outcome"
-	}
-	return o.Result.String()
-}
-
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	s = s[:n]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s
 }

@@ -10,8 +10,9 @@
 // HandleTx(in, db, h) (the effect and the consume record in one SQL
 // transaction) or Handle(in, h) (the external-effect mode) — with
 // Config.Workers messages at once. Each message becomes an inbox.Message:
-// its ID is the Nats-Msg-Id header, else "<stream>:<stream
-// sequence>:<timestamp>" (the stream's time of the message, in Unix
+// its ID is the Nats-Msg-Id header, else the one Config.DeriveFrom
+// derives (its business number, event type and version), else
+// "<stream>:<stream sequence>:<timestamp>" (the stream's time of the message, in Unix
 // nanoseconds: a stream created again numbers from 1 again); its
 // Topic the subject, its Key the Idem-Key header, its Headers the first
 // value of each header, its Payload the data. The outcome decides the
@@ -22,6 +23,10 @@
 //     server's confirmation; unconfirmed, the redelivery is a Duplicate.
 //   - Retry, InProgress: a nak with the outcome's delay (the inbox's
 //     backoff, or the remainder of another consumer's lease).
+//   - A store error (the Process returned an error): the message is
+//     held (InProgress) and the Process called again after a growing,
+//     bounded backoff (Config.Backoff), without a nak: a database
+//     outage costs time, never a delivery nor an attempt.
 //   - Dead (the inbox's MaxAttempts failed, or no ID): the message is
 //     published to Config.DeadLetterSubject — by default
 //     "idem.dead.<stream>.<durable>" — with its data, its headers (less
@@ -32,13 +37,29 @@
 //     servers from 2.10.4, Term before: older servers ignore the reason
 //     and the whole acknowledgement with it). Term alone would discard
 //     the message unseen; the dead letter keeps it to be inspected and
-//     published again. A stream must capture the dead-letter subject: if
-//     the publish fails, the message is naked instead, and dead-lettered
-//     on its redelivery (its record is dead: the inbox answers Dead at
-//     once).
+//     published again. A stream must capture the dead-letter subject:
+//     if the publish fails, it is retried with the backoff while the
+//     message is held. NewConsumer refuses a dead-letter subject that
+//     the consumer itself would receive (the stream's subjects and the
+//     filter capture it): each dead letter would come back to it as a
+//     new message, for ever; and a dead letter of its own delivered back
+//     (the stream changed later) is terminated, never handled. The dead
+//     letter's Nats-Msg-Id is "dead:<stream>:<durable>:<seq>:<timestamp>"
+//     (the stream's time of the message), so two lives of a stream do
+//     not collide in the dead-letter stream's Duplicates window.
 //   - A Retry or InProgress outcome on the Config.MaxDeliver-th delivery
-//     is dead-lettered too, with a reason that says so: the server would
-//     drop the message silently. Its inbox record stays failed.
+//     is dead-lettered too, with a reason that says so. The limit is the
+//     consumer's: the durable is created with MaxDeliver unlimited, so
+//     that the server never drops a message on its last delivery whose
+//     dead letter could not be published yet. Its inbox record stays
+//     failed.
+//
+// The protocol (claim, run, record, ack, nak, dead-letter, panics, store
+// errors) is the inbox's consumer loop (inbox.Consumer); this package
+// translates JetStream's messages to it. JetStream guarantees the
+// redelivery of a message not acked within AckWait and the stream's
+// de-duplication of Nats-Msg-Id within its Duplicates window; the loop
+// adds the rest.
 //
 // While a Process runs, the consumer sends InProgress every third of
 // Config.AckWait, so that a long handler does not get its message

@@ -12,7 +12,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 )
 
@@ -55,25 +54,20 @@ const (
 // HandleFunc handles one message and says what to do with the delivery:
 // an inbox's HandleTx or Handle, through HandleTx and Handle below, or a
 // function of the caller's that calls one of them. A non-nil error is the
-// store's: the delivery is requeued after the Outcome's Delay.
-type HandleFunc func(ctx context.Context, m inbox.Message) (inbox.Outcome, error)
+// store's: the consumer keeps the delivery and calls it again after a
+// backoff (inbox.Consumer).
+type HandleFunc = inbox.Process
 
 // HandleTx returns a HandleFunc that handles each message with
 // in.HandleTx(ctx, db, m, h): the effect and the consume record commit in
 // one transaction, and the delivery is acked only after that commit.
 func HandleTx(in *inbox.Inbox, db inbox.Beginner, h inbox.TxHandler) HandleFunc {
-	return func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
-		return in.HandleTx(ctx, db, m, h)
-	}
+	return in.ProcessTx(db, h)
 }
 
 // Handle returns a HandleFunc that handles each message with
 // in.Handle(ctx, m, h), the external-effect mode.
-func Handle(in *inbox.Inbox, h inbox.Handler) HandleFunc {
-	return func(ctx context.Context, m inbox.Message) (inbox.Outcome, error) {
-		return in.Handle(ctx, m, h)
-	}
-}
+func Handle(in *inbox.Inbox, h inbox.Handler) HandleFunc { return in.Process(h) }
 
 // ConsumerConfig configures a Consumer. Zero values mean the defaults;
 // URL and Queue are required.
@@ -125,6 +119,23 @@ type ConsumerConfig struct {
 	// while reconnections fail. Defaults 1 s and 30 s.
 	ReconnectDelay time.Duration
 	MaxReconnect   time.Duration
+	// MaxDeliver is the most deliveries of a message, by a quorum
+	// queue's x-delivery-count, after which a delivery that would be
+	// requeued is dead-lettered instead. 0: none (classic queues count
+	// no deliveries; the inbox's MaxAttempts decides).
+	MaxDeliver int
+	// DeriveFrom, when a message has no message_id, names the fields its
+	// ID is derived from (inbox.DeriveID): its business number, event
+	// type and version (see inbox.ConsumerConfig.DeriveFrom). Nil: such
+	// a message is dead (inbox.ErrNoID).
+	DeriveFrom func(m inbox.Message) []string
+	// Backoff is the wait before the n-th retry of a store error or of
+	// a dead-letter publish (the delivery is kept meanwhile). Default
+	// inbox.DefaultBackoff: from 100 ms, doubling, to 10 s.
+	Backoff func(n int) time.Duration
+	// Observe, if set, is called after each delivery is settled, from
+	// the worker that handled it.
+	Observe func(inbox.Settled)
 	// Logger receives deliveries that are not acked, broker failures and
 	// reconnections. Nil: discarded. A line identifies its message by
 	// idem.key_hash (idem.HashKey("", the message ID), as the inbox's
@@ -132,16 +143,17 @@ type ConsumerConfig struct {
 	Logger *slog.Logger
 }
 
-// Consumer consumes a queue with manual acks and maps each delivery's
-// Outcome to the broker: Processed and Duplicate → ack; Retry and
-// InProgress → nack with requeue after the Outcome's Delay (bounded);
-// Dead → dead-letter, then ack. It reconnects when the connection or the
+// Consumer consumes a queue with manual acks and hands each delivery to
+// the inbox's consumer loop (inbox.Consumer), which maps its Outcome to
+// the broker: Processed and Duplicate → ack; Retry and InProgress → nack
+// with requeue after the Outcome's Delay (bounded); Dead → dead-letter,
+// then ack; a store error or a panic never ends it. It reconnects when the connection or the
 // channel drops, and when the broker cancels its consumer (the queue was
 // deleted: Setup may declare it again).
 type Consumer struct {
-	cfg    ConsumerConfig
-	handle HandleFunc
-	log    *slog.Logger
+	cfg  ConsumerConfig
+	loop *inbox.Consumer
+	log  *slog.Logger
 }
 
 // NewConsumer returns a Consumer of cfg.Queue whose deliveries h handles.
@@ -154,7 +166,7 @@ func NewConsumer(cfg *ConsumerConfig, h HandleFunc) (*Consumer, error) {
 		return nil, errors.New("rabbitmq: NewConsumer needs a HandleFunc")
 	}
 	c := *cfg
-	if c.Prefetch < 0 || c.Workers < 0 || c.MaxRetryDelay < 0 || c.ReconnectDelay < 0 || c.MaxReconnect < 0 {
+	if c.Prefetch < 0 || c.Workers < 0 || c.MaxDeliver < 0 || c.MaxRetryDelay < 0 || c.ReconnectDelay < 0 || c.MaxReconnect < 0 {
 		return nil, fmt.Errorf("rabbitmq: NewConsumer: negative setting")
 	}
 	if c.Prefetch == 0 {
@@ -176,7 +188,13 @@ func NewConsumer(cfg *ConsumerConfig, h HandleFunc) (*Consumer, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Consumer{cfg: c, handle: h, log: log}, nil
+	loop, err := inbox.NewConsumer(&inbox.ConsumerConfig{
+		Process: h, MaxDeliver: c.MaxDeliver, Backoff: c.Backoff, DeriveFrom: c.DeriveFrom, Logger: log, Name: "rabbitmq",
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{cfg: c, loop: loop, log: log}, nil
 }
 
 // Run consumes until ctx ends, reconnecting after every failure, and then
@@ -297,113 +315,109 @@ func amqpErr(e *amqp.Error) error {
 	return e
 }
 
-// deliver handles one delivery and settles it. Delayed requeues run in
-// goroutines of wg, which end early (requeueing at once) when sctx ends.
+// deliver runs one delivery through the consumer loop. Delayed
+// requeues run in goroutines of wg, which end early (requeueing at once)
+// when sctx ends.
 func (c *Consumer) deliver(sctx context.Context, wg *sync.WaitGroup, dl *confirmer, d amqp.Delivery) {
-	m := message(d)
-	o, err := c.handle(context.WithoutCancel(sctx), m)
-	attrs := []any{
-		slog.String("queue", c.cfg.Queue), idem.LogKey("", d.MessageId, false),
-		slog.Bool("redelivered", d.Redelivered), slog.String("delivery_count", m.Headers[HeaderDeliveryCount]),
-		slog.String("result", o.Result.String()), slog.Int("attempt", o.Attempt),
-	}
-	if err != nil {
-		c.log.WarnContext(sctx, "rabbitmq: store failed; requeueing", append(attrs, slog.Any("err", err))...)
-		if o.Result != inbox.Retry && o.Result != inbox.InProgress {
-			o.Result = inbox.Retry
-		}
-		if o.Delay <= 0 {
-			o.Delay = time.Second
-		}
-	}
-	switch o.Result {
-	case inbox.Processed, inbox.Duplicate:
-		if err := d.Ack(false); err != nil {
-			// The broker requeues it when the channel closes; the inbox
-			// answers Duplicate then.
-			c.log.WarnContext(sctx, "rabbitmq: ack failed", append(attrs, slog.Any("err", err))...)
-		}
-	case inbox.Dead:
-		if !c.deadLetter(sctx, dl, d, o, attrs) {
-			// Requeued after MaxRetryDelay: at once, the redelivery
-			// would fail the same way, as fast as the broker answers.
-			c.requeue(sctx, wg, d, c.cfg.MaxRetryDelay, attrs)
-		}
-	default: // Retry, InProgress, or an unknown result: requeue later
-		delay := min(max(o.Delay, 0), c.cfg.MaxRetryDelay)
-		c.log.InfoContext(sctx, "rabbitmq: requeueing", append(attrs, slog.Duration("delay", delay), slog.Any("reason", o.Err))...)
-		c.requeue(sctx, wg, d, delay, attrs)
+	st := c.loop.Settle(sctx, &delivery{c: c, sctx: sctx, wg: wg, dl: dl, d: d})
+	if c.cfg.Observe != nil {
+		c.cfg.Observe(st)
 	}
 }
 
-// requeue nacks d with requeue after delay, in a goroutine of wg that
-// nacks at once when sctx ends.
-func (c *Consumer) requeue(sctx context.Context, wg *sync.WaitGroup, d amqp.Delivery, delay time.Duration, attrs []any) {
-	if delay <= 0 {
-		c.nack(sctx, d, attrs)
-		return
+// delivery is an AMQP delivery as the consumer loop settles it.
+type delivery struct {
+	c    *Consumer
+	sctx context.Context
+	wg   *sync.WaitGroup
+	dl   *confirmer
+	d    amqp.Delivery
+}
+
+var _ inbox.BrokerDelivery = (*delivery)(nil)
+
+func (d *delivery) Message() inbox.Message { return message(d.d) }
+
+// FallbackID is none: a message without message_id is the inbox's
+// (DeriveFrom, or ErrNoID).
+func (d *delivery) FallbackID() string { return "" }
+
+// Delivered is 1 + a quorum queue's x-delivery-count, 0 on a classic
+// queue.
+func (d *delivery) Delivered() int {
+	switch n := d.d.Headers[HeaderDeliveryCount].(type) {
+	case int64:
+		return int(n) + 1
+	case int32:
+		return int(n) + 1
+	case int:
+		return n + 1
 	}
-	wg.Go(func() {
+	return 0
+}
+
+func (d *delivery) Ack(context.Context) error { return d.d.Ack(false) }
+
+// InProgress is a no-op: RabbitMQ has no ack deadline but its consumer
+// timeout (30 min by default).
+func (d *delivery) InProgress(context.Context) error { return nil }
+
+// Nak requeues the delivery after min(delay, MaxRetryDelay): RabbitMQ
+// has no delayed nack, so it stays unacked meanwhile (holding a prefetch
+// slot, not a worker), in a goroutine that requeues at once when the
+// session ends.
+func (d *delivery) Nak(_ context.Context, delay time.Duration) error {
+	delay = min(max(delay, 0), d.c.cfg.MaxRetryDelay)
+	if delay <= 0 {
+		return d.d.Nack(false, true)
+	}
+	d.wg.Go(func() {
 		t := time.NewTimer(delay)
 		defer t.Stop()
 		select {
 		case <-t.C:
-		case <-sctx.Done():
+		case <-d.sctx.Done():
 		}
-		c.nack(sctx, d, attrs)
+		if err := d.d.Nack(false, true); err != nil {
+			d.c.log.DebugContext(d.sctx, "rabbitmq: nack failed (the channel's close requeues it)", slog.String("queue", d.c.cfg.Queue), slog.Any("err", err))
+		}
 	})
+	return nil
 }
 
-func (c *Consumer) nack(ctx context.Context, d amqp.Delivery, attrs []any) {
-	if err := d.Nack(false, true); err != nil {
-		c.log.DebugContext(ctx, "rabbitmq: nack failed (the channel's close requeues it)", append(attrs, slog.Any("err", err))...)
+// Term acks a dead-lettered delivery; without a dead-letter exchange it
+// rejects it without requeue, for the queue's own x-dead-letter-exchange.
+func (d *delivery) Term(context.Context, string) error {
+	if d.dl == nil {
+		return d.d.Reject(false)
 	}
+	return d.d.Ack(false)
 }
 
-// deadLetter publishes d to the dead-letter exchange with the reason,
-// waits for the broker's confirm and acks d; without a dead-letter
-// exchange it rejects d without requeue. It reports false if the publish
-// failed: d is then the caller's to requeue (the inbox answers Dead again
-// on its redelivery, and it is dead-lettered then).
-func (c *Consumer) deadLetter(ctx context.Context, dl *confirmer, d amqp.Delivery, o inbox.Outcome, attrs []any) bool {
-	reason := "dead"
-	if o.Err != nil {
-		reason = o.Err.Error()
+// DeadLetter publishes the delivery to the dead-letter exchange with the
+// reason, and waits for the broker's confirm; without a dead-letter
+// exchange it does nothing (Term rejects the delivery).
+func (d *delivery) DeadLetter(ctx context.Context, reason string, o inbox.Outcome) error {
+	if d.dl == nil {
+		return nil
 	}
-	attrs = append(attrs, slog.String("reason", reason))
-	if dl == nil {
-		c.log.WarnContext(ctx, "rabbitmq: dead message rejected", attrs...)
-		if err := d.Reject(false); err != nil {
-			c.log.WarnContext(ctx, "rabbitmq: reject failed", append(attrs, slog.Any("err", err))...)
-		}
-		return true
-	}
+	c, dd := d.c, d.d
 	h := amqp.Table{}
-	for k, v := range d.Headers {
+	for k, v := range dd.Headers {
 		h[k] = v
 	}
 	h[HeaderDeadReason] = reason
 	h[HeaderDeadAttempts] = int64(o.Attempt)
 	h[HeaderDeadQueue] = c.cfg.Queue
 	p := amqp.Publishing{
-		Headers: h, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
-		DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
-		ReplyTo: d.ReplyTo, MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type,
-		AppId: d.AppId, Body: d.Body,
+		Headers: h, ContentType: dd.ContentType, ContentEncoding: dd.ContentEncoding,
+		DeliveryMode: amqp.Persistent, Priority: dd.Priority, CorrelationId: dd.CorrelationId,
+		ReplyTo: dd.ReplyTo, MessageId: dd.MessageId, Timestamp: dd.Timestamp, Type: dd.Type,
+		AppId: dd.AppId, Body: dd.Body,
 	}
-	// A dead message must not be lost: the publish is bounded but not
-	// cancelled by the session's end.
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := dl.publish(pctx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, true, p); err != nil {
-		c.log.WarnContext(ctx, "rabbitmq: dead-letter publish failed; requeueing", append(attrs, slog.Any("err", err), slog.Duration("delay", c.cfg.MaxRetryDelay))...)
-		return false
-	}
-	c.log.WarnContext(ctx, "rabbitmq: dead message dead-lettered", attrs...)
-	if err := d.Ack(false); err != nil {
-		c.log.WarnContext(ctx, "rabbitmq: ack of a dead-lettered message failed (it may be dead-lettered twice)", append(attrs, slog.Any("err", err))...)
-	}
-	return true
+	return d.dl.publish(pctx, c.cfg.DeadLetterExchange, c.cfg.DeadLetterRoutingKey, true, p)
 }
 
 // message maps a delivery to an inbox.Message: ID from message_id, Topic

@@ -7,8 +7,12 @@
 // delivery by the Outcome:
 //
 //   - Processed, Duplicate → ack, after the inbox's commit.
-//   - Retry, InProgress, or a store error → nack with requeue after the
-//     Outcome's Delay. RabbitMQ has no delayed negative ack, so the
+//   - A store error (the HandleFunc returned an error) → the delivery is
+//     kept and the HandleFunc called again after a growing, bounded
+//     backoff (ConsumerConfig.Backoff), so a database outage costs time,
+//     never a delivery nor an attempt.
+//   - A panic of the HandleFunc → a Retry, never the consumer's end.
+//   - Retry, InProgress → nack with requeue after the Outcome's Delay. RabbitMQ has no delayed negative ack, so the
 //     delivery stays unacked (holding a prefetch slot, not a worker) for
 //     min(Delay, MaxRetryDelay) and is then nacked with requeue; the
 //     broker puts it back at its place in the queue.
@@ -21,7 +25,16 @@
 //     queue's own x-dead-letter-exchange (which gets the broker's x-death
 //     header but not the reason).
 //
-// The message's ID is its AMQP message_id; Topic is the routing key; Key
+// The protocol is the inbox's consumer loop (inbox.Consumer); this
+// package translates AMQP deliveries to it. RabbitMQ guarantees the
+// requeue of a delivery not acked when its channel closes, and publisher
+// confirms; it has no ack deadline (InProgress is a no-op) but its
+// consumer timeout, and no delivery count on classic queues (MaxDeliver
+// uses a quorum queue's x-delivery-count). The loop adds the rest.
+//
+// The message's ID is its AMQP message_id (a message without one gets
+// the ID ConsumerConfig.DeriveFrom derives, or is Dead with
+// inbox.ErrNoID); Topic is the routing key; Key
 // is HeaderKey. The delivery's redelivered flag (HeaderRedelivered) and,
 // on quorum queues, its x-delivery-count (HeaderDeliveryCount) are passed
 // in the message's headers and logged; they are never used to decide
@@ -53,8 +66,9 @@
 //     a dropped connection, a requeue, or a message published several
 //     times with one message_id.
 //   - A dead message is not lost: if its dead-letter publish fails (the
-//     dead-letter queue is missing, the broker nacks), the delivery is
-//     requeued after MaxRetryDelay, and the inbox answers Dead again
+//     dead-letter queue is missing, the broker nacks), it is retried
+//     with the backoff while the delivery is held; if the session ends
+//     meanwhile, the broker requeues it and the inbox answers Dead again
 //     next time.
 //   - A Publisher's nil means the broker confirmed the message (and, with
 //     the mandatory flag, routed it to at least one queue).

@@ -3,6 +3,7 @@ package adaptertest
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"sync"
@@ -40,6 +41,9 @@ type broker interface {
 	// consume runs the adapter's consumer with the adapter's Handle(in,
 	// h) until the test ends; each outcome is recorded in rec.
 	consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, rec *outcomes)
+	// consumeDefaults runs the adapter's consumer with p and the
+	// adapter's default settings until the test ends.
+	consumeDefaults(t testing.TB, p inbox.Process)
 	// dead returns the dead letters, as id → reason.
 	dead(t testing.TB) map[string]string
 	// settled reports whether nothing is left to deliver or to ack.
@@ -222,6 +226,16 @@ func (b *natsBroker) consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, rec
 	runUntilCleanup(t, c.Run)
 }
 
+func (b *natsBroker) consumeDefaults(t testing.TB, p inbox.Process) {
+	t.Helper()
+	c, err := natsjs.NewConsumer(context.Background(), b.js, p, &natsjs.Config{Stream: b.stream, Durable: "defaults"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cons = c
+	runUntilCleanup(t, c.Run)
+}
+
 func (b *natsBroker) dead(t testing.TB) map[string]string {
 	t.Helper()
 	ctx := context.Background()
@@ -311,6 +325,15 @@ func (b *rabbitBroker) consume(t testing.TB, in *inbox.Inbox, h inbox.Handler, r
 	runUntilCleanup(t, c.Run)
 }
 
+func (b *rabbitBroker) consumeDefaults(t testing.TB, p inbox.Process) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(&rabbitmq.ConsumerConfig{URL: b.url, Queue: b.queue, DeadLetterRoutingKey: b.dlq}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, c.Run)
+}
+
 func (b *rabbitBroker) dead(t testing.TB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -343,6 +366,13 @@ func (b *rabbitBroker) settled(t testing.TB) bool {
 func openPostgres(t testing.TB) inbox.Store {
 	t.Helper()
 	db, _ := testdb.Postgres(t)
+	return postgresInbox(t, db)
+}
+
+// postgresInbox is the migrated PostgreSQL inbox store on db, at most 4
+// connections.
+func postgresInbox(t testing.TB, db *sql.DB) *sqlstore.InboxStore {
+	t.Helper()
 	db.SetMaxOpenConns(4)
 	s, err := sqlstore.NewInboxStore(db, sqlstore.PostgreSQL)
 	if err != nil {

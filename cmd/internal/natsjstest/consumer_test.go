@@ -238,22 +238,41 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	}
 }
 
-// A dead message whose dead letter cannot be published (no stream
-// captures the subject) is not terminated: it is redelivered.
-func TestDeadLetterUnpublishedKeepsMessage(t *testing.T) {
+// A message dead on its last delivery whose dead letter cannot be
+// published (the dead-letter stream is missing) is kept, not dropped:
+// the consumer retries the publish while it holds the message, and once
+// the stream is there, the message is dead-lettered. Before, it was
+// naked "to be dead-lettered on its redelivery", but the server had
+// reached MaxDeliver and never redelivered it: neither handled nor
+// dead-lettered.
+func TestDeadLetterUnpublishedOnLastDelivery(t *testing.T) {
 	t.Parallel()
 	e := setup(t, 0)
-	db, _, in := sqliteInbox(t, inbox.Config{MaxAttempts: 1})
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, e.dead); err != nil {
+		t.Fatal(err)
+	}
+	db, s, in := sqliteInbox(t, inbox.Config{MaxAttempts: 10, Backoff: func(int) time.Duration { return 10 * time.Millisecond }})
 	h := func(context.Context, *sql.Tx, inbox.Delivery) error { return errors.New("poison") }
 	var rec recorder
-	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, AckWait: 300 * time.Millisecond, DeadLetterSubject: "nowhere." + e.subject})
+	var failed atomic.Int32
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, MaxDeliver: 2, AckWait: 300 * time.Millisecond,
+		Backoff: func(int) time.Duration { failed.Add(1); return 20 * time.Millisecond }})
 	run(t, c)
 	e.publish(t, "x", "m", "{}")
-	waitFor(t, "a redelivery", func() bool { return rec.count("m") >= 2 })
-	for _, ev := range rec.of("m")[:2] {
-		if !strings.HasPrefix(ev, "dead/naked@") {
-			t.Fatalf("events %v, want dead/naked", rec.of("m"))
-		}
+	waitFor(t, "failed dead-letter publishes", func() bool { return failed.Load() >= 3 })
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.dead, Subjects: []string{natsjs.DefaultDeadLetterPrefix + e.stream + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the dead letter", func() bool { return rec.count("m") == 2 && settled(t, c) })
+	if got, want := fmt.Sprint(rec.of("m")), "[retry/naked@1 retry/dead-lettered@2]"; got != want {
+		t.Fatalf("events %s, want %s", got, want)
+	}
+	if dl := deadLetters(t, e, 1)[0]; dl.Headers().Get(natsjs.DeadIDHeader) != "m" {
+		t.Fatalf("dead letter %v", dl.Headers())
+	}
+	if r, err := s.Get(t.Context(), "loyalty", "m"); err != nil || r.Attempts != 2 {
+		t.Fatalf("record %+v, %v", r, err)
 	}
 }
 

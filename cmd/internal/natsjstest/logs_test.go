@@ -35,7 +35,7 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 	e.publish(t, "a", id, "x")
 	waitFor(t, "the message processed after a retry", func() bool { return calls.Load() >= 2 && settled(t, c) })
 	out := buf.String()
-	for _, want := range []string{"natsjs: delivery", `"idem.key_hash":"` + idem.HashKey("", id) + `"`} {
+	for _, want := range []string{"natsjs: store failed; retrying", `"idem.key_hash":"` + idem.HashKey("", id) + `"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the log lacks %q:\n%s", want, out)
 		}

@@ -1,0 +1,151 @@
+package natsjstest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/natsjs"
+)
+
+// A stream that captures the consumer's own dead-letter subject (events.>
+// capturing events.dead.x) would hand each dead letter back to it as a new
+// message, to be handled, fail and be dead-lettered again, for ever: a
+// poison message ran its handler 698 times in 4 s. NewConsumer refuses
+// such a subject, unless the consumer's filter leaves it out.
+func TestDeadLetterSubjectCapturedRefused(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	db, _, in := sqliteInbox(t, inbox.Config{})
+	p := natsjs.HandleTx(in, db, func(context.Context, *sql.Tx, inbox.Delivery) error { return nil })
+	for _, tc := range []struct {
+		name   string
+		filter []string
+		ok     bool
+	}{
+		{"all the stream's subjects", nil, false},
+		{"a filter that takes it", []string{e.subject + ".*.x"}, false},
+		{"a filter that leaves it out", []string{e.subject + ".orders.>"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := natsjs.NewConsumer(context.Background(), e.js, p, &natsjs.Config{
+				Stream: e.stream, Durable: "d" + randName(), FilterSubjects: tc.filter, DeadLetterSubject: e.subject + ".dead.x"})
+			if tc.ok != (err == nil) {
+				t.Fatalf("NewConsumer: %v, want ok %v", err, tc.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "own dead letters") {
+				t.Fatalf("error %v does not say why", err)
+			}
+		})
+	}
+	if _, err := natsjs.NewConsumer(context.Background(), e.js, p, &natsjs.Config{Stream: e.stream, Durable: "w", DeadLetterSubject: "idem.dead.*"}); err == nil {
+		t.Fatal("a wildcard dead-letter subject was accepted")
+	}
+}
+
+// The stream's subjects changed after NewConsumer and now capture the
+// dead-letter subject: a dead letter delivered back is terminated, never
+// handled, and the poison message's handler ran MaxAttempts times only.
+func TestDeadLetterDeliveredBackNotHandled(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	db, _, in := sqliteInbox(t, inbox.Config{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }})
+	var calls atomic.Int32
+	h := func(context.Context, *sql.Tx, inbox.Delivery) error { calls.Add(1); return errors.New("poison") }
+	var rec recorder
+	dead := e.subject + "dead.x" // outside the stream's subjects (e.subject + ".>")
+	// The dead letters go to a stream of their own and, once the stream
+	// below is updated, to the consumed stream too.
+	ctx := context.Background()
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.stream + "_D2", Subjects: []string{dead}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.js.DeleteStream(context.Background(), e.stream+"_D2") })
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, DeadLetterSubject: dead})
+	if err := e.js.DeleteStream(ctx, e.stream+"_D2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.UpdateStream(ctx, jetstream.StreamConfig{Name: e.stream, Subjects: []string{e.subject + ".>", dead}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	e.publish(t, "x", "m", "{}")
+	waitFor(t, "the dead letter delivered back", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, ev := range rec.evs {
+			if ev.Action == natsjs.Terminated {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(300 * time.Millisecond) // a loop would have run the handler again by now
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2 (MaxAttempts)", n)
+	}
+	if got := fmt.Sprint(rec.of("m")); got != "[retry/naked@1 dead/dead-lettered@2]" {
+		t.Fatalf("events of m %s", got)
+	}
+}
+
+// Dead letters of two lives of a stream (deleted and created again, so
+// that it numbers its messages from 1 again) are two dead letters: their
+// Nats-Msg-Id was "dead:<stream>:<durable>:<seq>" and the dead-letter
+// stream dropped the second as a duplicate of the first.
+func TestDeadLetterIDsAcrossStreamRecreated(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	db, _, in := sqliteInbox(t, inbox.Config{MaxAttempts: 1})
+	h := func(context.Context, *sql.Tx, inbox.Delivery) error { return errors.New("poison") }
+	var rec recorder
+	cfg := natsjs.Config{Observe: rec.observe}
+	p := natsjs.HandleTx(in, db, h)
+	ctx := context.Background()
+	for life := range 2 {
+		if life > 0 {
+			if err := e.js.DeleteStream(ctx, e.stream); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.stream, Subjects: []string{e.subject + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := newConsumer(t, e, p, cfg)
+		stop := run(t, c)
+		if ack := e.publish(t, "x", "", "poison"); ack.Sequence != 1 {
+			t.Fatalf("life %d: first message at %d", life, ack.Sequence)
+		}
+		waitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == uint64(life+1) })
+		stop()
+	}
+}
+
+// A durable created with a server-side MaxDeliver (by an earlier version
+// of this package) is updated to an unlimited one by NewConsumer, so the
+// server never drops a message the consumer could not dead-letter yet.
+func TestDurableMaxDeliverUpdated(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	ctx := context.Background()
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.stream, jetstream.ConsumerConfig{Durable: "old", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 20}); err != nil {
+		t.Fatal(err)
+	}
+	db, _, in := sqliteInbox(t, inbox.Config{})
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, func(context.Context, *sql.Tx, inbox.Delivery) error { return nil }), natsjs.Config{Durable: "old"})
+	info, err := c.JetStreamConsumer().Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxDeliver != -1 {
+		t.Fatalf("the durable's MaxDeliver is %d, want -1 (unlimited)", info.Config.MaxDeliver)
+	}
+}
