@@ -88,7 +88,7 @@ func (s deafExtend) Extend(ctx context.Context, group, id string, fence int64, l
 func TestHandleLeaseEndsWithRenewalUnanswered(t *testing.T) {
 	t.Parallel()
 	s := deafExtend{MemoryStore: inbox.NewMemoryStore(), release: make(chan struct{}), calls: new(atomic.Int64)}
-	in, err := inbox.New(s, &inbox.Config{Group: "g", Lease: 300 * time.Millisecond})
+	in, err := inbox.New(s, &inbox.Config{Group: "g", Lease: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

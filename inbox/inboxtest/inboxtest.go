@@ -437,7 +437,7 @@ var cases = []testCase{
 
 // sweepRetention is the retention of the sweeping cases: long enough that
 // a record written a moment before the sweep is young on a slow machine.
-const sweepRetention = time.Second
+const sweepRetention = 2 * time.Second
 
 // finish finishes the attempt of c, failing the test on an error.
 func (h *harness) finish(id string, c inbox.Claim) {

@@ -286,17 +286,19 @@ func TestHeartbeatKeepsMessage(t *testing.T) {
 	var calls atomic.Int32
 	h := func(ctx context.Context, tx *sql.Tx, d inbox.Delivery) error {
 		calls.Add(1)
-		time.Sleep(1500 * time.Millisecond) // three AckWaits
+		time.Sleep(4500 * time.Millisecond) // three AckWaits
 		return effect(sqlstore.SQLite, "p")(ctx, tx, d)
 	}
 	var rec recorder
-	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, AckWait: 500 * time.Millisecond, Workers: 2})
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, AckWait: 1500 * time.Millisecond, Workers: 2})
 	run(t, c)
 	e.publish(t, "x", "slow", "{}")
 	waitFor(t, "the delivery", func() bool { return rec.count("slow") == 1 && settled(t, c) })
 	// Had the server redelivered during the handler, the second worker
-	// would have found the record in the handler's transaction.
-	time.Sleep(600 * time.Millisecond)
+	// would have found the record in the handler's transaction. (Each
+	// heartbeat has a second to reach the server, which a loaded machine
+	// leaves it.)
+	time.Sleep(1800 * time.Millisecond)
 	if got := fmt.Sprint(rec.of("slow")); got != "[processed/acked@1]" || calls.Load() != 1 {
 		t.Fatalf("events %s, %d calls; want one delivery", got, calls.Load())
 	}
