@@ -174,3 +174,44 @@ func TestDefaultBackoff(t *testing.T) {
 		}
 	}
 }
+
+// A Backoff of 0 or less does not spin: the loop waits at least
+// minRetryWait between two calls of a Process whose store is down.
+func TestSettleBoundsNonPositiveBackoff(t *testing.T) {
+	for _, b := range []time.Duration{0, -time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		calls := 0
+		c := newLoop(t, inbox.ConsumerConfig{Backoff: func(int) time.Duration { return b }, Process: func(context.Context, inbox.Message) (inbox.Outcome, error) {
+			calls++
+			return inbox.Outcome{}, errors.New("database down")
+		}})
+		d := &fakeDelivery{m: inbox.Message{ID: "m"}}
+		s := c.Settle(ctx, d)
+		cancel()
+		if calls > 30 || s.Action != inbox.Naked {
+			t.Fatalf("Backoff %v: %d calls of the Process in 200ms, settled %+v; want at most 30 (a wait of 10ms at least)", b, calls, s)
+		}
+	}
+}
+
+// A DeriveFrom that panics is a failed attempt, never a crash: the
+// delivery is naked, and dead-lettered on the MaxDeliver-th delivery.
+func TestSettleDeriveFromPanic(t *testing.T) {
+	called := false
+	c := newLoop(t, inbox.ConsumerConfig{MaxDeliver: 2,
+		DeriveFrom: func(m inbox.Message) []string { panic("no header map") },
+		Process: func(context.Context, inbox.Message) (inbox.Outcome, error) {
+			called = true
+			return inbox.Outcome{Result: inbox.Processed}, nil
+		}})
+	d := &fakeDelivery{m: inbox.Message{}, fallback: "S:1:1", delivered: 1}
+	s := c.Settle(context.Background(), d)
+	var pe *inbox.PanicError
+	if called || s.Action != inbox.Naked || !errors.As(s.Outcome.Err, &pe) || fmt.Sprint(d.log()) != "[nak "+inbox.DefaultStopNak.String()+"]" {
+		t.Fatalf("Process called %v, settled %+v, delivery %v", called, s, d.log())
+	}
+	d = &fakeDelivery{m: inbox.Message{}, fallback: "S:1:1", delivered: 2}
+	if s := c.Settle(context.Background(), d); called || s.Action != inbox.DeadLettered {
+		t.Fatalf("Process called %v, settled %+v, delivery %v", called, s, d.log())
+	}
+}
