@@ -526,13 +526,12 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // ownDeadLetter reports whether msg is a dead letter this consumer
-// published.
+// published: by its subject alone. A dead letter that an operator
+// published again on another subject, to retry it, keeps its Idem-Dead-*
+// headers and is handled as any message (were it to die again, its new
+// dead letter is one more, not a loop).
 func (c *Consumer) ownDeadLetter(msg jetstream.Msg) bool {
-	if msg.Subject() == c.cfg.DeadLetterSubject {
-		return true
-	}
-	h := msg.Headers()
-	return h.Get(DeadConsumerHeader) == c.cfg.Durable && h.Get(DeadStreamHeader) == c.cfg.Stream
+	return msg.Subject() == c.cfg.DeadLetterSubject
 }
 
 // delivery is a JetStream message as the consumer loop settles it.
