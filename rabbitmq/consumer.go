@@ -121,8 +121,9 @@ type ConsumerConfig struct {
 	MaxReconnect   time.Duration
 	// MaxDeliver is the most deliveries of a message, by a quorum
 	// queue's x-delivery-count, after which a delivery that would be
-	// requeued is dead-lettered instead. 0: none (classic queues count
-	// no deliveries; the inbox's MaxAttempts decides).
+	// requeued is dead-lettered instead (a first delivery, not flagged
+	// redelivered, is the 1st). 0: none (classic queues count no
+	// redeliveries; the inbox's MaxAttempts decides).
 	MaxDeliver int
 	// DeriveFrom, when a message has no message_id, names the fields its
 	// ID is derived from (inbox.DeriveID): its business number, event
@@ -342,8 +343,9 @@ func (d *delivery) Message() inbox.Message { return message(d.d) }
 // (DeriveFrom, or ErrNoID).
 func (d *delivery) FallbackID() string { return "" }
 
-// Delivered is 1 + a quorum queue's x-delivery-count, 0 on a classic
-// queue.
+// Delivered is 1 + a quorum queue's x-delivery-count; 1 for a delivery
+// not flagged redelivered (a quorum queue's first carries no count); 0
+// (unknown) for a classic queue's redelivery.
 func (d *delivery) Delivered() int {
 	switch n := d.d.Headers[HeaderDeliveryCount].(type) {
 	case int64:
@@ -352,6 +354,9 @@ func (d *delivery) Delivered() int {
 		return int(n) + 1
 	case int:
 		return n + 1
+	}
+	if !d.d.Redelivered {
+		return 1
 	}
 	return 0
 }
