@@ -83,7 +83,7 @@ type ConsumerConfig struct {
 	Queue string
 	// Setup, if set, runs on every new channel before consuming (after
 	// every reconnection): declare the queue, the exchanges and bindings
-	// there. An error ends the session, which is retried.
+	// there. An error or a panic ends the session, which is retried.
 	Setup func(ch *amqp.Channel) error
 	// ConsumerTag names the consumer on the broker. Default: the
 	// broker's generated tag.
@@ -242,10 +242,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: qos: %w", err)
 	}
-	if c.cfg.Setup != nil {
-		if err := c.cfg.Setup(ch); err != nil {
-			return fmt.Errorf("rabbitmq: setup: %w", err)
-		}
+	if err := c.setup(ch); err != nil {
+		return err
 	}
 	var dl *confirmer
 	if c.cfg.DeadLetterExchange != "" || c.cfg.DeadLetterRoutingKey != "" {
@@ -307,6 +305,23 @@ func (c *Consumer) session(ctx context.Context) error {
 	cancel()
 	wg.Wait() // handlers in flight finish; their acks go out if the channel lives
 	return cause
+}
+
+// setup runs Setup on ch; its panic is an error, as its failure is: the
+// session ends and is retried.
+func (c *Consumer) setup(ch *amqp.Channel) (err error) {
+	if c.cfg.Setup == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("rabbitmq: setup panicked: %v", r)
+		}
+	}()
+	if err := c.cfg.Setup(ch); err != nil {
+		return fmt.Errorf("rabbitmq: setup: %w", err)
+	}
+	return nil
 }
 
 func amqpErr(e *amqp.Error) error {

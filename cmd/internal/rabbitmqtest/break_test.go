@@ -162,3 +162,28 @@ func TestConsumerMaxDeliverQuorum(t *testing.T) {
 		})
 	}
 }
+
+// A Setup that panics (a topology bug, a nil map) ended the process: it
+// is now a failed session, retried after ReconnectDelay like a Setup
+// that returns an error, and the consumer goes on once Setup works.
+func TestConsumerSetupPanics(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	st := sqliteStore(t)
+	in := st.inbox(t, inbox.Config{})
+	var setups atomic.Int32
+	cfg := b.consumerConfig()
+	cfg.Setup = func(*amqp.Channel) error {
+		if setups.Add(1) <= 2 {
+			panic("topology bug")
+		}
+		return nil
+	}
+	b.publish(t, "m", "x")
+	var s seen
+	run(t, cfg, s.wrap(rabbitmq.HandleTx(in, st.db, st.effect("p"))))
+	eventually(t, 30*time.Second, "the message handled", func() bool { return s.count(inbox.Processed) == 1 })
+	if n := st.effectsOf(t, "m"); n != 1 || setups.Load() != 3 {
+		t.Fatalf("%d effects after %d setups, want 1 after 3", n, setups.Load())
+	}
+}
