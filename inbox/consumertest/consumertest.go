@@ -295,12 +295,20 @@ func testPanics(t *testing.T, b Broker) {
 	}
 }
 
-// A store outage costs time, never a message: with MaxAttempts and
-// MaxDeliver at 2, messages that arrive during an outage of many store
-// errors are each handled once when it ends, and none is dead-lettered.
+// A store outage costs time, never a message nor a delivery: with
+// MaxAttempts and MaxDeliver at 2, messages that arrive during an outage
+// of many store errors are held, not handed back; when it ends, each
+// fails its first attempt and has its effect on its second delivery,
+// which an adapter that had handed them back during the outage would
+// count past MaxDeliver and dead-letter.
 func testStoreOutage(t *testing.T, b Broker) {
 	var eff effects
-	s, cfg := setup(t, 2, &eff, nil)
+	s, cfg := setup(t, 2, &eff, func(_ string, n int) error {
+		if n == 1 {
+			return errors.New("the first attempt fails")
+		}
+		return nil
+	})
 	cfg.MaxDeliver = 2
 	s.down.Store(true)
 	b.Consume(t, cfg)
@@ -310,9 +318,12 @@ func testStoreOutage(t *testing.T, b Broker) {
 	}
 	waitFor(t, "store errors", func() bool { return s.failed.Load() >= 20 })
 	s.down.Store(false)
-	hold(t, "every message handled once", func() bool {
+	hold(t, "every message handled once, on its second attempt", func() bool {
+		if d := b.DeadLetters(t); len(d) != 0 {
+			t.Fatalf("dead letters after a store outage: %q", d)
+		}
 		for i := range n {
-			if _, a := eff.of(fmt.Sprint("m-", i)); a != 1 {
+			if c, a := eff.of(fmt.Sprint("m-", i)); c != 2 || a != 1 {
 				return false
 			}
 		}

@@ -9,10 +9,13 @@ import (
 	"github.com/idemkit/idem/inbox/consumertest"
 )
 
-// TestConformance runs the consumer protocol's suite over RabbitMQ.
+// TestConformance runs the consumer protocol's suite over RabbitMQ, on
+// a quorum queue: its delivery count makes MaxDeliver bite.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	consumertest.Run(t, func(t testing.TB) consumertest.Broker { return &conformance{b: newBroker(t, nil)} })
+	consumertest.Run(t, func(t testing.TB) consumertest.Broker {
+		return &conformance{b: newBroker(t, amqp.Table{"x-queue-type": "quorum"})}
+	})
 }
 
 // conformance is the suite's harness: a queue of the test's own, its
