@@ -156,7 +156,7 @@ type ConsumerConfig struct {
 	// failed. Default: from DefaultRetryMin, doubling, at most
 	// DefaultRetryMax, each wait drawn in [d/2, d]. A wait under 10 ms
 	// (0 or negative included) is taken as 10 ms, so that a store down
-	// is not called in a tight loop.
+	// is not called in a tight loop; a panic, as DefaultBackoff.
 	Backoff func(n int) time.Duration
 	// DeriveFrom, when a message has no ID, names the fields its ID is
 	// derived from (DeriveID), before BrokerDelivery.FallbackID is used:
@@ -305,8 +305,14 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	return s
 }
 
-// backoff is the wait before the n-th retry, at least minRetryWait.
-func (c *Consumer) backoff(n int) time.Duration {
+// backoff is the wait before the n-th retry, at least minRetryWait;
+// DefaultBackoff's if Backoff panics.
+func (c *Consumer) backoff(n int) (d time.Duration) {
+	defer func() {
+		if r := recover(); r != nil {
+			d = DefaultBackoff(n)
+		}
+	}()
 	return max(c.cfg.Backoff(n), minRetryWait)
 }
 

@@ -215,3 +215,20 @@ func TestSettleDeriveFromPanic(t *testing.T) {
 		t.Fatalf("Process called %v, settled %+v, delivery %v", called, s, d.log())
 	}
 }
+
+// A Backoff that panics (it is the caller's code, called only while the
+// store is down) is not the consumer's end: the default backoff stands
+// in for it, and the store error is retried in place.
+func TestSettleBackoffPanics(t *testing.T) {
+	calls := 0
+	c := newLoop(t, inbox.ConsumerConfig{Backoff: func(int) time.Duration { panic("bad table") }, Process: func(_ context.Context, m inbox.Message) (inbox.Outcome, error) {
+		if calls++; calls == 1 {
+			return inbox.Outcome{}, errors.New("database down")
+		}
+		return inbox.Outcome{Result: inbox.Processed, ID: m.ID}, nil
+	}})
+	d := &fakeDelivery{m: inbox.Message{ID: "m"}}
+	if s := c.Settle(context.Background(), d); s.Action != inbox.Acked || calls != 2 || fmt.Sprint(d.log()) != "[ack]" {
+		t.Fatalf("settled %+v after %d calls, delivery %v", s, calls, d.log())
+	}
+}
