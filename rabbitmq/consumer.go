@@ -104,8 +104,8 @@ type ConsumerConfig struct {
 	// x-dead-letter-exchange, if set, receives it (with the broker's
 	// x-death header, but without the reason); without one the broker
 	// drops it. A dead-letter publish that fails (no queue takes it, the
-	// broker nacks it) leaves the delivery unacked for MaxRetryDelay,
-	// and it is then requeued.
+	// broker nacks it) is retried with Backoff while the delivery is
+	// held, unacked; the session's end requeues it.
 	DeadLetterExchange   string
 	DeadLetterRoutingKey string
 	// MaxRetryDelay bounds how long the consumer waits before it requeues
