@@ -144,8 +144,10 @@ type ConsumerConfig struct {
 	Process Process
 	// MaxDeliver is the client-side delivery limit: a delivery that is
 	// the MaxDeliver-th (by BrokerDelivery.Delivered) and would be
-	// handed back (Retry, InProgress) is dead-lettered instead. 0: none
-	// (the inbox's MaxAttempts alone decides).
+	// handed back with a Retry is dead-lettered instead. An InProgress
+	// is handed back whatever its count: another consumer holds the
+	// message's live lease and settles it. 0: none (the inbox's
+	// MaxAttempts alone decides).
 	MaxDeliver int
 	// Heartbeat is how often InProgress is sent while a delivery is held
 	// (its Process runs, a store error or a dead-letter publish is being
@@ -234,8 +236,8 @@ func DefaultBackoff(n int) time.Duration {
 // DefaultStopNak. Settle returns after d is settled.
 //
 //   - The Process's Processed and Duplicate: Ack.
-//   - Retry and InProgress: Nak with the Outcome's Delay; on the
-//     MaxDeliver-th delivery, dead-lettered instead.
+//   - Retry and InProgress: Nak with the Outcome's Delay; a Retry on
+//     the MaxDeliver-th delivery is dead-lettered instead.
 //   - Dead: DeadLetter (retried with Backoff until it succeeds), then
 //     Term.
 //   - A store error (the Process returned a non-nil error): the Process
@@ -289,7 +291,9 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	case o.Result == Dead:
 		c.deadLetter(ctx, d, &s, reasonOf(o), stop)
 	default: // Retry, InProgress, or a Process without an outcome
-		if c.cfg.MaxDeliver > 0 && s.Delivered >= c.cfg.MaxDeliver {
+		// InProgress is never dead-lettered: another consumer holds the
+		// message's live lease and settles it.
+		if c.cfg.MaxDeliver > 0 && s.Delivered >= c.cfg.MaxDeliver && o.Result != InProgress {
 			c.deadLetter(ctx, d, &s, fmt.Sprintf("delivered %d times (MaxDeliver), last: %s", s.Delivered, reasonOf(o)), stop)
 			break
 		}

@@ -232,3 +232,18 @@ func TestSettleBackoffPanics(t *testing.T) {
 		t.Fatalf("settled %+v after %d calls, delivery %v", s, calls, d.log())
 	}
 }
+
+// An InProgress on the MaxDeliver-th delivery is handed back, not
+// dead-lettered: another consumer holds the message's live lease (a
+// handler slower than the lease, a copy of the message published twice,
+// a holder whose broker connection dropped) and settles it. The loop
+// dead-lettered such a copy of a healthy message.
+func TestSettleInProgressNotDeadLettered(t *testing.T) {
+	c := newLoop(t, inbox.ConsumerConfig{MaxDeliver: 3, Process: func(_ context.Context, m inbox.Message) (inbox.Outcome, error) {
+		return inbox.Outcome{Result: inbox.InProgress, ID: m.ID, Delay: 700 * time.Millisecond}, nil
+	}})
+	d := &fakeDelivery{m: inbox.Message{ID: "m"}, delivered: 5}
+	if s := c.Settle(context.Background(), d); s.Action != inbox.Naked || fmt.Sprint(d.log()) != "[nak 700ms]" {
+		t.Fatalf("settled %+v, delivery %v; want a nak of the lease's remainder", s, d.log())
+	}
+}

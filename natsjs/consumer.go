@@ -93,8 +93,10 @@ type Config struct {
 	// dead-letter yet. A store error does not cost a delivery (the
 	// consumer keeps the message and retries). Keep it above the inbox's
 	// MaxAttempts: deliveries that found the message in progress
-	// elsewhere, or that died with their process, count too. Default
-	// 20; negative: unlimited.
+	// elsewhere, or that died with their process, count too (one that
+	// finds it in progress is naked whatever its count, never
+	// dead-lettered: the lease's holder settles it). Default 20;
+	// negative: unlimited.
 	MaxDeliver int
 	// Workers is how many messages are handled at once. Default 1
 	// (messages are handled in the stream's order, redeliveries aside).

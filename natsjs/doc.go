@@ -50,8 +50,9 @@
 //     letter's Nats-Msg-Id is "dead:<stream>:<durable>:<seq>:<timestamp>"
 //     (the stream's time of the message), so two lives of a stream do
 //     not collide in the dead-letter stream's Duplicates window.
-//   - A Retry or InProgress outcome on the Config.MaxDeliver-th delivery
-//     is dead-lettered too, with a reason that says so. The limit is the
+//   - A Retry outcome on the Config.MaxDeliver-th delivery is
+//     dead-lettered too, with a reason that says so (an InProgress is
+//     naked whatever its count: the lease's holder settles the message). The limit is the
 //     consumer's: the durable is created with MaxDeliver unlimited, so
 //     that the server never drops a message on its last delivery whose
 //     dead letter could not be published yet. Its inbox record stays

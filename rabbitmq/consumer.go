@@ -121,7 +121,8 @@ type ConsumerConfig struct {
 	MaxReconnect   time.Duration
 	// MaxDeliver is the most deliveries of a message, by a quorum
 	// queue's x-delivery-count, after which a delivery that would be
-	// requeued is dead-lettered instead (a first delivery, not flagged
+	// requeued with a Retry is dead-lettered instead (an InProgress is
+	// requeued: the lease's holder settles it; a first delivery, not flagged
 	// redelivered, is the 1st). 0: none (classic queues count no
 	// redeliveries; the inbox's MaxAttempts decides).
 	MaxDeliver int
