@@ -132,6 +132,11 @@ const (
 	DefaultStopNak = time.Second
 )
 
+// minRetryWait is the shortest wait between two retries of a store
+// error or of a dead-letter publish, whatever ConsumerConfig.Backoff
+// says.
+const minRetryWait = 10 * time.Millisecond
+
 // ConsumerConfig configures a Consumer. The zero value of each field
 // means its default; Process is required.
 type ConsumerConfig struct {
@@ -139,8 +144,10 @@ type ConsumerConfig struct {
 	Process Process
 	// MaxDeliver is the client-side delivery limit: a delivery that is
 	// the MaxDeliver-th (by BrokerDelivery.Delivered) and would be
-	// handed back (Retry, InProgress) is dead-lettered instead. 0: none
-	// (the inbox's MaxAttempts alone decides).
+	// handed back with a Retry is dead-lettered instead. An InProgress
+	// is handed back whatever its count: another consumer holds the
+	// message's live lease and settles it. 0: none (the inbox's
+	// MaxAttempts alone decides).
 	MaxDeliver int
 	// Heartbeat is how often InProgress is sent while a delivery is held
 	// (its Process runs, a store error or a dead-letter publish is being
@@ -149,7 +156,9 @@ type ConsumerConfig struct {
 	// Backoff is the wait before the n-th retry (from 1) of a Process
 	// that returned a store error, or of a dead-letter publish that
 	// failed. Default: from DefaultRetryMin, doubling, at most
-	// DefaultRetryMax, each wait drawn in [d/2, d].
+	// DefaultRetryMax, each wait drawn in [d/2, d]. A wait under 10 ms
+	// (0 or negative included) is taken as 10 ms, so that a store down
+	// is not called in a tight loop; a panic, as DefaultBackoff.
 	Backoff func(n int) time.Duration
 	// DeriveFrom, when a message has no ID, names the fields its ID is
 	// derived from (DeriveID), before BrokerDelivery.FallbackID is used:
@@ -227,16 +236,18 @@ func DefaultBackoff(n int) time.Duration {
 // DefaultStopNak. Settle returns after d is settled.
 //
 //   - The Process's Processed and Duplicate: Ack.
-//   - Retry and InProgress: Nak with the Outcome's Delay; on the
-//     MaxDeliver-th delivery, dead-lettered instead.
+//   - Retry and InProgress: Nak with the Outcome's Delay; a Retry on
+//     the MaxDeliver-th delivery is dead-lettered instead.
 //   - Dead: DeadLetter (retried with Backoff until it succeeds), then
 //     Term.
 //   - A store error (the Process returned a non-nil error): the Process
 //     is called again after Backoff, d being held meanwhile (InProgress).
-//   - A panic of the Process: a Retry, as a handler's panic is.
+//   - A panic of the Process, or of DeriveFrom (the Process is then not
+//     called): a Retry, as a handler's panic is.
 func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	m := d.Message()
-	m.ID = c.id(m, d)
+	id, derr := c.id(m, d)
+	m.ID = id
 	s := Settled{Message: m, Delivered: d.Delivered()}
 	hctx := context.WithoutCancel(ctx)
 
@@ -244,13 +255,19 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	defer stop()
 
 	for n := 1; ; n++ {
+		if derr != nil {
+			// DeriveFrom panicked: a failed attempt, as a handler's
+			// panic is; the Process never sees the message.
+			s.Outcome = Outcome{Result: Retry, Delay: DefaultStopNak, Err: derr}
+			break
+		}
 		o, err := c.call(hctx, m)
 		s.Outcome = o
 		if err == nil {
 			break
 		}
 		s.StoreErrors, s.Err = n, err
-		wait := c.cfg.Backoff(n)
+		wait := c.backoff(n)
 		c.log.WarnContext(ctx, c.cfg.Name+": store failed; retrying", c.attrs(m, s, slog.Any("err", err), slog.Duration("delay", wait))...)
 		if !sleep(ctx, wait) {
 			stop()
@@ -274,7 +291,9 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	case o.Result == Dead:
 		c.deadLetter(ctx, d, &s, reasonOf(o), stop)
 	default: // Retry, InProgress, or a Process without an outcome
-		if c.cfg.MaxDeliver > 0 && s.Delivered >= c.cfg.MaxDeliver {
+		// InProgress is never dead-lettered: another consumer holds the
+		// message's live lease and settles it.
+		if c.cfg.MaxDeliver > 0 && s.Delivered >= c.cfg.MaxDeliver && o.Result != InProgress {
 			c.deadLetter(ctx, d, &s, fmt.Sprintf("delivered %d times (MaxDeliver), last: %s", s.Delivered, reasonOf(o)), stop)
 			break
 		}
@@ -290,18 +309,42 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	return s
 }
 
+// backoff is the wait before the n-th retry, at least minRetryWait;
+// DefaultBackoff's if Backoff panics.
+func (c *Consumer) backoff(n int) (d time.Duration) {
+	defer func() {
+		if r := recover(); r != nil {
+			d = DefaultBackoff(n)
+		}
+	}()
+	return max(c.cfg.Backoff(n), minRetryWait)
+}
+
 // id returns the ID m is handled under: its own, else the one
-// DeriveFrom derives, else d's fallback.
-func (c *Consumer) id(m Message, d BrokerDelivery) string {
+// DeriveFrom derives, else d's fallback; a panic of DeriveFrom is an
+// error wrapping a *PanicError.
+func (c *Consumer) id(m Message, d BrokerDelivery) (id string, err error) {
 	if m.ID != "" {
-		return m.ID
+		return m.ID, nil
 	}
 	if c.cfg.DeriveFrom != nil {
-		if f := c.cfg.DeriveFrom(m); len(f) > 0 && !slices.Contains(f, "") {
-			return DeriveID(f...)
+		var f []string
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("DeriveFrom: %w", &PanicError{Value: r})
+				}
+			}()
+			f = c.cfg.DeriveFrom(m)
+		}()
+		if err != nil {
+			return "", err
+		}
+		if len(f) > 0 && !slices.Contains(f, "") {
+			return DeriveID(f...), nil
 		}
 	}
-	return d.FallbackID()
+	return d.FallbackID(), nil
 }
 
 // call runs the Process, turning its panic into a Retry.
@@ -335,7 +378,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d BrokerDelivery, s *Settled,
 			break
 		}
 		s.Err = fmt.Errorf("%s: dead-letter: %w", c.cfg.Name, err)
-		wait := c.cfg.Backoff(n)
+		wait := c.backoff(n)
 		c.log.WarnContext(ctx, c.cfg.Name+": dead-letter publish failed; retrying", c.attrs(s.Message, *s, slog.String("reason", reason), slog.Any("err", err), slog.Duration("delay", wait))...)
 		if !sleep(ctx, wait) {
 			stop()

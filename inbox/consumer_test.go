@@ -174,3 +174,76 @@ func TestDefaultBackoff(t *testing.T) {
 		}
 	}
 }
+
+// A Backoff of 0 or less does not spin: the loop waits at least
+// minRetryWait between two calls of a Process whose store is down.
+func TestSettleBoundsNonPositiveBackoff(t *testing.T) {
+	for _, b := range []time.Duration{0, -time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		calls := 0
+		c := newLoop(t, inbox.ConsumerConfig{Backoff: func(int) time.Duration { return b }, Process: func(context.Context, inbox.Message) (inbox.Outcome, error) {
+			calls++
+			return inbox.Outcome{}, errors.New("database down")
+		}})
+		d := &fakeDelivery{m: inbox.Message{ID: "m"}}
+		s := c.Settle(ctx, d)
+		cancel()
+		if calls > 30 || s.Action != inbox.Naked {
+			t.Fatalf("Backoff %v: %d calls of the Process in 200ms, settled %+v; want at most 30 (a wait of 10ms at least)", b, calls, s)
+		}
+	}
+}
+
+// A DeriveFrom that panics is a failed attempt, never a crash: the
+// delivery is naked, and dead-lettered on the MaxDeliver-th delivery.
+func TestSettleDeriveFromPanic(t *testing.T) {
+	called := false
+	c := newLoop(t, inbox.ConsumerConfig{MaxDeliver: 2,
+		DeriveFrom: func(m inbox.Message) []string { panic("no header map") },
+		Process: func(context.Context, inbox.Message) (inbox.Outcome, error) {
+			called = true
+			return inbox.Outcome{Result: inbox.Processed}, nil
+		}})
+	d := &fakeDelivery{m: inbox.Message{}, fallback: "S:1:1", delivered: 1}
+	s := c.Settle(context.Background(), d)
+	var pe *inbox.PanicError
+	if called || s.Action != inbox.Naked || !errors.As(s.Outcome.Err, &pe) || fmt.Sprint(d.log()) != "[nak "+inbox.DefaultStopNak.String()+"]" {
+		t.Fatalf("Process called %v, settled %+v, delivery %v", called, s, d.log())
+	}
+	d = &fakeDelivery{m: inbox.Message{}, fallback: "S:1:1", delivered: 2}
+	if s := c.Settle(context.Background(), d); called || s.Action != inbox.DeadLettered {
+		t.Fatalf("Process called %v, settled %+v, delivery %v", called, s, d.log())
+	}
+}
+
+// A Backoff that panics (it is the caller's code, called only while the
+// store is down) is not the consumer's end: the default backoff stands
+// in for it, and the store error is retried in place.
+func TestSettleBackoffPanics(t *testing.T) {
+	calls := 0
+	c := newLoop(t, inbox.ConsumerConfig{Backoff: func(int) time.Duration { panic("bad table") }, Process: func(_ context.Context, m inbox.Message) (inbox.Outcome, error) {
+		if calls++; calls == 1 {
+			return inbox.Outcome{}, errors.New("database down")
+		}
+		return inbox.Outcome{Result: inbox.Processed, ID: m.ID}, nil
+	}})
+	d := &fakeDelivery{m: inbox.Message{ID: "m"}}
+	if s := c.Settle(context.Background(), d); s.Action != inbox.Acked || calls != 2 || fmt.Sprint(d.log()) != "[ack]" {
+		t.Fatalf("settled %+v after %d calls, delivery %v", s, calls, d.log())
+	}
+}
+
+// An InProgress on the MaxDeliver-th delivery is handed back, not
+// dead-lettered: another consumer holds the message's live lease (a
+// handler slower than the lease, a copy of the message published twice,
+// a holder whose broker connection dropped) and settles it. The loop
+// dead-lettered such a copy of a healthy message.
+func TestSettleInProgressNotDeadLettered(t *testing.T) {
+	c := newLoop(t, inbox.ConsumerConfig{MaxDeliver: 3, Process: func(_ context.Context, m inbox.Message) (inbox.Outcome, error) {
+		return inbox.Outcome{Result: inbox.InProgress, ID: m.ID, Delay: 700 * time.Millisecond}, nil
+	}})
+	d := &fakeDelivery{m: inbox.Message{ID: "m"}, delivered: 5}
+	if s := c.Settle(context.Background(), d); s.Action != inbox.Naked || fmt.Sprint(d.log()) != "[nak 700ms]" {
+		t.Fatalf("settled %+v, delivery %v; want a nak of the lease's remainder", s, d.log())
+	}
+}

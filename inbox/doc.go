@@ -40,8 +40,9 @@
 //     backoff while the delivery is held) and only then terminated: it
 //     ends handled or dead-lettered, never neither, as long as the
 //     broker redelivers a message that was naked.
-//   - A Retry or InProgress on the ConsumerConfig.MaxDeliver-th delivery
-//     (by the broker's count) is dead-lettered.
+//   - A Retry on the ConsumerConfig.MaxDeliver-th delivery (by the
+//     broker's count) is dead-lettered; an InProgress never is (another
+//     consumer holds the message's live lease and settles it).
 //   - A message without an ID gets one from ConsumerConfig.DeriveFrom
 //     (its business number, event type and version), else the broker's
 //     fallback.

@@ -93,8 +93,10 @@ type Config struct {
 	// dead-letter yet. A store error does not cost a delivery (the
 	// consumer keeps the message and retries). Keep it above the inbox's
 	// MaxAttempts: deliveries that found the message in progress
-	// elsewhere, or that died with their process, count too. Default
-	// 20; negative: unlimited.
+	// elsewhere, or that died with their process, count too (one that
+	// finds it in progress is naked whatever its count, never
+	// dead-lettered: the lease's holder settles it). Default 20;
+	// negative: unlimited.
 	MaxDeliver int
 	// Workers is how many messages are handled at once. Default 1
 	// (messages are handled in the stream's order, redeliveries aside).
@@ -526,13 +528,12 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 }
 
 // ownDeadLetter reports whether msg is a dead letter this consumer
-// published.
+// published: by its subject alone. A dead letter that an operator
+// published again on another subject, to retry it, keeps its Idem-Dead-*
+// headers and is handled as any message (were it to die again, its new
+// dead letter is one more, not a loop).
 func (c *Consumer) ownDeadLetter(msg jetstream.Msg) bool {
-	if msg.Subject() == c.cfg.DeadLetterSubject {
-		return true
-	}
-	h := msg.Headers()
-	return h.Get(DeadConsumerHeader) == c.cfg.Durable && h.Get(DeadStreamHeader) == c.cfg.Stream
+	return msg.Subject() == c.cfg.DeadLetterSubject
 }
 
 // delivery is a JetStream message as the consumer loop settles it.

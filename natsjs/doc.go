@@ -43,12 +43,16 @@
 //     the consumer itself would receive (the stream's subjects and the
 //     filter capture it): each dead letter would come back to it as a
 //     new message, for ever; and a dead letter of its own delivered back
-//     (the stream changed later) is terminated, never handled. The dead
+//     (the stream changed later: a message on the dead-letter subject)
+//     is terminated, never handled. To retry a dead letter, publish it
+//     again on its Idem-Dead-Subject under a new Nats-Msg-Id (the old
+//     ID's inbox record is dead): it is handled as any message. The dead
 //     letter's Nats-Msg-Id is "dead:<stream>:<durable>:<seq>:<timestamp>"
 //     (the stream's time of the message), so two lives of a stream do
 //     not collide in the dead-letter stream's Duplicates window.
-//   - A Retry or InProgress outcome on the Config.MaxDeliver-th delivery
-//     is dead-lettered too, with a reason that says so. The limit is the
+//   - A Retry outcome on the Config.MaxDeliver-th delivery is
+//     dead-lettered too, with a reason that says so (an InProgress is
+//     naked whatever its count: the lease's holder settles the message). The limit is the
 //     consumer's: the durable is created with MaxDeliver unlimited, so
 //     that the server never drops a message on its last delivery whose
 //     dead letter could not be published yet. Its inbox record stays

@@ -83,7 +83,7 @@ type ConsumerConfig struct {
 	Queue string
 	// Setup, if set, runs on every new channel before consuming (after
 	// every reconnection): declare the queue, the exchanges and bindings
-	// there. An error ends the session, which is retried.
+	// there. An error or a panic ends the session, which is retried.
 	Setup func(ch *amqp.Channel) error
 	// ConsumerTag names the consumer on the broker. Default: the
 	// broker's generated tag.
@@ -104,8 +104,8 @@ type ConsumerConfig struct {
 	// x-dead-letter-exchange, if set, receives it (with the broker's
 	// x-death header, but without the reason); without one the broker
 	// drops it. A dead-letter publish that fails (no queue takes it, the
-	// broker nacks it) leaves the delivery unacked for MaxRetryDelay,
-	// and it is then requeued.
+	// broker nacks it) is retried with Backoff while the delivery is
+	// held, unacked; the session's end requeues it.
 	DeadLetterExchange   string
 	DeadLetterRoutingKey string
 	// MaxRetryDelay bounds how long the consumer waits before it requeues
@@ -121,8 +121,10 @@ type ConsumerConfig struct {
 	MaxReconnect   time.Duration
 	// MaxDeliver is the most deliveries of a message, by a quorum
 	// queue's x-delivery-count, after which a delivery that would be
-	// requeued is dead-lettered instead. 0: none (classic queues count
-	// no deliveries; the inbox's MaxAttempts decides).
+	// requeued with a Retry is dead-lettered instead (an InProgress is
+	// requeued: the lease's holder settles it; a first delivery, not flagged
+	// redelivered, is the 1st). 0: none (classic queues count no
+	// redeliveries; the inbox's MaxAttempts decides).
 	MaxDeliver int
 	// DeriveFrom, when a message has no message_id, names the fields its
 	// ID is derived from (inbox.DeriveID): its business number, event
@@ -241,10 +243,8 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("rabbitmq: qos: %w", err)
 	}
-	if c.cfg.Setup != nil {
-		if err := c.cfg.Setup(ch); err != nil {
-			return fmt.Errorf("rabbitmq: setup: %w", err)
-		}
+	if err := c.setup(ch); err != nil {
+		return err
 	}
 	var dl *confirmer
 	if c.cfg.DeadLetterExchange != "" || c.cfg.DeadLetterRoutingKey != "" {
@@ -308,6 +308,23 @@ func (c *Consumer) session(ctx context.Context) error {
 	return cause
 }
 
+// setup runs Setup on ch; its panic is an error, as its failure is: the
+// session ends and is retried.
+func (c *Consumer) setup(ch *amqp.Channel) (err error) {
+	if c.cfg.Setup == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("rabbitmq: setup panicked: %v", r)
+		}
+	}()
+	if err := c.cfg.Setup(ch); err != nil {
+		return fmt.Errorf("rabbitmq: setup: %w", err)
+	}
+	return nil
+}
+
 func amqpErr(e *amqp.Error) error {
 	if e == nil {
 		return amqp.ErrClosed
@@ -342,8 +359,9 @@ func (d *delivery) Message() inbox.Message { return message(d.d) }
 // (DeriveFrom, or ErrNoID).
 func (d *delivery) FallbackID() string { return "" }
 
-// Delivered is 1 + a quorum queue's x-delivery-count, 0 on a classic
-// queue.
+// Delivered is 1 + a quorum queue's x-delivery-count; 1 for a delivery
+// not flagged redelivered (a quorum queue's first carries no count); 0
+// (unknown) for a classic queue's redelivery.
 func (d *delivery) Delivered() int {
 	switch n := d.d.Headers[HeaderDeliveryCount].(type) {
 	case int64:
@@ -352,6 +370,9 @@ func (d *delivery) Delivered() int {
 		return int(n) + 1
 	case int:
 		return n + 1
+	}
+	if !d.d.Redelivered {
+		return 1
 	}
 	return 0
 }

@@ -83,7 +83,10 @@
 //   - Delays longer than MaxRetryDelay (10 s by default): an inbox
 //     Backoff beyond it is cut to it. The broker's consumer timeout
 //     (30 min by default) must exceed MaxRetryDelay plus the longest
-//     handler.
+//     handler, and the longest store outage or dead-letter failure
+//     (the delivery is held, unacked, meanwhile: InProgress is a no-op):
+//     past it the broker closes the channel, and the held deliveries
+//     are requeued, each costing a delivery.
 //   - A message that kills its consumer (a crash inside HandleTx) is never
 //     dead by the inbox's count, since the rolled-back attempt is not
 //     counted: a quorum queue's x-delivery-limit is the backstop.

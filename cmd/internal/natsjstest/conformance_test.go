@@ -25,6 +25,8 @@ func TestConformance(t *testing.T) {
 // adapter's consumer.
 type conformance struct {
 	e    env
+	c    *natsjs.Consumer
+	stop func()
 	mu   sync.Mutex
 	read uint64 // the dead-letter stream's last sequence read
 }
@@ -51,8 +53,13 @@ func (c *conformance) Consume(t testing.TB, cfg inbox.ConsumerConfig) {
 	if nc.MaxDeliver == 0 {
 		nc.MaxDeliver = -1
 	}
-	run(t, newConsumer(t, c.e, cfg.Process, nc))
+	c.c = newConsumer(t, c.e, cfg.Process, nc)
+	c.stop = run(t, c.c)
 }
+
+func (c *conformance) Stop(testing.TB) { c.stop() }
+
+func (c *conformance) Settled(t testing.TB) bool { return settled(t, c.c) }
 
 func (c *conformance) DeadLetters(t testing.TB) []string {
 	t.Helper()

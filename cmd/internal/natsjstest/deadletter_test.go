@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
@@ -147,5 +148,46 @@ func TestDurableMaxDeliverUpdated(t *testing.T) {
 	}
 	if info.Config.MaxDeliver != -1 {
 		t.Fatalf("the durable's MaxDeliver is %d, want -1 (unlimited)", info.Config.MaxDeliver)
+	}
+}
+
+// An operator retries a dead letter once its cause is fixed by publishing
+// it again, headers and all, on the subject it was dead-lettered from
+// (under a new ID: the first one's record is dead). The consumer took it
+// for a dead letter of its own delivered back (by its Idem-Dead-Consumer
+// and Idem-Dead-Stream headers) and terminated it: the retry was neither
+// handled nor dead-lettered, lost.
+func TestDeadLetterRepublishedByOperatorHandled(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	db, _, in := sqliteInbox(t, inbox.Config{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }})
+	var broken atomic.Bool
+	broken.Store(true)
+	var handled atomic.Int32
+	h := func(context.Context, *sql.Tx, inbox.Delivery) error {
+		if broken.Load() {
+			return errors.New("bug")
+		}
+		handled.Add(1)
+		return nil
+	}
+	var rec recorder
+	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe})
+	run(t, c)
+	e.publish(t, "x", "m", "{}")
+	waitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == 1 })
+	dl := deadLetters(t, e, 1)[0]
+	broken.Store(false) // the bug is fixed
+	again := nats.NewMsg(dl.Headers().Get(natsjs.DeadSubjectHeader))
+	again.Data = dl.Data()
+	for k, v := range dl.Headers() {
+		again.Header[k] = v
+	}
+	if _, err := e.js.PublishMsg(t.Context(), again, jetstream.WithMsgID("m-retry")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the retry settled", func() bool { return rec.count("m-retry") == 1 && settled(t, c) })
+	if got := fmt.Sprint(rec.of("m-retry")); got != "[processed/acked@1]" || handled.Load() != 1 {
+		t.Fatalf("events of the retry %s, handled %d times; want processed/acked once", got, handled.Load())
 	}
 }

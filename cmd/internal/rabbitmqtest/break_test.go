@@ -1,8 +1,11 @@
 package rabbitmqtest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,5 +128,62 @@ func TestConsumerHostileMessageIDs(t *testing.T) {
 	}
 	if rows, _ := st.effects(t); rows != 1 {
 		t.Errorf("%d effects, want 1", rows)
+	}
+}
+
+// MaxDeliver on a quorum queue: the MaxDeliver-th delivery of a message
+// that keeps failing is dead-lettered. A first delivery carries no
+// x-delivery-count, so it counted as unknown and MaxDeliver 1 let a
+// second delivery through.
+func TestConsumerMaxDeliverQuorum(t *testing.T) {
+	t.Parallel()
+	for _, max := range []int{1, 3} {
+		t.Run(fmt.Sprint(max), func(t *testing.T) {
+			t.Parallel()
+			b := newBroker(t, amqp.Table{"x-queue-type": "quorum"})
+			var calls atomic.Int32
+			h := func(_ context.Context, m inbox.Message) (inbox.Outcome, error) {
+				calls.Add(1)
+				return inbox.Outcome{Result: inbox.Retry, ID: m.ID, Delay: 10 * time.Millisecond, Err: errors.New("down")}, nil
+			}
+			cfg := b.consumerConfig()
+			cfg.MaxDeliver = max
+			b.publish(t, "m", "x")
+			run(t, cfg, h)
+			eventually(t, 30*time.Second, "the dead letter", func() bool { n, _ := b.depth(t, b.dlq); return n == 1 })
+			eventually(t, 10*time.Second, "the queue to be empty", func() bool { n, _ := b.depth(t, b.queue); return n == 0 })
+			if n := calls.Load(); n != int32(max) {
+				t.Fatalf("%d deliveries handled before the dead letter, want %d (MaxDeliver)", n, max)
+			}
+			dl := b.drain(t, b.dlq)
+			if len(dl) != 1 || !strings.Contains(fmt.Sprint(dl[0].Headers[rabbitmq.HeaderDeadReason]), fmt.Sprintf("delivered %d times", max)) {
+				t.Fatalf("dead letters %+v", dl)
+			}
+		})
+	}
+}
+
+// A Setup that panics (a topology bug, a nil map) ended the process: it
+// is now a failed session, retried after ReconnectDelay like a Setup
+// that returns an error, and the consumer goes on once Setup works.
+func TestConsumerSetupPanics(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, nil)
+	st := sqliteStore(t)
+	in := st.inbox(t, inbox.Config{})
+	var setups atomic.Int32
+	cfg := b.consumerConfig()
+	cfg.Setup = func(*amqp.Channel) error {
+		if setups.Add(1) <= 2 {
+			panic("topology bug")
+		}
+		return nil
+	}
+	b.publish(t, "m", "x")
+	var s seen
+	run(t, cfg, s.wrap(rabbitmq.HandleTx(in, st.db, st.effect("p"))))
+	eventually(t, 30*time.Second, "the message handled", func() bool { return s.count(inbox.Processed) == 1 })
+	if n := st.effectsOf(t, "m"); n != 1 || setups.Load() != 3 {
+		t.Fatalf("%d effects after %d setups, want 1 after 3", n, setups.Load())
 	}
 }

@@ -9,16 +9,22 @@ import (
 	"github.com/idemkit/idem/inbox/consumertest"
 )
 
-// TestConformance runs the consumer protocol's suite over RabbitMQ.
+// TestConformance runs the consumer protocol's suite over RabbitMQ, on
+// a quorum queue: its delivery count makes MaxDeliver bite.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	consumertest.Run(t, func(t testing.TB) consumertest.Broker { return &conformance{b: newBroker(t, nil)} })
+	consumertest.Run(t, func(t testing.TB) consumertest.Broker {
+		return &conformance{b: newBroker(t, amqp.Table{"x-queue-type": "quorum"})}
+	})
 }
 
 // conformance is the suite's harness: a queue of the test's own, its
 // dead-letter queue (deleted while dead letters are broken), and the
 // adapter's consumer.
-type conformance struct{ b *broker }
+type conformance struct {
+	b    *broker
+	stop func()
+}
 
 func (c *conformance) Publish(t testing.TB, m inbox.Message) {
 	t.Helper()
@@ -39,7 +45,16 @@ func (c *conformance) Consume(t testing.TB, cfg inbox.ConsumerConfig) {
 	rc := c.b.consumerConfig()
 	rc.MaxDeliver, rc.DeriveFrom, rc.Backoff = cfg.MaxDeliver, cfg.DeriveFrom, cfg.Backoff
 	rc.Workers = 2
-	run(t, rc, cfg.Process)
+	c.stop = run(t, rc, cfg.Process)
+}
+
+func (c *conformance) Stop(testing.TB) { c.stop() }
+
+// Settled: the consumer is gone (its channel's close requeued what it
+// held unacked) and the queue is empty.
+func (c *conformance) Settled(t testing.TB) bool {
+	n, consumers := c.b.depth(t, c.b.queue)
+	return n == 0 && consumers == 0
 }
 
 func (c *conformance) DeadLetters(t testing.TB) []string {

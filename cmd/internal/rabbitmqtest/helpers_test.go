@@ -115,8 +115,9 @@ func (b *broker) consumerConfig() rabbitmq.ConsumerConfig {
 	}
 }
 
-// run runs a consumer until the test ends.
-func run(t testing.TB, cfg rabbitmq.ConsumerConfig, h rabbitmq.HandleFunc) {
+// run runs a consumer until the test ends, or until stop (which returns
+// once Run returned).
+func run(t testing.TB, cfg rabbitmq.ConsumerConfig, h rabbitmq.HandleFunc) (stop func()) {
 	t.Helper()
 	c, err := rabbitmq.NewConsumer(&cfg, h)
 	if err != nil {
@@ -125,7 +126,9 @@ func run(t testing.TB, cfg rabbitmq.ConsumerConfig, h rabbitmq.HandleFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 // seen records what a HandleFunc answered for each delivery.
