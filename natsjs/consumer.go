@@ -109,8 +109,11 @@ type Config struct {
 	Prefetch int
 	// DeadLetterSubject is where a dead message is published (with
 	// JetStream, awaiting its ack) before it is terminated, so that it
-	// can be observed and retried: a stream must capture the subject.
-	// Default "idem.dead.<Stream>.<Durable>".
+	// can be observed and retried: a stream must capture the subject
+	// (NewConsumer logs a warning when none does: a dead message is held,
+	// its publish retried, until one does; it refuses a subject the
+	// consumer itself would receive). Default
+	// "idem.dead.<Stream>.<Durable>".
 	DeadLetterSubject string
 	// AckTimeout bounds the wait for the server's confirmation of a
 	// double ack and of a dead letter's publish. Default 5 s.
@@ -255,6 +258,14 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 	}
 	if err := receivesOwnDeadLetters(ctx, js, c); err != nil {
 		return nil, err
+	}
+	// A dead-letter subject no stream captures holds every dead message
+	// (its publish is retried until a stream does, the worker held):
+	// said at once, not at the first poison message. Not refused: the
+	// dead letters' stream may be created after the consumer.
+	if _, err := js.StreamNameBySubject(ctx, c.DeadLetterSubject); err != nil {
+		log.WarnContext(ctx, "natsjs: no stream captures the dead-letter subject: a dead message will be held (and its worker with it) until one does",
+			"durable", c.Durable, "subject", c.DeadLetterSubject, "err", err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cc)
 	if err != nil {

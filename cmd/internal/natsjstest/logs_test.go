@@ -44,3 +44,27 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 		t.Errorf("the message ID in the log:\n%s", out)
 	}
 }
+
+// TestConsumerWarnsDeadLettersUncaptured: NewConsumer says at once that
+// no stream captures its dead-letter subject (a dead message would be
+// held until one does), and says nothing when one does.
+func TestConsumerWarnsDeadLettersUncaptured(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 0)
+	const warning = "natsjs: no stream captures the dead-letter subject"
+	for _, tc := range []struct {
+		subject string
+		warned  bool
+	}{
+		{"", false}, // the default, which setup's dead-letter stream captures
+		{"nowhere." + e.subject, true},
+	} {
+		var buf obstest.LogBuffer
+		newConsumer(t, e, func(context.Context, inbox.Message) (inbox.Outcome, error) {
+			return inbox.Outcome{Result: inbox.Processed}, nil
+		}, natsjs.Config{DeadLetterSubject: tc.subject, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if got := strings.Contains(buf.String(), warning); got != tc.warned {
+			t.Errorf("DeadLetterSubject %q: warned %v, want %v; log:\n%s", tc.subject, got, tc.warned, buf.String())
+		}
+	}
+}
