@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // Broker is a test's own stream or queue on a real broker, with its
@@ -212,24 +213,11 @@ func setup(t *testing.T, maxAttempts int, eff *effects, fail func(id string, cal
 	return s, inbox.ConsumerConfig{Process: in.Process(h), Backoff: func(int) time.Duration { return 20 * time.Millisecond }}
 }
 
-// waitFor polls cond until it holds, failing after a generous bound (a
-// hang guard, not an assertion on speed).
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // hold checks that cond still holds a while after it first did: no late
 // redelivery undoes it.
 func hold(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	waitFor(t, what, cond)
+	obstest.WaitFor(t, what, cond)
 	time.Sleep(500 * time.Millisecond)
 	if !cond() {
 		t.Fatalf("%s no longer holds", what)
@@ -287,7 +275,7 @@ func testPoison(t *testing.T, b Broker) {
 		b.Publish(t, msg(fmt.Sprint("ok-", i)))
 	}
 	var dead []string
-	waitFor(t, "the dead letter", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
+	obstest.WaitFor(t, "the dead letter", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
 	hold(t, "five effects", func() bool { return eff.total() == 5 })
 	dead = append(dead, b.DeadLetters(t)...)
 	if !slices.Equal(dead, []string{"poison"}) {
@@ -321,7 +309,7 @@ func testPanics(t *testing.T, b Broker) {
 	b.Publish(t, msg("handler-panics"))
 	b.Publish(t, msg("process-panics"))
 	var dead []string
-	waitFor(t, "the dead letter of handler-panics", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
+	obstest.WaitFor(t, "the dead letter of handler-panics", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
 	if !slices.Equal(dead, []string{"handler-panics"}) {
 		t.Fatalf("dead letters %q", dead)
 	}
@@ -357,7 +345,7 @@ func testStoreOutage(t *testing.T, b Broker) {
 	for i := range n {
 		b.Publish(t, msg(fmt.Sprint("m-", i)))
 	}
-	waitFor(t, "store errors", func() bool { return s.failed.Load() >= 20 })
+	obstest.WaitFor(t, "store errors", func() bool { return s.failed.Load() >= 20 })
 	s.down.Store(false)
 	hold(t, "every message handled once, on its second attempt", func() bool {
 		if d := b.DeadLetters(t); len(d) != 0 {
@@ -385,10 +373,10 @@ func testDeadLetterFails(t *testing.T, b Broker) {
 	b.BreakDeadLetters(t, true)
 	b.Consume(t, cfg)
 	b.Publish(t, msg("dead"))
-	waitFor(t, "failed dead-letter publishes", func() bool { return retries.Load() >= 3 })
+	obstest.WaitFor(t, "failed dead-letter publishes", func() bool { return retries.Load() >= 3 })
 	b.BreakDeadLetters(t, false)
 	var dead []string
-	waitFor(t, "the dead letter", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
+	obstest.WaitFor(t, "the dead letter", func() bool { dead = append(dead, b.DeadLetters(t)...); return len(dead) >= 1 })
 	time.Sleep(500 * time.Millisecond)
 	if dead = append(dead, b.DeadLetters(t)...); !slices.Equal(dead, []string{"dead"}) {
 		t.Fatalf("dead letters %q, want [dead] once", dead)

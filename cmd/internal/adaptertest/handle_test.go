@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 )
 
 // each runs f for every broker and inbox store, in parallel.
@@ -62,7 +63,7 @@ func TestHandlePublishedFiveTimes(t *testing.T) {
 		// claim's live lease (in progress) and comes back later: only
 		// the acked outcomes are counted, one processed and 4
 		// duplicates, in any order.
-		waitFor(t, "5 acked deliveries", func() bool { return rec.acked("charge-1") == 5 && b.settled(t) })
+		obstest.WaitFor(t, "5 acked deliveries", func() bool { return rec.acked("charge-1") == 5 && b.settled(t) })
 		if p, d := rec.n("charge-1", inbox.Processed), rec.n("charge-1", inbox.Duplicate); p != 1 || d != 4 {
 			t.Fatalf("outcomes %s: %d processed and %d duplicates, want 1 and 4", rec.of("charge-1"), p, d)
 		}
@@ -99,7 +100,7 @@ func TestHandleFailsTwice(t *testing.T) {
 		var rec outcomes
 		b.consume(t, in, h, &rec)
 		b.publish(t, "charge-2", "500")
-		waitFor(t, "the third delivery", func() bool { return rec.count("charge-2") == 3 && b.settled(t) })
+		obstest.WaitFor(t, "the third delivery", func() bool { return rec.count("charge-2") == 3 && b.settled(t) })
 		if got, want := rec.of("charge-2"), "[retry retry processed]"; got != want {
 			t.Fatalf("outcomes %s, want %s", got, want)
 		}
@@ -148,7 +149,7 @@ func TestHandlePoison(t *testing.T) {
 			}
 			b.publish(t, fmt.Sprint("ok-", i), "100")
 		}
-		waitFor(t, "every message settled", func() bool {
+		obstest.WaitFor(t, "every message settled", func() bool {
 			for i := range 10 {
 				if rec.count(fmt.Sprint("ok-", i)) != 1 {
 					return false
@@ -173,7 +174,7 @@ func TestHandlePoison(t *testing.T) {
 			t.Fatalf("record %+v, %v", r, err)
 		}
 		var dead map[string]string
-		waitFor(t, "the dead letter", func() bool { dead = b.dead(t); return len(dead) > 0 })
+		obstest.WaitFor(t, "the dead letter", func() bool { dead = b.dead(t); return len(dead) > 0 })
 		if len(dead) != 1 || !strings.Contains(dead["poison"], "cannot decode the payload") {
 			t.Fatalf("dead letters %v, want poison's with its reason", dead)
 		}

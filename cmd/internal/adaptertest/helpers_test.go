@@ -130,19 +130,6 @@ func (r *outcomes) wrap(p func(context.Context, inbox.Message) (inbox.Outcome, e
 	}
 }
 
-// waitFor polls cond until it holds, failing after a generous bound
-// (a hang guard, not an assertion on speed).
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // runUntilCleanup runs run until the test ends.
 func runUntilCleanup(t testing.TB, run func(context.Context) error) {
 	ctx, cancel := context.WithCancel(context.Background())

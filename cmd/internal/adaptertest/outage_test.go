@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -101,7 +102,7 @@ func outageOf(t *testing.T, br broker, start, end func(*netfault.Proxy)) {
 		return rows, distinct
 	}
 	publish(0, 20, 10*time.Millisecond)
-	waitFor(t, "the first messages handled", func() bool { r, _ := count(); return r == 20 })
+	obstest.WaitFor(t, "the first messages handled", func() bool { r, _ := count(); return r == 20 })
 
 	start(proxy)
 	cut := time.Now()
@@ -120,7 +121,7 @@ func outageOf(t *testing.T, br broker, start, end func(*netfault.Proxy)) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	waitFor(t, "the broker settled", func() bool { return br.settled(t) })
+	obstest.WaitFor(t, "the broker settled", func() bool { return br.settled(t) })
 	time.Sleep(time.Second) // a late redelivery would show now
 	if r, d := count(); r != n || d != n {
 		t.Fatalf("%d effects of %d distinct messages, want %d of %d", r, d, n, n)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 )
 
@@ -143,17 +144,6 @@ func settled(t *testing.T, c *natsjs.Consumer) bool {
 	return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func newInbox(t *testing.T, cfg inbox.Config) (*inbox.MemoryStore, *inbox.Inbox) {
 	t.Helper()
 	s := inbox.NewMemoryStore()
@@ -212,7 +202,7 @@ func TestPoisonTerminatedWithReason(t *testing.T) {
 		}
 		publish(t, js, fmt.Sprint("ok-", i), "{}")
 	}
-	waitFor(t, "every message settled", func() bool {
+	obstest.WaitFor(t, "every message settled", func() bool {
 		for i := range 6 {
 			if rec.count(fmt.Sprint("ok-", i)) != 1 {
 				return false
@@ -302,11 +292,11 @@ func TestDuplicatesAndRedelivery(t *testing.T) {
 		t.Fatalf("%d of 5 publishes within the window were duplicates, want 4", dups)
 	}
 	publish(t, js, "flaky", "{}")
-	waitFor(t, "the first deliveries", func() bool { return rec.count("twice") == 1 && rec.count("flaky") == 2 })
+	obstest.WaitFor(t, "the first deliveries", func() bool { return rec.count("twice") == 1 && rec.count("flaky") == 2 })
 	for publish(t, js, "twice", "{}").Duplicate { // past the window: held again
 		time.Sleep(window / 4)
 	}
-	waitFor(t, "every delivery", func() bool { return rec.count("twice") == 2 && settled(t, c) })
+	obstest.WaitFor(t, "every delivery", func() bool { return rec.count("twice") == 2 && settled(t, c) })
 	if got, want := rec.of("twice"), "[processed/acked@1 duplicate/acked@1]"; got != want {
 		t.Fatalf("events of twice %s, want %s", got, want)
 	}

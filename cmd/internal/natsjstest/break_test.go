@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -27,7 +28,7 @@ func TestMessageIDAcrossStreamRecreated(t *testing.T) {
 	c := newConsumer(t, e, p, cfg)
 	stop := run(t, c)
 	e.publish(t, "x", "", "before")
-	waitFor(t, "the first message", func() bool { all, _ := effects(t, db, sqlstore.SQLite, ""); return all == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the first message", func() bool { all, _ := effects(t, db, sqlstore.SQLite, ""); return all == 1 && settled(t, c) })
 	stop()
 
 	ctx := context.Background()
@@ -42,7 +43,7 @@ func TestMessageIDAcrossStreamRecreated(t *testing.T) {
 	if ack := e.publish(t, "x", "", "after"); ack.Sequence != 1 {
 		t.Fatalf("the recreated stream stored its first message at %d, want 1", ack.Sequence)
 	}
-	waitFor(t, "the recreated stream's message settled", func() bool { return len(rec.settledIDs()) == 2 && settled(t, c) })
+	obstest.WaitFor(t, "the recreated stream's message settled", func() bool { return len(rec.settledIDs()) == 2 && settled(t, c) })
 	if all, _ := effects(t, db, sqlstore.SQLite, ""); all != 2 {
 		t.Fatalf("%d effects of two different messages (events %v), want 2", all, rec.settledIDs())
 	}
@@ -72,12 +73,12 @@ func TestConsumerDeletedUnderRun(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
 	run(t, c)
 	e.publish(t, "x", "before", "a")
-	waitFor(t, "the first message", func() bool { _, of := effects(t, db, sqlstore.SQLite, "before"); return of == 1 })
+	obstest.WaitFor(t, "the first message", func() bool { _, of := effects(t, db, sqlstore.SQLite, "before"); return of == 1 })
 	if err := e.js.DeleteConsumer(context.Background(), e.stream, "loyalty"); err != nil {
 		t.Fatal(err)
 	}
 	e.publish(t, "x", "after", "b")
-	waitFor(t, "the message published after the consumer was deleted", func() bool {
+	obstest.WaitFor(t, "the message published after the consumer was deleted", func() bool {
 		_, of := effects(t, db, sqlstore.SQLite, "after")
 		return of == 1
 	})

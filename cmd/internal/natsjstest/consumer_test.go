@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
@@ -89,7 +90,7 @@ func TestPublishedFiveTimes(t *testing.T) {
 			}
 			c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe})
 			run(t, c)
-			waitFor(t, "the deliveries", func() bool { return rec.count("ob-7") == int(tc.wantStored) && settled(t, c) })
+			obstest.WaitFor(t, "the deliveries", func() bool { return rec.count("ob-7") == int(tc.wantStored) && settled(t, c) })
 			if got := fmt.Sprint(rec.of("ob-7")); got != tc.want {
 				t.Fatalf("events %s, want %s", got, tc.want)
 			}
@@ -124,7 +125,7 @@ func TestFailsTwiceThenSucceeds(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe})
 	run(t, c)
 	e.publish(t, "order.paid", "order-3.paid", "{}")
-	waitFor(t, "the third delivery", func() bool { return rec.count("order-3.paid") == 3 && settled(t, c) })
+	obstest.WaitFor(t, "the third delivery", func() bool { return rec.count("order-3.paid") == 3 && settled(t, c) })
 	if got, want := fmt.Sprint(rec.of("order-3.paid")), "[retry/naked@1 retry/naked@2 processed/acked@3]"; got != want {
 		t.Fatalf("events %s, want %s", got, want)
 	}
@@ -161,7 +162,7 @@ func TestPoisonDeadLettered(t *testing.T) {
 		}
 		e.publish(t, "order.paid", fmt.Sprint("ok-", i), "{}")
 	}
-	waitFor(t, "the messages", func() bool {
+	obstest.WaitFor(t, "the messages", func() bool {
 		all, _ := effects(t, db, sqlstore.SQLite, "")
 		return all == 10 && rec.count("poison") == 3 && settled(t, c)
 	})
@@ -225,7 +226,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, MaxDeliver: 2})
 	run(t, c)
 	e.publish(t, "x", "m", "{}")
-	waitFor(t, "two deliveries", func() bool { return rec.count("m") == 2 && settled(t, c) })
+	obstest.WaitFor(t, "two deliveries", func() bool { return rec.count("m") == 2 && settled(t, c) })
 	if got, want := fmt.Sprint(rec.of("m")), "[retry/naked@1 retry/dead-lettered@2]"; got != want {
 		t.Fatalf("events %s, want %s", got, want)
 	}
@@ -260,11 +261,11 @@ func TestDeadLetterUnpublishedOnLastDelivery(t *testing.T) {
 		Backoff: func(int) time.Duration { failed.Add(1); return 20 * time.Millisecond }})
 	run(t, c)
 	e.publish(t, "x", "m", "{}")
-	waitFor(t, "failed dead-letter publishes", func() bool { return failed.Load() >= 3 })
+	obstest.WaitFor(t, "failed dead-letter publishes", func() bool { return failed.Load() >= 3 })
 	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: e.dead, Subjects: []string{natsjs.DefaultDeadLetterPrefix + e.stream + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the dead letter", func() bool { return rec.count("m") == 2 && settled(t, c) })
+	obstest.WaitFor(t, "the dead letter", func() bool { return rec.count("m") == 2 && settled(t, c) })
 	if got, want := fmt.Sprint(rec.of("m")), "[retry/naked@1 retry/dead-lettered@2]"; got != want {
 		t.Fatalf("events %s, want %s", got, want)
 	}
@@ -293,7 +294,7 @@ func TestHeartbeatKeepsMessage(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe, AckWait: 1500 * time.Millisecond, Workers: 2})
 	run(t, c)
 	e.publish(t, "x", "slow", "{}")
-	waitFor(t, "the delivery", func() bool { return rec.count("slow") == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the delivery", func() bool { return rec.count("slow") == 1 && settled(t, c) })
 	// Had the server redelivered during the handler, the second worker
 	// would have found the record in the handler's transaction. (Each
 	// heartbeat has a second to reach the server, which a loaded machine
@@ -317,7 +318,7 @@ func TestMessageIDFromSequence(t *testing.T) {
 	e.publish(t, "x", "", "a")
 	e.publish(t, "x", "", "a")
 	id1, id2 := seqID(t, e, 1), seqID(t, e, 2)
-	waitFor(t, "two messages", func() bool { return rec.count(id1) == 1 && rec.count(id2) == 1 && settled(t, c) })
+	obstest.WaitFor(t, "two messages", func() bool { return rec.count(id1) == 1 && rec.count(id2) == 1 && settled(t, c) })
 	if all, of := effects(t, db, sqlstore.SQLite, id1); all != 2 || of != 1 {
 		t.Fatalf("%d effects, %d of %s", all, of, id1)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 )
 
@@ -79,7 +80,7 @@ func TestDeadLetterDeliveredBackNotHandled(t *testing.T) {
 	}
 	run(t, c)
 	e.publish(t, "x", "m", "{}")
-	waitFor(t, "the dead letter delivered back", func() bool {
+	obstest.WaitFor(t, "the dead letter delivered back", func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for _, ev := range rec.evs {
@@ -125,7 +126,7 @@ func TestDeadLetterIDsAcrossStreamRecreated(t *testing.T) {
 		if ack := e.publish(t, "x", "", "poison"); ack.Sequence != 1 {
 			t.Fatalf("life %d: first message at %d", life, ack.Sequence)
 		}
-		waitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == uint64(life+1) })
+		obstest.WaitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == uint64(life+1) })
 		stop()
 	}
 }
@@ -175,7 +176,7 @@ func TestDeadLetterRepublishedByOperatorHandled(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{Observe: rec.observe})
 	run(t, c)
 	e.publish(t, "x", "m", "{}")
-	waitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == 1 })
+	obstest.WaitFor(t, "the dead letter", func() bool { return e.streamMsgs(t, e.dead) == 1 })
 	dl := deadLetters(t, e, 1)[0]
 	broken.Store(false) // the bug is fixed
 	again := nats.NewMsg(dl.Headers().Get(natsjs.DeadSubjectHeader))
@@ -186,7 +187,7 @@ func TestDeadLetterRepublishedByOperatorHandled(t *testing.T) {
 	if _, err := e.js.PublishMsg(t.Context(), again, jetstream.WithMsgID("m-retry")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the retry settled", func() bool { return rec.count("m-retry") == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the retry settled", func() bool { return rec.count("m-retry") == 1 && settled(t, c) })
 	if got := fmt.Sprint(rec.of("m-retry")); got != "[processed/acked@1]" || handled.Load() != 1 {
 		t.Fatalf("events of the retry %s, handled %d times; want processed/acked once", got, handled.Load())
 	}

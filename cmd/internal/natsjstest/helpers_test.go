@@ -113,19 +113,6 @@ func settled(t testing.TB, c *natsjs.Consumer) bool {
 	return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
 }
 
-// waitFor polls cond until it holds, failing after a generous bound
-// (the bound is a hang guard, not an assertion on speed).
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // run runs c until the test ends (or stop is called) and checks that
 // Run returned nil.
 func run(t testing.TB, c *natsjs.Consumer) (stop func()) {

@@ -33,7 +33,7 @@ func TestConsumerLogsHashIDs(t *testing.T) {
 		Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	run(t, c)
 	e.publish(t, "a", id, "x")
-	waitFor(t, "the message processed after a retry", func() bool { return calls.Load() >= 2 && settled(t, c) })
+	obstest.WaitFor(t, "the message processed after a retry", func() bool { return calls.Load() >= 2 && settled(t, c) })
 	out := buf.String()
 	for _, want := range []string{"natsjs: store failed; retrying", `"idem.key_hash":"` + idem.HashKey("", id) + `"`} {
 		if !strings.Contains(out, want) {

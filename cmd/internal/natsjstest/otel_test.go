@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/idemotel"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
@@ -79,7 +80,7 @@ func TestTraceAcrossTheBroker(t *testing.T) {
 	}
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, h), natsjs.Config{})
 	stop := run(t, c)
-	waitFor(t, "the message's handling", func() bool {
+	obstest.WaitFor(t, "the message's handling", func() bool {
 		_, of := effects(t, db, sqlstore.SQLite, id)
 		return of == 1 && settled(t, c)
 	})

@@ -19,6 +19,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/outbox"
@@ -118,7 +119,7 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 	var rec recorder
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "parent")), natsjs.Config{Observe: rec.observe, AckWait: time.Second})
 	run(t, c)
-	waitFor(t, "the redelivery", func() bool { return rec.count("order-5.paid") == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the redelivery", func() bool { return rec.count("order-5.paid") == 1 && settled(t, c) })
 	if got := fmt.Sprint(rec.of("order-5.paid")); got != "[duplicate/acked@2]" {
 		t.Fatalf("events %s, want the redelivery acked as a duplicate", got)
 	}
@@ -200,7 +201,7 @@ func TestTwoConsumerProcesses(t *testing.T) {
 	if n := e.streamMsgs(t, e.stream); n != rounds*(fresh+dups) {
 		t.Fatalf("the stream holds %d messages, want %d", n, rounds*(fresh+dups))
 	}
-	waitFor(t, "the consumers", func() bool {
+	obstest.WaitFor(t, "the consumers", func() bool {
 		all, _ := effects(t, db, sqlstore.PostgreSQL, "")
 		return all >= rounds*fresh && settled(t, probe)
 	})
@@ -312,7 +313,7 @@ func TestRelayKilledBeforeMark(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The dead relay's SQLite lease (1 s) must end first.
-			waitFor(t, "the republish", func() bool {
+			obstest.WaitFor(t, "the republish", func() bool {
 				n, err := relay.Once(t.Context())
 				if err != nil {
 					t.Fatal(err)
@@ -330,7 +331,7 @@ func TestRelayKilledBeforeMark(t *testing.T) {
 			var rec recorder
 			c := newConsumer(t, e, natsjs.HandleTx(in, idb, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
 			run(t, c)
-			waitFor(t, "the deliveries", func() bool { return rec.count(id) == int(tc.wantStored) && settled(t, c) })
+			obstest.WaitFor(t, "the deliveries", func() bool { return rec.count(id) == int(tc.wantStored) && settled(t, c) })
 			if got := fmt.Sprint(rec.of(id)); got != tc.want {
 				t.Fatalf("events %s, want %s", got, tc.want)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/netfault"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/natsjs"
@@ -147,7 +148,7 @@ func TestConsumerReconnects(t *testing.T) {
 	rows := func() int { all, _ := effects(t, db, sqlstore.PostgreSQL, ""); return all }
 
 	publish(150)
-	waitFor(t, "the first effects", func() bool { return rows() >= 40 })
+	obstest.WaitFor(t, "the first effects", func() bool { return rows() >= 40 })
 
 	for cut, mode := range []string{"refused", "hanging"} {
 		reconnects := nc.Stats().Reconnects
@@ -157,7 +158,7 @@ func TestConsumerReconnects(t *testing.T) {
 			proxy.Stall()
 		}
 		proxy.Drop()
-		waitFor(t, "the consumer's connection to notice the cut", func() bool { return !nc.IsConnected() })
+		obstest.WaitFor(t, "the consumer's connection to notice the cut", func() bool { return !nc.IsConnected() })
 		before := rows()
 		publish(100)
 		republish(0, next)
@@ -173,14 +174,14 @@ func TestConsumerReconnects(t *testing.T) {
 		} else {
 			proxy.Resume()
 		}
-		waitFor(t, "the reconnect", func() bool { return nc.IsConnected() && nc.Stats().Reconnects > reconnects })
-		waitFor(t, "effects after the reconnect", func() bool { return rows() > before })
+		obstest.WaitFor(t, "the reconnect", func() bool { return nc.IsConnected() && nc.Stats().Reconnects > reconnects })
+		obstest.WaitFor(t, "effects after the reconnect", func() bool { return rows() > before })
 		t.Logf("cut %d (%s): %d effects before, %d reconnects", cut, mode, before, nc.Stats().Reconnects)
 	}
 	publish(50)
 	republish(next-50, next)
 
-	waitFor(t, "every message consumed and acked", func() bool {
+	obstest.WaitFor(t, "every message consumed and acked", func() bool {
 		return rows() >= len(distinct) && drained(t, c)
 	})
 	r.stillRunning(t, "after the cuts")
@@ -222,10 +223,10 @@ func TestConsumerConnectionClosed(t *testing.T) {
 	c := newConsumer(t, ce, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
 	r := start(t, c)
 	e.publish(t, "x", "before", "{}")
-	waitFor(t, "the first message", func() bool { return rec.count("before") == 1 })
+	obstest.WaitFor(t, "the first message", func() bool { return rec.count("before") == 1 })
 	proxy.Refuse(true)
 	proxy.Drop()
-	waitFor(t, "the connection to close", nc.IsClosed)
+	obstest.WaitFor(t, "the connection to close", nc.IsClosed)
 	select {
 	case <-r.done:
 		if !errors.Is(r.err, nats.ErrConnectionClosed) {
@@ -249,13 +250,13 @@ func TestConsumerRecreated(t *testing.T) {
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
 	r := start(t, c)
 	e.publish(t, "x", "first", "{}")
-	waitFor(t, "the first message", func() bool { return rec.count("first") == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the first message", func() bool { return rec.count("first") == 1 && settled(t, c) })
 	if err := e.js.DeleteConsumer(t.Context(), e.stream, "loyalty"); err != nil {
 		t.Fatal(err)
 	}
 	e.publish(t, "x", "second", "{}")
-	waitFor(t, "the second message", func() bool { return rec.count("second") == 1 })
-	waitFor(t, "the durable to settle", func() bool { return drained(t, c) })
+	obstest.WaitFor(t, "the second message", func() bool { return rec.count("second") == 1 })
+	obstest.WaitFor(t, "the durable to settle", func() bool { return drained(t, c) })
 	r.stillRunning(t, "after the durable was deleted")
 	if all, _ := effects(t, db, sqlstore.SQLite, ""); all != 2 {
 		t.Fatalf("%d effects, want 2", all)
@@ -285,17 +286,17 @@ func TestConsumerRecreatedAfterOutage(t *testing.T) {
 	c := newConsumer(t, ce, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "p")), natsjs.Config{Observe: rec.observe})
 	r := start(t, c)
 	e.publish(t, "x", "first", "{}")
-	waitFor(t, "the first message", func() bool { return rec.count("first") == 1 && settled(t, c) })
+	obstest.WaitFor(t, "the first message", func() bool { return rec.count("first") == 1 && settled(t, c) })
 	proxy.Refuse(true)
 	proxy.Drop()
-	waitFor(t, "the cut to be noticed", func() bool { return !nc.IsConnected() })
+	obstest.WaitFor(t, "the cut to be noticed", func() bool { return !nc.IsConnected() })
 	if err := e.js.DeleteConsumer(t.Context(), e.stream, "loyalty"); err != nil {
 		t.Fatal(err)
 	}
 	e.publish(t, "x", "second", "{}")
 	proxy.Refuse(false)
-	waitFor(t, "the second message", func() bool { return rec.count("second") == 1 })
-	waitFor(t, "the durable to settle", func() bool { return drained(t, c) })
+	obstest.WaitFor(t, "the second message", func() bool { return rec.count("second") == 1 })
+	obstest.WaitFor(t, "the durable to settle", func() bool { return drained(t, c) })
 	r.stillRunning(t, "after the durable was deleted")
 	if all, _ := effects(t, db, sqlstore.SQLite, ""); all != 2 {
 		t.Fatalf("%d effects, want 2", all)

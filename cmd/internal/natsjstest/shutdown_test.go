@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/natsjs"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -41,9 +42,9 @@ func TestShutdownDuringStoreOutage(t *testing.T) {
 	for i := range 3 {
 		e.publish(t, "x", fmt.Sprint("m-", i), "{}")
 	}
-	waitFor(t, "store errors", func() bool { return storeErrors.Load() >= 30 })
+	obstest.WaitFor(t, "store errors", func() bool { return storeErrors.Load() >= 30 })
 	held := time.Now()
-	waitFor(t, "three AckWaits", func() bool { return time.Since(held) > 3*time.Second })
+	obstest.WaitFor(t, "three AckWaits", func() bool { return time.Since(held) > 3*time.Second })
 	info, err := c.JetStreamConsumer().Info(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func TestShutdownDuringStoreOutage(t *testing.T) {
 	cfg.Observe = rec2.observe
 	c2 := newConsumer(t, e, p, cfg)
 	run(t, c2)
-	waitFor(t, "the effects", func() bool { all, _ := effects(t, db, sqlstore.SQLite, ""); return all == 3 && settled(t, c2) })
+	obstest.WaitFor(t, "the effects", func() bool { all, _ := effects(t, db, sqlstore.SQLite, ""); return all == 3 && settled(t, c2) })
 	for i := range 3 {
 		if _, of := effects(t, db, sqlstore.SQLite, fmt.Sprint("m-", i)); of != 1 {
 			t.Fatalf("m-%d: %d effects", i, of)
