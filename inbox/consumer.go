@@ -242,8 +242,9 @@ func DefaultBackoff(n int) time.Duration {
 //     Term.
 //   - A store error (the Process returned a non-nil error): the Process
 //     is called again after Backoff, d being held meanwhile (InProgress).
-//   - A panic of the Process, or of DeriveFrom (the Process is then not
-//     called): a Retry, as a handler's panic is.
+//   - A panic of the Process: a Retry, as a handler's panic is. A panic
+//     of DeriveFrom: Dead, as a message without an ID is (the Process is
+//     not called; a redelivery would panic again).
 func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 	m := d.Message()
 	id, derr := c.id(m, d)
@@ -256,9 +257,13 @@ func (c *Consumer) Settle(ctx context.Context, d BrokerDelivery) Settled {
 
 	for n := 1; ; n++ {
 		if derr != nil {
-			// DeriveFrom panicked: a failed attempt, as a handler's
-			// panic is; the Process never sees the message.
-			s.Outcome = Outcome{Result: Retry, Delay: DefaultStopNak, Err: derr}
+			// DeriveFrom panicked: the message has no ID it can be
+			// kept under, as one without an ID (ErrNoID), and a
+			// redelivery would panic again (on a broker that counts no
+			// deliveries, for ever). Dead-lettered with the panic, to
+			// be published again once DeriveFrom is fixed; the Process
+			// never sees it.
+			s.Outcome = Outcome{Result: Dead, Err: derr}
 			break
 		}
 		o, err := c.call(hctx, m)
