@@ -49,10 +49,11 @@ const (
 	// records are kept: a week, longer than any redelivery (see
 	// CloserConfig.Retention).
 	DefaultRetention = 7 * 24 * time.Hour
-	// sweepLimit bounds the rows one statement of a sweep deletes, and
-	// maxSweepBatches the statements of a pass per table.
+	// DefaultPassBudget bounds the time a pass spends closing orders and
+	// sweeping (see CloserConfig.Budget).
+	DefaultPassBudget = 20 * time.Second
+	// sweepLimit bounds the rows one statement of a sweep deletes.
 	sweepLimit       = 1000
-	maxSweepBatches  = 10
 	minCloseInterval = time.Second
 	maxCloseInterval = time.Minute
 	// releaseTimeout bounds the release of the lock after a pass.
@@ -71,8 +72,17 @@ type CloserConfig struct {
 	// Interval is the time between two passes. Default: a tenth of
 	// PayTimeout, from 1 s to 1 min.
 	Interval time.Duration
-	// Batch bounds the orders one pass closes. Default DefaultCloseBatch.
+	// Batch bounds the orders one query of a pass finds and closes; a
+	// pass repeats it until no expired order is left, or Budget is spent.
+	// Default DefaultCloseBatch.
 	Batch int
+	// Budget bounds the time a pass spends: it closes expired orders, then
+	// sweeps expired submit tokens, sent events and finished consume
+	// records, each a batch at a time, and starts no new batch once Budget
+	// has passed since the pass began, leaving the rest to the next pass.
+	// Each of these parts runs at least one batch per pass, so a burst of
+	// expired orders never starves the sweeps. Default DefaultPassBudget.
+	Budget time.Duration
 	// Retention is how long a sent event (a row of idem_outbox) and a
 	// finished consume record (succeeded or dead, a row of idem_inbox)
 	// are kept before a pass deletes them; on the database's clock, from
@@ -173,6 +183,12 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	case c.Batch < 0:
 		return nil, errors.New("shop: the close job's batch must be positive")
 	}
+	switch {
+	case c.Budget == 0:
+		c.Budget = DefaultPassBudget
+	case c.Budget < 0:
+		return nil, errors.New("shop: the close job's budget must be positive")
+	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -237,10 +253,12 @@ func (c *Closer) Close() error {
 }
 
 // RunOnce runs one pass: it takes the job's lock (and returns 0, nil when
-// another instance holds it), closes up to Batch orders that have waited
-// for their payment longer than PayTimeout, sweeps expired submit tokens
-// and the sent events and finished consume records older than Retention,
-// releases the lock, and returns how many orders it closed. It stops
+// another instance holds it), closes the orders that have waited for
+// their payment longer than PayTimeout, Batch at a time, sweeps expired
+// submit tokens and the sent events and finished consume records older
+// than Retention, sweepLimit rows at a time, each until none is left or
+// Budget is spent (see CloserConfig.Budget), releases the lock, and
+// returns how many orders it closed. It stops
 // early, with an error, when the lease is lost (the cause is lock's) or a
 // close transaction finds a newer fence (ErrFenced).
 func (c *Closer) RunOnce(ctx context.Context) (int, error) {
@@ -258,9 +276,57 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 	ctx, cancel := lease.Context(ctx)
 	defer cancel()
 	fence := lease.Fence()
+	deadline := time.Now().Add(c.cfg.Budget)
+	closed, err := inBudget(ctx, deadline, func(ctx context.Context) (int, bool, error) {
+		return c.closeBatch(ctx, fence)
+	})
+	if closed > 0 {
+		c.s.log.InfoContext(ctx, "shop: closed unpaid orders", "closed", closed, "pay_timeout", c.cfg.PayTimeout, "fence", fence)
+	}
+	if err != nil {
+		return closed, err
+	}
+	sweeps := []sweepPart{{"expired submit tokens", idem.SweepTokens, c.s.tokens.Sweep}}
+	if c.cfg.Retention >= 0 {
+		retained := func(sweep func(context.Context, time.Duration, int) (int, error)) func(context.Context, int) (int, error) {
+			return func(ctx context.Context, limit int) (int, error) { return sweep(ctx, c.cfg.Retention, limit) }
+		}
+		sweeps = append(sweeps,
+			sweepPart{"sent events", idem.SweepOutbox, retained(c.s.events.Sweep)},
+			sweepPart{"finished consume records", idem.SweepInbox, retained(c.inbox.Sweep)})
+	}
+	for _, t := range sweeps {
+		n, err := inBudget(ctx, deadline, func(ctx context.Context) (int, bool, error) {
+			n, err := t.sweep(ctx, sweepLimit)
+			return n, n < sweepLimit, err
+		})
+		c.reportSweep(ctx, t.op, n, err)
+		if err != nil {
+			return closed, fmt.Errorf("sweep %s: %w", t.what, stopCause(ctx, err))
+		}
+		if n > 0 {
+			c.s.log.DebugContext(ctx, "shop: swept "+t.what, "swept", n, "retention", c.cfg.Retention)
+		}
+	}
+	return closed, nil
+}
+
+// sweepPart is one sweep of a pass: what it deletes (for the log), its
+// idem.Sweep* constant, and a statement deleting up to limit rows.
+type sweepPart struct {
+	what  string
+	op    string
+	sweep func(ctx context.Context, limit int) (int, error)
+}
+
+// closeBatch closes up to Batch orders that have waited for their payment
+// longer than PayTimeout, and reports how many it closed and whether it
+// is done: it found fewer than Batch, or closed none of those it found
+// (they moved meanwhile; looking again would find them again).
+func (c *Closer) closeBatch(ctx context.Context, fence int64) (int, bool, error) {
 	rows, err := c.s.db.QueryContext(ctx, rebind(c.s.dialect, sqlExpiredOrders(c.s.dialect)), StatusWaitPay, c.cfg.PayTimeout.Milliseconds(), c.cfg.Batch)
 	if err != nil {
-		return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
+		return 0, true, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 	}
 	type candidate struct {
 		orderNo string
@@ -271,13 +337,13 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 		var o candidate
 		if err := rows.Scan(&o.orderNo, &o.version); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
+			return 0, true, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 		}
 		todo = append(todo, o)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
+		return 0, true, fmt.Errorf("find expired orders: %w", stopCause(ctx, err))
 	}
 	closed := 0
 	for _, o := range todo {
@@ -285,45 +351,17 @@ func (c *Closer) RunOnce(ctx context.Context) (int, error) {
 			c.beforeClose(o.orderNo)
 		}
 		if ctx.Err() != nil {
-			return closed, fmt.Errorf("close job stopped: %w", context.Cause(ctx)) // the lease was lost, or Close
+			return closed, true, fmt.Errorf("close job stopped: %w", context.Cause(ctx)) // the lease was lost, or Close
 		}
 		ok, err := c.s.closeOrder(ctx, fence, o.orderNo, o.version)
 		if err != nil {
-			return closed, fmt.Errorf("close order %s: %w", o.orderNo, stopCause(ctx, err))
+			return closed, true, fmt.Errorf("close order %s: %w", o.orderNo, stopCause(ctx, err))
 		}
 		if ok {
 			closed++
 		}
 	}
-	if closed > 0 {
-		c.s.log.InfoContext(ctx, "shop: closed unpaid orders", "closed", closed, "pay_timeout", c.cfg.PayTimeout, "fence", fence)
-	}
-	swept, err := c.s.tokens.Sweep(ctx, 0)
-	c.reportSweep(ctx, idem.SweepTokens, swept, err)
-	if err != nil {
-		return closed, fmt.Errorf("sweep expired submit tokens: %w", stopCause(ctx, err))
-	}
-	if swept > 0 {
-		c.s.log.DebugContext(ctx, "shop: swept expired submit tokens", "swept", swept)
-	}
-	if c.cfg.Retention < 0 {
-		return closed, nil
-	}
-	for _, t := range []struct {
-		what  string
-		op    string
-		sweep func(context.Context, time.Duration, int) (int, error)
-	}{{"sent events", idem.SweepOutbox, c.s.events.Sweep}, {"finished consume records", idem.SweepInbox, c.inbox.Sweep}} {
-		n, err := sweepAll(ctx, t.sweep, c.cfg.Retention)
-		c.reportSweep(ctx, t.op, n, err)
-		if err != nil {
-			return closed, fmt.Errorf("sweep %s: %w", t.what, stopCause(ctx, err))
-		}
-		if n > 0 {
-			c.s.log.DebugContext(ctx, "shop: swept "+t.what, "swept", n, "retention", c.cfg.Retention)
-		}
-	}
-	return closed, nil
+	return closed, len(todo) < c.cfg.Batch || closed == 0, nil
 }
 
 // reportSweep tells the shop's observer that a sweep of what (an
@@ -338,19 +376,25 @@ func (c *Closer) reportSweep(ctx context.Context, what string, n int, err error)
 	c.s.observer.End(ctx, idem.Event{Kind: idem.KindSweep, Op: what, Store: c.s.dialect.String(), N: int64(n)})
 }
 
-// sweepAll runs sweep until it deletes fewer than sweepLimit rows, at most
-// maxSweepBatches times (the next pass goes on), and returns how many it
-// deleted.
-func sweepAll(ctx context.Context, sweep func(context.Context, time.Duration, int) (int, error), retention time.Duration) (int, error) {
+// inBudget runs batch until it reports done, fails, or ctx ends, and
+// starts no batch after deadline but the first: each part of a pass
+// makes progress however long the earlier parts took. It returns the sum
+// of the batches' counts.
+func inBudget(ctx context.Context, deadline time.Time, batch func(context.Context) (n int, done bool, err error)) (int, error) {
 	total := 0
-	for range maxSweepBatches {
-		n, err := sweep(ctx, retention, sweepLimit)
+	for {
+		n, done, err := batch(ctx)
 		total += n
-		if err != nil || n < sweepLimit {
+		if err != nil || done {
 			return total, err
 		}
+		if ctx.Err() != nil {
+			return total, stopCause(ctx, ctx.Err())
+		}
+		if !time.Now().Before(deadline) {
+			return total, nil
+		}
 	}
-	return total, nil
 }
 
 // stopCause adds to err why ctx ended (the lease lost, Close), if it did.

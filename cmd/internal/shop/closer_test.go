@@ -358,7 +358,7 @@ func TestCloseJobPausedHolderIsFenced(t *testing.T) {
 					t.Fatalf("job A ended before its first close: %d, %v", r.n, r.err)
 				}
 
-				jobB, err := s.NewCloser(&shop.CloserConfig{PayTimeout: time.Hour, Batch: 1})
+				jobB, err := s.NewCloser(&shop.CloserConfig{PayTimeout: time.Hour, Batch: 1, Budget: time.Nanosecond}) // one order a pass
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -420,6 +420,7 @@ func TestCloserRefusesBadConfig(t *testing.T) {
 		{PayTimeout: shop.MaxPayTimeout + 1},
 		{Interval: -1},
 		{Batch: -1},
+		{Budget: -1},
 	} {
 		if _, err := s.NewCloser(&cfg); err == nil {
 			t.Errorf("NewCloser(%+v) accepted", cfg)
@@ -454,14 +455,7 @@ func TestCloseJobSweepsExpiredTokens(t *testing.T) {
 		issue()
 		mustExec(t, db, `UPDATE idem_tokens SET expires_at = 1`)
 		issue()
-		job, err := s.NewCloser(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer job.Close()
-		if _, err := job.RunOnce(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		runPass(t, newCloser(t, s, nil))
 		if n := countRows(t, db, `SELECT COUNT(*) FROM idem_tokens`); n != 1 {
 			t.Errorf("%d tokens left, want the live one", n)
 		}

@@ -76,9 +76,13 @@
 // is unique on its order.
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
-// (from 1 s to 1 min) closes up to 100 expired orders and deletes expired
-// submit tokens, and the sent events and finished consume records older
-// than -event-retention (see Events and loyalty points). An order expires
+// (from 1 s to 1 min) closes the expired orders, 100 a batch,
+// and deletes expired submit tokens, and the sent events and finished
+// consume records older than -event-retention (see Events and loyalty
+// points), 1,000 rows a statement. Each part loops until nothing is left
+// or the pass's budget (20 s, CloserConfig.Budget) is spent, then the
+// next pass goes on; each part runs at least one batch a pass, so a burst
+// of expired orders does not stop the sweeps. An order expires
 // when it has waited -pay-timeout on the database's clock (its created_ms
 // is the database's time too), never a shopd process's: an instance whose
 // clock is off closes no order early or late. A pass works only in the
