@@ -41,19 +41,7 @@ func forIsolations(t *testing.T, f func(t *testing.T, b backend)) {
 // freshPostgresAt: a schema of the test's own, reached by sessions whose
 // default_transaction_isolation is level (a runtime parameter of the URL).
 func freshPostgresAt(level string) func(t *testing.T) (*sql.DB, string) {
-	return func(t *testing.T) (*sql.DB, string) {
-		_, addr := testdb.Postgres(t)
-		u, err := url.Parse(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		q := u.Query()
-		q.Set("default_transaction_isolation", level)
-		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // libpq reads no +
-		db := testdb.Open(t, "pgx", u.String(), testenv.Postgres)
-		mustIsolation(t, db, "SHOW transaction_isolation", level)
-		return db, u.String()
-	}
+	return func(t *testing.T) (*sql.DB, string) { return testdb.PostgresAt(t, level) }
 }
 
 // freshMySQLAt: a database of the test's own, reached by sessions whose
