@@ -51,7 +51,11 @@
 //   - On PostgreSQL in a REPEATABLE READ or SERIALIZABLE transaction, a row
 //     updated by another transaction since the snapshot fails the UPDATE
 //     with SQLSTATE 40001 (serialization_failure), returned wrapped: retry
-//     the transaction. On MySQL/MariaDB the read after a refused UPDATE is
+//     the transaction. On a *sql.DB (each statement its own transaction)
+//     fsm runs such a statement again itself, up to 5 times, so that a
+//     race loser under a REPEATABLE READ or SERIALIZABLE session default
+//     gets AlreadyApplied or the IllegalTransitionError, as under READ
+//     COMMITTED. It does not classify MySQL errors (it imports no driver). On MySQL/MariaDB the read after a refused UPDATE is
 //     a locking read (LOCK IN SHARE MODE), so that under REPEATABLE READ it
 //     sees the latest committed row and not the transaction's snapshot.
 //

@@ -345,6 +345,42 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 		res.From = sources[0]
 	}
 
+	for attempt := 1; ; attempt++ {
+		r, err := t.attempt(ctx, q, id, to, sources, &c, query, args, res)
+		if err == nil || attempt == aloneAttempts || !retryAlone(q, err) {
+			return r, err
+		}
+	}
+}
+
+// aloneAttempts bounds the runs of a transition on a *sql.DB that the
+// database could not serialise.
+const aloneAttempts = 5
+
+// retryAlone reports whether a transition that failed with err may simply
+// run again: q is a *sql.DB, so each of its statements was a transaction
+// of its own, and err is a PostgreSQL serialization failure (40001) or
+// deadlock (40P01). Under a REPEATABLE READ or SERIALIZABLE session
+// default an UPDATE that waited for a concurrent one fails so when that
+// one commits; run again, with a new snapshot, it sees the winner's row
+// and the transition answers as under READ COMMITTED. In a transaction of
+// the caller's, the whole transaction must run again: the error is
+// returned.
+func retryAlone(q Querier, err error) bool {
+	if _, ok := q.(*sql.DB); !ok {
+		return false
+	}
+	var state interface{ SQLState() string }
+	if !errors.As(err, &state) {
+		return false
+	}
+	code := state.SQLState()
+	return code == "40001" || code == "40P01"
+}
+
+// attempt runs the transition's UPDATE and, when it changed no row,
+// explain.
+func (t *Table) attempt(ctx context.Context, q Querier, id any, to State, sources []State, c *call, query string, args []any, res Result) (Result, error) {
 	var updated bool
 	if t.dialect == MySQL {
 		r, err := q.ExecContext(ctx, query, args...)
@@ -374,7 +410,7 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 	if updated {
 		return res, nil
 	}
-	return t.explain(ctx, q, id, to, sources, &c)
+	return t.explain(ctx, q, id, to, sources, c)
 }
 
 // explain reads the row that the UPDATE did not change, and says why.

@@ -517,3 +517,16 @@ func mustLoad(name string) (*statements, []migration) {
 	}
 	return st, ms
 }
+
+// Retryable reports whether err (or an error it wraps) is one after which
+// the whole transaction may simply run again: a PostgreSQL
+// serialization_failure (40001, which a session whose default isolation
+// is REPEATABLE READ or SERIALIZABLE meets on a write conflict) or
+// deadlock_detected (40P01), or a MySQL/MariaDB deadlock (1213, which
+// InnoDB also answers for a SERIALIZABLE read's lock conflict). It is the
+// classification the Store uses for its own statements. A lock wait
+// timeout (MySQL 1205) is not retryable: it already waited
+// innodb_lock_wait_timeout. SQLite reports neither (busy_timeout waits).
+func Retryable(err error) bool {
+	return err != nil && (PostgreSQL.retryable(err) || MySQL.retryable(err))
+}

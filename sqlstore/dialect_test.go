@@ -151,3 +151,28 @@ func TestErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryable: the exported classifier answers for every dialect's
+// errors, wrapped or joined, and for nothing else.
+func TestRetryable(t *testing.T) {
+	t.Parallel()
+	wrap := func(err error) error { return fmt.Errorf("commit: %w", err) }
+	for _, err := range []error{
+		stateErr("40001"), wrap(stateErr("40P01")),
+		wrap(&mysql.MySQLError{Number: 1213, Message: "Deadlock found"}),
+		errors.Join(errors.New("x"), stateErr("40001")),
+	} {
+		if !Retryable(err) {
+			t.Errorf("Retryable(%v) = false", err)
+		}
+	}
+	for _, err := range []error{
+		nil, errors.New("40001 deadlock"), stateErr("23505"), stateErr("57014"),
+		&mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"},
+		&mysql.MySQLError{Number: 1062, Message: "Duplicate entry"},
+	} {
+		if Retryable(err) {
+			t.Errorf("Retryable(%v) = true", err)
+		}
+	}
+}

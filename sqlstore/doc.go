@@ -481,15 +481,28 @@
 // row as the UPDATE did, not as the snapshot does. ConsumeTx runs the same
 // statements in the caller's transaction ([token.Tokens.ConsumeTx]).
 //
+// # Retrying the application's transactions
+//
+// [Retryable] is the classification the Store applies to its own
+// statements, exported for the application's transactions (the one a
+// CompleteTx runs in, say): a PostgreSQL serialization failure (40001,
+// which every write conflict is under a REPEATABLE READ or SERIALIZABLE
+// default) or deadlock (40P01), a MySQL/MariaDB deadlock (1213). Such a
+// transaction was rolled back whole and may simply run again, whole,
+// including its CompleteTx (a rolled-back completion left nothing). A
+// lock wait timeout (1205) is not retryable.
+//
 // # What this package does not guarantee
 //
 //   - On PostgreSQL, a server whose default_transaction_isolation is
 //     SERIALIZABLE makes concurrent Acquires of distinct keys fail with
 //     serialization failures (predicate locks on shared index pages)
 //     beyond Acquire's 8 attempts, now and before renewals moved out of
-//     the record; keep the server's default at READ COMMITTED or
-//     REPEATABLE READ (transactions of the application may use any
-//     level).
+//     the record. Acquire pauses between those attempts (a few
+//     milliseconds, growing, with jitter), which lets a burst of about
+//     ten distinct keys through; a larger one may still fail. Keep the
+//     server's default at READ COMMITTED or REPEATABLE READ
+//     (transactions of the application may use any level).
 //   - The database's clock is the clock of its server (of the primary, on
 //     PostgreSQL and MySQL): a step of that clock moves every lease. A
 //     failover to a replica whose clock differs moves them too.

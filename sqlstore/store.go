@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"time"
 
@@ -258,7 +259,15 @@ func (s *Store) acquireInTx(ctx context.Context, req idem.AcquireRequest, v *val
 // vanished before it could be read; the round then starts over.
 func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest, v *values) (idem.AcquireResult, error) {
 	var err error
-	for range maxAcquireAttempts {
+	for attempt := range maxAcquireAttempts {
+		if attempt > 0 && s.d.retryable(err) {
+			// A serialisation failure (sessions defaulting to SERIALIZABLE
+			// also fail so on another key's insert nearby in the index):
+			// let the other caller commit, and do not all come back at once.
+			if err := sleepCtx(ctx, time.Duration(attempt)*time.Millisecond+rand.N(time.Millisecond<<attempt)); err != nil {
+				return idem.AcquireResult{}, err
+			}
+		}
 		var rec idem.Record
 		var tookOver bool
 		rec, err = s.scanRecord(ctx, nil, s.st.acquire, v, &tookOver)

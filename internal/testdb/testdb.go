@@ -102,3 +102,25 @@ func exec(t testing.TB, db *sql.DB, stmt string) {
 		t.Errorf("%s: %v", stmt, err)
 	}
 }
+
+// PostgresAt is Postgres with sessions whose default_transaction_isolation
+// is level ("repeatable read", "serializable"; a runtime parameter of the
+// URL): a pool on a schema of the test's own, and its URL. It fails t when
+// the session does not run at level.
+func PostgresAt(t testing.TB, level string) (*sql.DB, string) {
+	t.Helper()
+	_, addr := Postgres(t)
+	u, err := url.Parse(addr)
+	if err != nil {
+		t.Fatalf("%s: %v", testenv.Postgres.Var, err)
+	}
+	q := u.Query()
+	q.Set("default_transaction_isolation", level)
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // libpq reads no +
+	db := Open(t, "pgx", u.String(), testenv.Postgres)
+	var got string
+	if err := db.QueryRowContext(context.Background(), "SHOW transaction_isolation").Scan(&got); err != nil || got != level {
+		t.Fatalf("transaction_isolation = %q, %v; want %q", got, err, level)
+	}
+	return db, u.String()
+}

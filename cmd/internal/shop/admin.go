@@ -89,26 +89,24 @@ func (s *Shop) RetryEvent(ctx context.Context, in *sqlstore.InboxStore, group, i
 	// again: a retry that fails leaves the message dead, to be retried
 	// again (a revived record without its event would wait for a delivery
 	// that never comes, and the page retries only dead messages).
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("shop: retry: %w", err)
-	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	if err := in.ReviveTx(ctx, tx, group, id); err != nil {
-		return fmt.Errorf("shop: retry: %w", err)
-	}
 	ev := OrderEvent{OrderNo: orderNo, Event: event, At: at}
-	if err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderForEvent), orderNo).Scan(&ev.UserID, &ev.AmountCents); err != nil {
-		return fmt.Errorf("shop: retry: read order %q: %w", orderNo, err)
-	}
-	p, err := json.Marshal(ev)
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := in.ReviveTx(ctx, tx, group, id); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderForEvent), orderNo).Scan(&ev.UserID, &ev.AmountCents); err != nil {
+			return fmt.Errorf("read order %q: %w", orderNo, err)
+		}
+		p, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: p, Headers: map[string]string{RetryOfHeader: id}}); err != nil {
+			return fmt.Errorf("add the event: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return err
-	}
-	if _, err := s.events.Add(ctx, tx, outbox.Message{Topic: event, Key: orderNo, Payload: p, Headers: map[string]string{RetryOfHeader: id}}); err != nil {
-		return fmt.Errorf("shop: retry: add the event: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("shop: retry: %w", err)
 	}
 	s.log.InfoContext(ctx, "shop: dead event written to the outbox again", "event", event, "order_no", orderNo)

@@ -406,7 +406,7 @@ func TestProductsStockAndAmounts(t *testing.T) {
 // refuses it, and stock plus reserved quantities stays 100), and the
 // other 50 are answered 409 OUT_OF_STOCK.
 func TestConcurrentOrdersNeverOversell(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
+	forIsolations(t, func(t *testing.T, b backend) {
 		s, db := newShop(t, b)
 		const n = 150
 		codes := make([]string, n)

@@ -105,7 +105,7 @@ func TestClaimCoupon(t *testing.T) {
 // each user who got one got 201 once and 200 with the same claim; the
 // others got 409 COUPON_SOLD_OUT.
 func TestConcurrentClaims(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
+	forIsolations(t, func(t *testing.T, b backend) {
 		s, db := newShop(t, b)
 		const users, each = 150, 2
 		type answer struct {

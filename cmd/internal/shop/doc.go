@@ -328,4 +328,20 @@
 // under pg_advisory_xact_lock; on MySQL, which commits DDL statement by
 // statement, GET_LOCK('idem_shop_migrate') and statements safe to rerun.
 // Statements are written with ? and rebound to $n for PostgreSQL.
+//
+// Every transaction the shop runs (an order, a checkout, a claim, a
+// cancel, a refund, a payment, an operator's retry of an event) runs
+// under one retry policy: when the database refuses it as a deadlock
+// victim or could not serialise it (sqlstore.Retryable), or uniq could
+// not read back the duplicate its insert met (uniq.ErrUnresolved, a
+// snapshot that predates the other row), the whole transaction runs
+// again, its CompleteTx included, up to 30 attempts, after a pause with
+// exponential backoff and full jitter (from 1 ms, at most 100 ms),
+// until the request's context ends. So the shop also runs on a database
+// whose default isolation is REPEATABLE READ or SERIALIZABLE
+// (PostgreSQL's default_transaction_isolation, MariaDB's tx_isolation),
+// where every waiter on a hot row (a product's stock, a coupon, a
+// token) but the first fails each round: a burst of a few hundred
+// requests on one row goes through. A lock wait timeout (MySQL 1205) is
+// not retried: it already waited innodb_lock_wait_timeout.
 package shop

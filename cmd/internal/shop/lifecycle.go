@@ -7,14 +7,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net/http"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/uniq"
 )
 
 // An order's life after it is placed: the owner cancels it, the close job
@@ -35,37 +35,64 @@ const (
 	sqlGetRefund    = `SELECT refund_no, order_no, amount_cents, status FROM shop_refunds WHERE order_no = ?`
 )
 
-// txAttempts bounds the attempts of a transaction that the database chose
-// as a deadlock victim or could not serialise.
-const txAttempts = 4
+// The retry policy of every transaction the shop runs: a transaction the
+// database refused as a deadlock victim or could not serialise runs again,
+// whole, up to txAttempts times, after a pause drawn uniformly from
+// [0, min(txBackoffCap, txBackoffBase·2^(attempt-1))) (exponential backoff
+// with full jitter). Enough for a burst of a few hundred transactions on
+// one row under a REPEATABLE READ or SERIALIZABLE default, where all but
+// one of the waiters on the row's lock fail each round.
+const (
+	txAttempts    = 30
+	txBackoffBase = time.Millisecond
+	txBackoffCap  = 100 * time.Millisecond
+)
 
-// retryable reports whether err is a deadlock or serialisation failure,
-// after which the whole transaction may simply run again: PostgreSQL
-// 40001/40P01, MySQL 1213 (deadlock) and 1205 (lock wait timeout).
+// retryable reports whether err means that the whole transaction may
+// simply run again: sqlstore's classification (a PostgreSQL serialisation
+// failure or deadlock, a MySQL deadlock), or uniq's unresolved duplicate
+// (an insert met a row its snapshot cannot read back, which uniq
+// documents as "retry the transaction").
 func retryable(err error) bool {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Code == "40001" || pg.Code == "40P01"
-	}
-	var my *mysql.MySQLError
-	if errors.As(err, &my) {
-		return my.Number == 1213 || my.Number == 1205
-	}
-	return false
+	return sqlstore.Retryable(err) || errors.Is(err, uniq.ErrUnresolved)
 }
 
-// inTx runs fn in a transaction and commits it, running it again (up to
-// txAttempts times) when the database refuses it as a deadlock victim.
-// fn's refusals (*problemError) and other errors roll back.
-func (s *Shop) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	var err error
-	for attempt := 1; ; attempt++ {
-		err = s.tryTx(ctx, fn)
-		if err == nil || !retryable(err) || attempt == txAttempts || ctx.Err() != nil {
+// retryTx runs attempt, and again under the retry policy while it fails
+// with a retryable error, until ctx ends. attempt must run a whole
+// transaction (begin to commit), so that running it again redoes all of
+// it. The last error is returned.
+func (s *Shop) retryTx(ctx context.Context, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		if err == nil || !retryable(err) || n == txAttempts || ctx.Err() != nil {
 			return err
 		}
-		s.log.DebugContext(ctx, "shop: transaction retried", "attempt", attempt, "error", err)
+		s.log.DebugContext(ctx, "shop: transaction retried", "attempt", n, "error", err)
+		t := time.NewTimer(txBackoff(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 	}
+}
+
+// txBackoff is the pause after the n-th failed attempt (full jitter).
+func txBackoff(n int) time.Duration {
+	ceil := txBackoffCap
+	if n <= 7 { // 2^7 ms > the cap
+		ceil = min(txBackoffCap, txBackoffBase<<(n-1))
+	}
+	return mrand.N(ceil)
+}
+
+// inTx runs fn in a transaction and commits it, under the retry policy
+// (retryTx): fn runs again, in a new transaction, when the database
+// refuses it as a deadlock victim or could not serialise it. fn's
+// refusals (*problemError) and other errors roll back.
+func (s *Shop) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return s.retryTx(ctx, func() error { return s.tryTx(ctx, fn) })
 }
 
 func (s *Shop) tryTx(ctx context.Context, fn func(tx *sql.Tx) error) error {

@@ -232,7 +232,7 @@ func TestRefundOrder(t *testing.T) {
 // 10 refunds of one paid order at once, each with its own key: one refund
 // row, one 201, nine 200 with the same refund.
 func TestConcurrentRefunds(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
+	forIsolations(t, func(t *testing.T, b backend) {
 		s, db := newShop(t, b)
 		_, o, _ := postOrder(t, s, 5, "order", `{"sku":"BOOK-1","quantity":1}`)
 		setPaid(t, db, o.OrderNo)

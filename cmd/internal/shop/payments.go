@@ -77,9 +77,10 @@ const paymentScope = "provider:pay"
 // 200 for each.
 const paymentCallbackWait = 5 * time.Second
 
-// maxPaymentAttempts bounds the transactions one callback runs when the
-// order changed under it (a cancel racing the payment) or the database
-// broke a deadlock.
+// maxPaymentAttempts bounds the times one callback applies its payment
+// again when the order changed under it (a cancel racing the payment).
+// Deadlocks and serialisation failures are the shop's retry policy's
+// (retryTx), within each of these.
 const maxPaymentAttempts = 5
 
 // Reasons recorded in shop_reconciliations: why a signed callback was not
@@ -400,8 +401,12 @@ func (s *Shop) paymentCallback(w http.ResponseWriter, r *http.Request) {
 	}
 	var refusal *paymentRefusal
 	for attempt := 1; ; attempt++ {
-		refusal, err = s.applyPayment(ctx, cb, func(tx *sql.Tx) error { return s.completeCallback(ctx, tx) })
-		if err == nil || attempt == maxPaymentAttempts || !(errors.Is(err, errOrderMoved) || retryable(err)) {
+		err = s.retryTx(ctx, func() error {
+			var err error
+			refusal, err = s.applyPayment(ctx, cb, func(tx *sql.Tx) error { return s.completeCallback(ctx, tx) })
+			return err
+		})
+		if err == nil || attempt == maxPaymentAttempts || !errors.Is(err, errOrderMoved) {
 			break
 		}
 	}

@@ -449,47 +449,52 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, idemhttp.CodeInvalidRequest, "Invalid request", err.Error())
 		return
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		s.fail(w, r, "begin", err)
-		return
-	}
-	defer tx.Rollback()
-	if submit != "" {
-		// The token first: a concurrent request with it waits here.
-		req.OrderNo = newOrderNo()
-		if err := s.spendToken(ctx, tx, userFrom(ctx), submit, req.OrderNo); err != nil {
-			s.answerError(w, r, "spend submit token", err)
-			return
-		}
-	}
-	order, err := s.placeOrder(ctx, tx, userFrom(ctx), req)
-	if err != nil {
-		s.answerError(w, r, "place order", err)
-		return
-	}
-	resp, err := idemhttp.JSONResponse(http.StatusCreated, order)
-	if err != nil {
-		s.fail(w, r, "encode order", err)
-		return
-	}
-	resp.Header["Location"] = []string{"/orders/" + order.OrderNo}
-	// The stored response commits with the order, or neither does.
-	if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
-		if err := exec.CompleteTx(ctx, tx, resp); err != nil {
-			if errors.Is(err, idem.ErrLeaseLost) {
-				// Another execution took this key over; its answer will be replayed.
-				w.Header().Set("Retry-After", "1")
-				writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
-					"another execution of this request took over; retry to get its answer")
-				return
+	// One business transaction, run again whole under the retry policy:
+	// the token, the order and the stored response commit together or
+	// not at all, so an attempt that rolled back left nothing behind
+	// (CompleteTx may be called again after it).
+	var resp idem.Response
+	stage := "begin"
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		req := req
+		if submit != "" {
+			// The token first: a concurrent request with it waits here.
+			req.OrderNo = newOrderNo()
+			stage = "spend submit token"
+			if err := s.spendToken(ctx, tx, userFrom(ctx), submit, req.OrderNo); err != nil {
+				return err
 			}
-			s.fail(w, r, "complete idempotency record", err)
-			return
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		s.fail(w, r, "commit", err)
+		stage = "place order"
+		order, err := s.placeOrder(ctx, tx, userFrom(ctx), req)
+		if err != nil {
+			return err
+		}
+		stage = "encode order"
+		if resp, err = idemhttp.JSONResponse(http.StatusCreated, order); err != nil {
+			return err
+		}
+		resp.Header["Location"] = []string{"/orders/" + order.OrderNo}
+		// The stored response commits with the order, or neither does.
+		if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
+			stage = "complete idempotency record"
+			if err := exec.CompleteTx(ctx, tx, resp); err != nil {
+				return err
+			}
+		}
+		stage = "commit"
+		return nil
+	})
+	switch {
+	case err == nil:
+	case stage == "complete idempotency record" && errors.Is(err, idem.ErrLeaseLost):
+		// Another execution took this key over; its answer will be replayed.
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
+			"another execution of this request took over; retry to get its answer")
+		return
+	default:
+		s.answerError(w, r, stage, err)
 		return
 	}
 	idemhttp.WriteResponse(w, resp)

@@ -336,22 +336,20 @@ func (s *Shop) checkout(w http.ResponseWriter, r *http.Request) {
 
 // placeOrderWithToken spends tok and creates the order of req in one
 // transaction: the token first, so a concurrent submission of it waits
-// for this one.
+// for this one (under the retry policy: inTx).
 func (s *Shop) placeOrderWithToken(ctx context.Context, user int64, req orderRequest, tok string) (Order, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return Order{}, err
-	}
-	defer tx.Rollback()
-	req.OrderNo = newOrderNo()
-	if err := s.spendToken(ctx, tx, user, tok, req.OrderNo); err != nil {
-		return Order{}, err
-	}
-	order, err := s.placeOrder(ctx, tx, user, req)
-	if err != nil {
-		return Order{}, err
-	}
-	return order, tx.Commit()
+	var order Order
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		req := req
+		req.OrderNo = newOrderNo()
+		if err := s.spendToken(ctx, tx, user, tok, req.OrderNo); err != nil {
+			return err
+		}
+		var err error
+		order, err = s.placeOrder(ctx, tx, user, req)
+		return err
+	})
+	return order, err
 }
 
 // orderPage serves GET /orders/{order_no} to a browser.

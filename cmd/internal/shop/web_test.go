@@ -441,7 +441,7 @@ func TestSubmitTokensAPI(t *testing.T) {
 // Concurrent submissions of one token: one order, every answer the same
 // 303.
 func TestCheckoutConcurrentSubmissions(t *testing.T) {
-	forBackends(t, func(t *testing.T, b backend) {
+	forIsolations(t, func(t *testing.T, b backend) {
 		// SQLite runs one transaction at a time; on the servers the token
 		// spent in the order's transaction (sqlstore's TokenStore) makes
 		// the other submissions wait for the first, then see it used.
