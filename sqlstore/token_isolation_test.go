@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
@@ -22,19 +20,7 @@ import (
 func pgIsolationDB(t *testing.T, level string) (db, admin *sql.DB) {
 	t.Helper()
 	admin, dsn := testdb.Postgres(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("default_transaction_isolation", level)
-	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads a space as "%20", not as "+"
-	db = testdb.Open(t, "pgx", u.String(), servers[0].svc)
-	db.SetMaxOpenConns(8)
-	var got string
-	if err := db.QueryRowContext(t.Context(), "SHOW transaction_isolation").Scan(&got); err != nil || got != level {
-		t.Fatalf("transaction_isolation = %q, %v; want %q", got, err, level)
-	}
+	db, _ = testdb.AtIsolation(t, dsn, level)
 	s, err := sqlstore.New(admin, &sqlstore.Config{Dialect: sqlstore.PostgreSQL})
 	if err != nil {
 		t.Fatal(err)

@@ -110,7 +110,15 @@ func exec(t testing.TB, db *sql.DB, stmt string) {
 func PostgresAt(t testing.TB, level string) (*sql.DB, string) {
 	t.Helper()
 	_, addr := Postgres(t)
-	u, err := url.Parse(addr)
+	return AtIsolation(t, addr, level)
+}
+
+// AtIsolation opens a pool on the PostgreSQL URL dsn whose sessions'
+// default_transaction_isolation is level, and returns it with its URL;
+// it fails t when the server does not report that level.
+func AtIsolation(t testing.TB, dsn, level string) (*sql.DB, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatalf("%s: %v", testenv.Postgres.Var, err)
 	}
