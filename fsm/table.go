@@ -8,44 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idem/sqldialect"
 )
-
-// A Dialect is the SQL of a database server: its placeholders, clock and
-// locking reads.
-type Dialect int
-
-// The dialects a Table speaks.
-const (
-	// PostgreSQL: $1 placeholders, UPDATE … RETURNING, now().
-	PostgreSQL Dialect = iota + 1
-	// MySQL and MariaDB: ? placeholders, the new version through
-	// LAST_INSERT_ID(expr), CURRENT_TIMESTAMP(6), reads after a refused
-	// UPDATE that lock (LOCK IN SHARE MODE).
-	//
-	// LAST_INSERT_ID(expr) also sets the connection's LAST_INSERT_ID():
-	// after a transition, SQL that reads LAST_INSERT_ID() (INSERT INTO
-	// items (order_id) VALUES (LAST_INSERT_ID())) reads the new version,
-	// not the id of the row inserted before. Take an auto-increment id from
-	// its INSERT's sql.Result.LastInsertId, or use it before the
-	// transition.
-	MySQL
-	// SQLite 3.35 or later: ? placeholders, UPDATE … RETURNING,
-	// strftime('%Y-%m-%d %H:%M:%f', 'now') (UTC).
-	SQLite
-)
-
-// String returns the dialect's name.
-func (d Dialect) String() string {
-	switch d {
-	case PostgreSQL:
-		return "PostgreSQL"
-	case MySQL:
-		return "MySQL"
-	case SQLite:
-		return "SQLite"
-	}
-	return "Dialect(" + strconv.Itoa(int(d)) + ")"
-}
 
 // Default column names of TableConfig.
 const (
@@ -60,8 +25,18 @@ const (
 // qualified by a schema ("shop.orders"). A name the database reserves
 // ("order") is refused by the database, not here; rename or choose another.
 type TableConfig struct {
-	// Dialect is the database's SQL. Required.
-	Dialect Dialect
+	// Dialect is the database's SQL family: a sqldialect.Family
+	// (sqldialect.PostgreSQL, MySQL, SQLite) or a store's dialect that
+	// names one (sqlstore.PostgreSQL). Required.
+	//
+	// On MySQL and MariaDB the new version comes back through
+	// LAST_INSERT_ID(expr), which also sets the connection's
+	// LAST_INSERT_ID(): after a transition, SQL that reads
+	// LAST_INSERT_ID() (INSERT INTO items (order_id) VALUES
+	// (LAST_INSERT_ID())) reads the new version, not the id of the row
+	// inserted before. Take an auto-increment id from its INSERT's
+	// sql.Result.LastInsertId, or use it before the transition.
+	Dialect sqldialect.Dialect
 	// Table is the table's name. Required.
 	Table string
 	// ID is the column that identifies a row: its primary key, or a
@@ -84,7 +59,7 @@ type TableConfig struct {
 // Build it with NewTable; it is safe for concurrent use.
 type Table struct {
 	m                          *Machine
-	dialect                    Dialect
+	dialect                    sqldialect.Family
 	table, id, status, version string
 	selectQuery                string // the read after a refused UPDATE
 	statusCmp                  string // the status column, compared byte for byte
@@ -102,16 +77,19 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 	if cfg == nil {
 		return nil, errors.New("fsm: NewTable needs a TableConfig with a Dialect and a Table")
 	}
-	t := &Table{m: m, dialect: cfg.Dialect, table: cfg.Table, id: cfg.ID, status: cfg.Status, version: cfg.Version}
+	if cfg.Dialect == nil {
+		return nil, errors.New("fsm: TableConfig.Dialect is required (e.g. sqldialect.PostgreSQL or sqlstore.PostgreSQL)")
+	}
+	t := &Table{m: m, dialect: cfg.Dialect.Family(), table: cfg.Table, id: cfg.ID, status: cfg.Status, version: cfg.Version}
 	switch t.dialect {
-	case PostgreSQL:
+	case sqldialect.PostgreSQL:
 		t.nowExpr = "now()"
-	case MySQL:
+	case sqldialect.MySQL:
 		t.nowExpr = "CURRENT_TIMESTAMP(6)"
-	case SQLite:
+	case sqldialect.SQLite:
 		t.nowExpr = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 	default:
-		return nil, fmt.Errorf("fsm: TableConfig.Dialect: unknown dialect %v", t.dialect)
+		return nil, fmt.Errorf("fsm: TableConfig.Dialect: unknown SQL family %v", t.dialect)
 	}
 	if t.table == "" {
 		return nil, errors.New("fsm: TableConfig.Table is required")
@@ -153,16 +131,16 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 	// column with spaces, which a cast to text removes.
 	readStatus := t.status
 	switch t.dialect {
-	case PostgreSQL:
+	case sqldialect.PostgreSQL:
 		t.statusCmp = t.status + `::text COLLATE "C"`
 		readStatus = t.status + "::text"
-	case MySQL:
+	case sqldialect.MySQL:
 		t.statusCmp = "CAST(CONVERT(" + t.status + " USING utf8mb4) AS BINARY)"
-	case SQLite:
+	case sqldialect.SQLite:
 		t.statusCmp = t.status + " COLLATE BINARY"
 	}
 	t.selectQuery = "SELECT " + readStatus + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		// Under REPEATABLE READ a plain read in a transaction sees the
 		// transaction's snapshot, older than the row the UPDATE was refused
 		// on; a locking read sees the latest committed row.
@@ -189,7 +167,7 @@ func (t *Table) Machine() *Machine { return t.m }
 
 // placeholder returns the n-th (from 1) placeholder of the dialect.
 func (t *Table) placeholder(n int) string {
-	if t.dialect == PostgreSQL {
+	if t.dialect == sqldialect.PostgreSQL {
 		return "$" + strconv.Itoa(n)
 	}
 	return "?"
@@ -382,7 +360,7 @@ func retryAlone(q Querier, err error) bool {
 // explain.
 func (t *Table) attempt(ctx context.Context, q Querier, id any, to State, sources []State, c *call, query string, args []any, res Result) (Result, error) {
 	var updated bool
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		r, err := q.ExecContext(ctx, query, args...)
 		if err != nil {
 			return Result{}, t.dbError(id, to, err)
@@ -456,7 +434,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 		return t.placeholder(len(args))
 	}
 	b.WriteString("UPDATE " + t.table + " SET " + t.status + " = " + arg(string(to)) + ", " + t.version + " = ")
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		// The new version comes back as the result's LastInsertId.
 		b.WriteString("LAST_INSERT_ID(" + t.version + " + 1)")
 	} else {
@@ -497,7 +475,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 	if c.hasVersion {
 		b.WriteString(" AND " + t.version + " = " + arg(c.version))
 	}
-	if t.dialect != MySQL {
+	if t.dialect != sqldialect.MySQL {
 		b.WriteString(" RETURNING " + t.version)
 	}
 	return b.String(), args, nil

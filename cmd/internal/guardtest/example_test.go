@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/idemkit/idem/fsm"
+	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 	"github.com/idemkit/idem/uniq"
 )
@@ -105,7 +106,7 @@ func Example_fsmTransition() {
 			{Name: "cancel", From: []fsm.State{"NEW", "WAIT_PAY"}, To: "CANCELLED"},
 		},
 	})
-	table, err := fsm.NewTable(orders, &fsm.TableConfig{Dialect: fsm.SQLite, Table: "orders"})
+	table, err := fsm.NewTable(orders, &fsm.TableConfig{Dialect: sqlstore.SQLite, Table: "orders"})
 	if err != nil {
 		panic(err)
 	}
@@ -128,7 +129,7 @@ func Example_fsmTransitionTx() {
 	db, cleanup := exampleDB()
 	defer cleanup()
 	ctx := context.Background()
-	table, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsm.SQLite, Table: "orders"})
+	table, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: sqlstore.SQLite, Table: "orders"})
 	if err != nil {
 		panic(err)
 	}

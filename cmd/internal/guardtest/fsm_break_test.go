@@ -56,7 +56,7 @@ func TestTransitionCharColumn(t *testing.T) {
 			ctx := context.Background()
 			d := s.dialect
 			execAll(t, db, `CREATE TABLE orders (id BIGINT PRIMARY KEY, status CHAR(16) NOT NULL, version BIGINT NOT NULL)`)
-			tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsmDialect(d), Table: "orders"})
+			tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: d, Table: "orders"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,11 +24,6 @@ var orderMachine = fsm.MustNew(fsm.Definition{
 	},
 })
 
-// fsmDialect is the fsm dialect of a server.
-func fsmDialect(d dialect) fsm.Dialect {
-	return map[dialect]fsm.Dialect{postgres: fsm.PostgreSQL, mysql: fsm.MySQL, sqlite3: fsm.SQLite}[d]
-}
-
 // fsmSchema creates the orders table (and effects, a row per side effect)
 // on a fresh database of s, and returns the pool and the bound Table.
 func fsmSchema(t testing.TB, s server) (*sql.DB, *fsm.Table) {
@@ -45,7 +40,7 @@ func fsmSchema(t testing.TB, s server) (*sql.DB, *fsm.Table) {
 		)`,
 		`CREATE TABLE effects (order_id BIGINT NOT NULL, caller INT NOT NULL)`,
 	)
-	tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsmDialect(s.dialect), Table: "orders"})
+	tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: s.dialect, Table: "orders"})
 	if err != nil {
 		t.Fatal(err)
 	}
