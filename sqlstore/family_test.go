@@ -12,7 +12,7 @@ import (
 // value configures both.
 func TestDialectFamily(t *testing.T) {
 	t.Parallel()
-	m := fsm.MustNew(fsm.Definition{
+	m := fsm.MustNew(&fsm.Definition{
 		States:      []fsm.State{"NEW", "DONE"},
 		Initial:     "NEW",
 		Final:       []fsm.State{"DONE"},

@@ -96,7 +96,7 @@ func Example_fsmTransition() {
 	defer cleanup()
 	ctx := context.Background()
 
-	orders := fsm.MustNew(fsm.Definition{
+	orders := fsm.MustNew(&fsm.Definition{
 		States:  []fsm.State{"NEW", "WAIT_PAY", "PAID", "CANCELLED"},
 		Initial: "NEW",
 		Final:   []fsm.State{"PAID", "CANCELLED"},

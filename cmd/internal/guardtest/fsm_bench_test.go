@@ -15,7 +15,7 @@ import (
 //
 //	go test -run '^$' -bench Transition -benchmem ./internal/guardtest/
 func BenchmarkTransition(b *testing.B) {
-	pingPong := fsm.MustNew(fsm.Definition{
+	pingPong := fsm.MustNew(&fsm.Definition{
 		States:  []fsm.State{"A", "B"},
 		Initial: "A",
 		Transitions: []fsm.Transition{

@@ -12,7 +12,7 @@ import (
 )
 
 // orderMachine is the order life cycle of the fsm tests.
-var orderMachine = fsm.MustNew(fsm.Definition{
+var orderMachine = fsm.MustNew(&fsm.Definition{
 	States:  []fsm.State{"NEW", "WAIT_PAY", "PAID", "SHIPPED", "CANCELLED"},
 	Initial: "NEW",
 	Final:   []fsm.State{"SHIPPED", "CANCELLED"},

@@ -192,13 +192,13 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	in, err := sqlstore.NewInboxStore(s.db, s.dialect)
+	in, err := sqlstore.NewInboxStore(s.db, &sqlstore.Config{Dialect: s.dialect})
 	if err != nil {
 		return nil, err
 	}
 	closer := &Closer{s: s, cfg: c, inbox: in}
 	if c.Lock == nil {
-		b, err := sqlstore.NewLockBackend(s.db, s.dialect)
+		b, err := sqlstore.NewLockBackend(s.db, &sqlstore.Config{Dialect: s.dialect})
 		if err != nil {
 			in.Close()
 			return nil, err

@@ -317,7 +317,7 @@ func TestCloseJobPausedHolderIsFenced(t *testing.T) {
 			forBackends(t, func(t *testing.T, b backend) {
 				s, db := newShop(t, b)
 				orders := expiredOrders(t, s, db, 3)
-				backendA, err := sqlstore.NewLockBackend(db, b.dialect)
+				backendA, err := sqlstore.NewLockBackend(db, &sqlstore.Config{Dialect: b.dialect})
 				if err != nil {
 					t.Fatal(err)
 				}

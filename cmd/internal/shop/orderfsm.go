@@ -20,7 +20,7 @@ import (
 //	PAID     → REFUNDED   a refund (POST /orders/{order_no}/refunds)
 //
 // CANCELLED, CLOSED and REFUNDED are final.
-var orderMachine = fsm.MustNew(fsm.Definition{
+var orderMachine = fsm.MustNew(&fsm.Definition{
 	States:  []fsm.State{StatusWaitPay, StatusPaid, StatusCancelled, StatusClosed, StatusRefunded},
 	Initial: StatusWaitPay,
 	Final:   []fsm.State{StatusCancelled, StatusClosed, StatusRefunded},
