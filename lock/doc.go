@@ -58,9 +58,12 @@
 //
 // PGAdvisoryXactLock and PGTryAdvisoryXactLock take PostgreSQL's
 // transaction-level advisory locks (PGAdvisoryKey maps a name to a key),
-// and MySQLGetLock MySQL's GET_LOCK on a session. They last as long as a
-// transaction or a session, not a lease, and have no fence: they suit
-// work that happens inside that transaction or session.
+// and MySQLGetLock and MySQLTryGetLock MySQL's GET_LOCK on a session.
+// They have one shape: (ctx, the tx or conn, name); ctx bounds the wait,
+// the Try variants do not wait and answer ErrHeld, a session's lock comes
+// with its release. They last as long as a transaction or a session, not
+// a lease, and have no fence: they suit work that happens inside that
+// transaction or session.
 //
 // # Writing a backend
 //
