@@ -181,10 +181,10 @@ type Querier interface {
 
 // Result is what a transition did.
 type Result struct {
-	// From is the state the row left, when it is known without another
-	// read: the transition had one possible source (by declaration, or
-	// through From). It is empty otherwise, and when AlreadyApplied.
-	From State
+	// Previous is the state the row left, when it is known without
+	// another read: the transition had one possible source. It is empty
+	// otherwise, and when AlreadyApplied.
+	Previous State
 	// To is the state the row is in now.
 	To State
 	// Version is the row's version now: the new one after a transition,
@@ -204,8 +204,6 @@ type Option func(*call)
 type call struct {
 	version    int64
 	hasVersion bool
-	from       []State
-	hasFrom    bool
 	sets       []set
 }
 
@@ -220,14 +218,6 @@ type set struct {
 // answers a *ConflictError.
 func IfVersion(v int64) Option {
 	return func(c *call) { c.version, c.hasVersion = v, true }
-}
-
-// From restricts the states the row may leave to states, each of which
-// must be a legal source of the target (else the call answers an
-// *IllegalTransitionError without running a statement). Given more than
-// once, the last one counts.
-func From(states ...State) Option {
-	return func(c *call) { c.from, c.hasFrom = slices.Clone(states), true }
 }
 
 // Set also sets column to value, in the same UPDATE: the column changes
@@ -245,8 +235,11 @@ func SetNow(column string) Option {
 }
 
 // Transition moves the row whose id column equals id to the state to, from
-// any state that a declared transition leads from to to (restricted by
-// From), in one conditional statement:
+// any state that a declared transition leads from to to, in one
+// conditional statement. It names a target; Fire names a transition. Use
+// Transition where the caller knows where the row must go whatever it is
+// in (a payment callback: PAID), and Fire where the move is one edge of
+// the declaration (a "cancel" that only a WAIT_PAY order may take):
 //
 //	UPDATE table SET status = to, version = version + 1 [, Set columns]
 //	WHERE id = ? AND status IN (sources) [AND version = IfVersion]
@@ -260,16 +253,17 @@ func SetNow(column string) Option {
 //
 //   - already in to: success, with Result.AlreadyApplied (whatever its
 //     version; IfVersion does not turn that into a conflict);
-//   - in another state that has no transition to to (or not in From): an
-//     *IllegalTransitionError, errors.Is ErrIllegal, naming that state;
+//   - in another state that has no transition to to: an
+//     *IllegalTransitionError, errors.Is ErrIllegal, naming that state
+//     (Current) and the states to is allowed from (Allowed);
 //   - in a legal source state: a *ConflictError, errors.Is ErrConflict —
 //     its version is not IfVersion's, or it changed between the statement
 //     and the read;
 //   - no row: ErrNotFound.
 //
 // An unknown state to answers an error that wraps ErrUnknownState; a
-// state no transition leads to, an *IllegalTransitionError; neither runs a
-// statement. Errors of the database are returned wrapped: on PostgreSQL in
+// state no transition leads to, an *IllegalTransitionError whose
+// CurrentKnown is false; neither runs a statement. Errors of the database are returned wrapped: on PostgreSQL in
 // a REPEATABLE READ or SERIALIZABLE transaction, a row updated by another
 // transaction since the snapshot gives SQLSTATE 40001
 // (serialization_failure): retry the whole transaction.
@@ -280,9 +274,11 @@ func (t *Table) Transition(ctx context.Context, q Querier, id any, to State, opt
 	return t.run(ctx, q, id, to, t.m.sources[to], opts)
 }
 
-// Fire makes the transition named name: Transition to its target, from its
-// source states only (restricted further by From). An unknown name
-// answers an error that wraps ErrUnknownTransition.
+// Fire makes the transition named name: the row moves to its target from
+// its declared sources only, even where another transition leads to the
+// same target from elsewhere. It answers as Transition does (its
+// IllegalTransitionError's Allowed are the transition's sources). An
+// unknown name answers an error that wraps ErrUnknownTransition.
 func (t *Table) Fire(ctx context.Context, q Querier, id any, name string, opts ...Option) (Result, error) {
 	tr, ok := t.m.byName[name]
 	if !ok {
@@ -300,19 +296,8 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 		}
 	}
 	sources := legal
-	if c.hasFrom {
-		if len(c.from) == 0 {
-			return Result{}, errors.New("fsm: From with no state")
-		}
-		for _, s := range c.from {
-			if !slices.Contains(legal, s) {
-				return Result{}, &IllegalTransitionError{ID: id, From: s, To: to}
-			}
-		}
-		sources = c.from
-	}
 	if len(sources) == 0 {
-		return Result{}, &IllegalTransitionError{ID: id, To: to}
+		return Result{}, &IllegalTransitionError{ID: id, Target: to}
 	}
 	query, args, err := t.update(to, sources, &c, id)
 	if err != nil {
@@ -320,7 +305,7 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 	}
 	res := Result{To: to}
 	if len(sources) == 1 {
-		res.From = sources[0]
+		res.Previous = sources[0]
 	}
 
 	for attempt := 1; ; attempt++ {
@@ -409,9 +394,9 @@ func (t *Table) explain(ctx context.Context, q Querier, id any, to State, source
 	case cur == to:
 		return Result{To: to, Version: version, AlreadyApplied: true}, nil
 	case !slices.Contains(sources, cur):
-		return Result{}, &IllegalTransitionError{ID: id, From: cur, To: to, Version: version}
+		return Result{}, &IllegalTransitionError{ID: id, Current: cur, CurrentKnown: true, Target: to, Allowed: slices.Clone(sources), Version: version}
 	default:
-		e := &ConflictError{ID: id, State: cur, To: to, Version: version}
+		e := &ConflictError{ID: id, Current: cur, Target: to, Version: version}
 		if c.hasVersion {
 			e.Expected, e.HasExpected = c.version, true
 		}

@@ -118,9 +118,9 @@ func Example_fsmTransition() {
 	_, err = table.Fire(ctx, db, 42, "cancel")
 	fmt.Println(err, errors.Is(err, fsm.ErrIllegal))
 	// Output:
-	// {From:WAIT_PAY To:PAID Version:2 AlreadyApplied:false} <nil>
-	// {From: To:PAID Version:2 AlreadyApplied:true} <nil>
-	// fsm: illegal transition of 42 from "PAID" to "CANCELLED" true
+	// {Previous:WAIT_PAY To:PAID Version:2 AlreadyApplied:false} <nil>
+	// {Previous: To:PAID Version:2 AlreadyApplied:true} <nil>
+	// fsm: illegal transition of 42: it is in "PAID", and "CANCELLED" is allowed only from "NEW", "WAIT_PAY" true
 }
 
 // In a transaction, the side effect is recorded only by the caller that

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,14 +98,14 @@ func TestTransitionServers(t *testing.T) {
 			}
 
 			res, err := tb.Fire(ctx, db, int64(1), "submit")
-			if err != nil || res != (fsm.Result{From: "NEW", To: "WAIT_PAY", Version: 1}) {
+			if err != nil || res != (fsm.Result{Previous: "NEW", To: "WAIT_PAY", Version: 1}) {
 				t.Fatalf("submit: %+v, %v", res, err)
 			}
 			want(1, row{Status: "WAIT_PAY", Version: 1})
 
 			// Pay, with the expected version, a value and the database's clock.
 			res, err = tb.Transition(ctx, db, int64(1), "PAID", fsm.IfVersion(1), fsm.Set("note", "card"), fsm.SetNow("paid_at"))
-			if err != nil || res != (fsm.Result{From: "WAIT_PAY", To: "PAID", Version: 2}) {
+			if err != nil || res != (fsm.Result{Previous: "WAIT_PAY", To: "PAID", Version: 2}) {
 				t.Fatalf("pay: %+v, %v", res, err)
 			}
 			want(1, row{Status: "PAID", Version: 2, Note: sql.NullString{String: "card", Valid: true}, Paid: true})
@@ -119,7 +120,7 @@ func TestTransitionServers(t *testing.T) {
 			// Cancel a paid order: illegal, naming the state it is in.
 			var ie *fsm.IllegalTransitionError
 			res, err = tb.Fire(ctx, db, int64(1), "cancel", fsm.Set("note", "cancel"))
-			if !errors.As(err, &ie) || !errors.Is(err, fsm.ErrIllegal) || *ie != (fsm.IllegalTransitionError{ID: int64(1), From: "PAID", To: "CANCELLED", Version: 2}) || res != (fsm.Result{}) {
+			if !errors.As(err, &ie) || !errors.Is(err, fsm.ErrIllegal) || !reflect.DeepEqual(*ie, fsm.IllegalTransitionError{ID: int64(1), Current: "PAID", CurrentKnown: true, Target: "CANCELLED", Allowed: []fsm.State{"NEW", "WAIT_PAY"}, Version: 2}) || res != (fsm.Result{}) {
 				t.Fatalf("cancel a paid order: %+v, %v", res, err)
 			}
 			want(1, row{Status: "PAID", Version: 2, Note: sql.NullString{String: "card", Valid: true}, Paid: true})
@@ -128,7 +129,7 @@ func TestTransitionServers(t *testing.T) {
 			var ce *fsm.ConflictError
 			_, err = tb.Transition(ctx, db, int64(2), "PAID", fsm.IfVersion(4), fsm.Set("note", "stale"), fsm.SetNow("paid_at"))
 			if !errors.As(err, &ce) || !errors.Is(err, fsm.ErrConflict) ||
-				*ce != (fsm.ConflictError{ID: int64(2), State: "WAIT_PAY", Version: 5, To: "PAID", Expected: 4, HasExpected: true}) {
+				*ce != (fsm.ConflictError{ID: int64(2), Current: "WAIT_PAY", Version: 5, Target: "PAID", Expected: 4, HasExpected: true}) {
 				t.Fatalf("stale version: %v", err)
 			}
 			want(2, row{Status: "WAIT_PAY", Version: 5})
@@ -322,7 +323,7 @@ func TestTransitionRacePayCancel(t *testing.T) {
 						t.Errorf("caller %d: AlreadyApplied for %s, the order is %s", i, o.to, final.Status)
 					}
 				case errors.As(o.err, &ie):
-					if o.to == final.Status || ie.From != final.Status || ie.To != o.to {
+					if o.to == final.Status || ie.Current != final.Status || ie.Target != o.to {
 						t.Errorf("caller %d (%s): %v; the order is %s", i, o.to, o.err, final.Status)
 					}
 				default:

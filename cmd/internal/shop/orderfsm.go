@@ -98,11 +98,11 @@ func (s *Shop) transitionOrder(ctx context.Context, q querier, orderNo, to strin
 	var conflict *fsm.ConflictError
 	switch {
 	case err == nil:
-		return orderTransition{From: string(r.From), To: string(r.To), Version: r.Version, AlreadyApplied: r.AlreadyApplied}, nil
+		return orderTransition{From: string(r.Previous), To: string(r.To), Version: r.Version, AlreadyApplied: r.AlreadyApplied}, nil
 	case errors.Is(err, fsm.ErrNotFound):
 		return orderTransition{}, errOrderNotFound
 	case errors.As(err, &illegal):
-		return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: string(illegal.From), To: to}
+		return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: string(illegal.Current), To: to}
 	case errors.As(err, &conflict):
 		return orderTransition{}, &conflictError{OrderNo: orderNo, Want: version, Current: conflict.Version}
 	}
