@@ -2,17 +2,20 @@
 // conditional UPDATE per transition.
 //
 // A [Machine] is declared once ([New] refuses an inconsistent declaration)
-// and bound to a table with [NewTable]. [Table.Transition] moves a row to a
-// state, from any state a declared transition leads from, and
-// [Table.Fire] makes one named transition:
+// and bound to a table with [NewTable]. There are two ways to move a row,
+// by what the caller names: [Table.Transition] names a target state (the
+// row moves there from any state a declared transition leads from), and
+// [Table.Fire] names a declared transition (the row moves along that edge
+// only). Both run one conditional UPDATE:
 //
 //	UPDATE orders SET status = 'PAID', version = version + 1
 //	WHERE id = ? AND status IN ('WAIT_PAY') [AND version = ?]
 //
 // When the statement updates no row, the row is read to say why: already
 // in the target state is an idempotent success ([Result].AlreadyApplied);
-// otherwise an [*IllegalTransitionError] (the row is in a state that does
-// not lead there), a [*ConflictError] (its version is not the expected
+// otherwise an [*IllegalTransitionError] (the row is in a state, Current,
+// that is not among the Allowed sources of the Target; CurrentKnown is
+// false when no statement ran and the row's state is unknown), a [*ConflictError] (its version is not the expected
 // one, or it changed meanwhile) or [ErrNotFound].
 //
 // # What it guarantees
@@ -46,7 +49,7 @@
 //   - A row whose status column holds a value the machine does not
 //     declare cannot move (every transition answers IllegalTransitionError);
 //     fsm does not create rows: insert them in the initial state.
-//   - Result.From is known only when the transition had one possible
+//   - Result.Previous is known only when the transition had one possible
 //     source; reading the previous state otherwise would cost a statement.
 //   - On PostgreSQL in a REPEATABLE READ or SERIALIZABLE transaction, a row
 //     updated by another transaction since the snapshot fails the UPDATE
@@ -58,6 +61,18 @@
 //     COMMITTED. It does not classify MySQL errors (it imports no driver). On MySQL/MariaDB the read after a refused UPDATE is
 //     a locking read (LOCK IN SHARE MODE), so that under REPEATABLE READ it
 //     sees the latest committed row and not the transaction's snapshot.
+//
+// # Shapes
+//
+// New(def *Definition) and NewTable(m, cfg *TableConfig) refuse a nil
+// argument and copy what they are given; TableConfig.Dialect takes a
+// sqldialect.Dialect (sqldialect.PostgreSQL, or sqlstore.PostgreSQL as
+// it is). The calls that move a row take (ctx, q, id, target or name,
+// opts...): per-call [Option]s ([IfVersion], [Set], [SetNow]) come last.
+// Errors are a sentinel matched with errors.Is ([ErrIllegal],
+// [ErrConflict], [ErrNotFound], [ErrUnknownState], [ErrUnknownTransition])
+// and, for the first two, a typed error with the details
+// ([*IllegalTransitionError], [*ConflictError]) whose Is matches it.
 //
 // # Declaration rules
 //

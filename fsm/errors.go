@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Sentinel errors. Match them with errors.Is.
@@ -21,28 +22,47 @@ var (
 	ErrUnknownTransition = errors.New("fsm: unknown transition")
 )
 
-// IllegalTransitionError reports a row whose state has no transition to
-// the target (or is not among the states allowed by From): the row is in
-// From, and stays there. errors.Is(err, ErrIllegal) holds.
+// IllegalTransitionError reports a row that the transition may not move:
+// the row's state is not among the states the target is reached from
+// (Allowed), and the row stays where it is. errors.Is(err, ErrIllegal)
+// holds.
 type IllegalTransitionError struct {
 	// ID is the row's id, as given.
 	ID any
-	// From is the row's state; empty when the target has no source at all
-	// (the initial state with no transition into it).
-	From State
-	// To is the target asked for.
-	To State
-	// Version is the row's version, when the row was read (zero when the
-	// error was found before any statement ran).
+	// Current is the row's state, as read after the refused UPDATE, when
+	// CurrentKnown. CurrentKnown is false when the call was refused
+	// before any statement ran (no declared transition leads to Target):
+	// the row's state is then unknown, and Current empty.
+	Current      State
+	CurrentKnown bool
+	// Target is the state the call asked for.
+	Target State
+	// Allowed are the states the row may have left for Target: the
+	// sources of the named transition (Fire), or of every declared
+	// transition into Target (Transition). Empty when none leads there.
+	Allowed []State
+	// Version is the row's version, when CurrentKnown.
 	Version int64
 }
 
-// Error says which row, from which state, to which.
+// Error says which row, in which state, to which target, and from where
+// the target is allowed.
 func (e *IllegalTransitionError) Error() string {
-	if e.From == "" {
-		return fmt.Sprintf("fsm: illegal transition of %v: no transition leads to %q", e.ID, e.To)
+	if !e.CurrentKnown {
+		if len(e.Allowed) == 0 {
+			return fmt.Sprintf("fsm: illegal transition of %v to %q: no transition leads there (the row's state was not read)", e.ID, e.Target)
+		}
+		return fmt.Sprintf("fsm: illegal transition of %v to %q (allowed from %s; the row's state was not read)", e.ID, e.Target, quoteStates(e.Allowed))
 	}
-	return fmt.Sprintf("fsm: illegal transition of %v from %q to %q", e.ID, e.From, e.To)
+	return fmt.Sprintf("fsm: illegal transition of %v: it is in %q, and %q is allowed only from %s", e.ID, e.Current, e.Target, quoteStates(e.Allowed))
+}
+
+func quoteStates(states []State) string {
+	q := make([]string, len(states))
+	for i, s := range states {
+		q[i] = strconv.Quote(string(s))
+	}
+	return strings.Join(q, ", ")
 }
 
 // Is reports whether target is ErrIllegal.
@@ -56,11 +76,11 @@ func (e *IllegalTransitionError) Is(target error) bool { return target == ErrIll
 type ConflictError struct {
 	// ID is the row's id, as given.
 	ID any
-	// State and Version are the row's, as read after the statement.
-	State   State
+	// Current and Version are the row's, as read after the statement.
+	Current State
 	Version int64
-	// To is the target asked for.
-	To State
+	// Target is the state the call asked for.
+	Target State
 	// Expected is IfVersion's version, when HasExpected.
 	Expected    int64
 	HasExpected bool
@@ -68,7 +88,7 @@ type ConflictError struct {
 
 // Error says which row, and what changed.
 func (e *ConflictError) Error() string {
-	msg := fmt.Sprintf("fsm: concurrent modification of %v (to %q): it is in %q at version %d", e.ID, e.To, e.State, e.Version)
+	msg := fmt.Sprintf("fsm: concurrent modification of %v (to %q): it is in %q at version %d", e.ID, e.Target, e.Current, e.Version)
 	if e.HasExpected {
 		msg += ", expected version " + strconv.FormatInt(e.Expected, 10)
 	}

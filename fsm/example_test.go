@@ -8,7 +8,7 @@ import (
 
 // An order's life, declared once: New checks it, Mermaid draws it.
 func ExampleNew() {
-	orders, err := fsm.New(fsm.Definition{
+	orders, err := fsm.New(&fsm.Definition{
 		States:  []fsm.State{"NEW", "WAIT_PAY", "PAID", "SHIPPED", "CANCELLED"},
 		Initial: "NEW",
 		Final:   []fsm.State{"SHIPPED", "CANCELLED"},
@@ -39,7 +39,7 @@ func ExampleNew() {
 
 // New refuses a declaration with an edge out of a final state.
 func ExampleNew_refused() {
-	_, err := fsm.New(fsm.Definition{
+	_, err := fsm.New(&fsm.Definition{
 		States:  []fsm.State{"OPEN", "CLOSED"},
 		Initial: "OPEN",
 		Final:   []fsm.State{"CLOSED"},

@@ -64,8 +64,12 @@ type Machine struct {
 //   - a state that is not final and that no transition leaves: rows would
 //     be stuck there; declare it final.
 //
-// New copies def: changing it afterwards does not change the Machine.
-func New(def Definition) (*Machine, error) {
+// def is required (a nil one is refused) and copied: changing it
+// afterwards does not change the Machine.
+func New(def *Definition) (*Machine, error) {
+	if def == nil {
+		return nil, errors.New("fsm: New needs a Definition")
+	}
 	m := &Machine{
 		states:  map[State]bool{},
 		final:   map[State]bool{},
@@ -170,7 +174,7 @@ func New(def Definition) (*Machine, error) {
 
 // MustNew is New for definitions fixed in the program: it panics on an
 // error.
-func MustNew(def Definition) *Machine {
+func MustNew(def *Definition) *Machine {
 	m, err := New(def)
 	if err != nil {
 		panic(err)

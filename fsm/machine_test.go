@@ -6,8 +6,8 @@ import (
 )
 
 // orderDef is the order machine of the tests: a fresh copy per call.
-func orderDef() Definition {
-	return Definition{
+func orderDef() *Definition {
+	return &Definition{
 		States:  []State{"NEW", "WAIT_PAY", "PAID", "SHIPPED", "CANCELLED"},
 		Initial: "NEW",
 		Final:   []State{"SHIPPED", "CANCELLED"},
@@ -62,7 +62,7 @@ func TestNewRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			d := orderDef()
-			tc.change(&d)
+			tc.change(d)
 			m, err := New(d)
 			if err == nil {
 				t.Fatalf("New accepted it: %v", m.Mermaid())
@@ -127,7 +127,7 @@ func TestMermaid(t *testing.T) {
 	}
 
 	// States that are not identifiers, or are Mermaid's words, get aliases.
-	odd := MustNew(Definition{
+	odd := MustNew(&Definition{
 		States:  []State{"new", `on "hold"`, "end"},
 		Initial: "new",
 		Final:   []State{"end"},
@@ -155,7 +155,7 @@ func TestMermaid(t *testing.T) {
 // Mermaid reads as an entity code shows as it is.
 func TestMermaidAliasCollision(t *testing.T) {
 	t.Parallel()
-	m := MustNew(Definition{
+	m := MustNew(&Definition{
 		States:  []State{"a b", "s0", "s0_", "x#quot;y"},
 		Initial: "a b",
 		Final:   []State{"x#quot;y"},
@@ -186,5 +186,12 @@ func TestMustNewPanics(t *testing.T) {
 			t.Error("MustNew of an empty definition did not panic")
 		}
 	}()
-	MustNew(Definition{})
+	MustNew(&Definition{})
+}
+
+func TestNewNilDefinition(t *testing.T) {
+	t.Parallel()
+	if _, err := New(nil); err == nil || !strings.Contains(err.Error(), "needs a Definition") {
+		t.Errorf("New(nil) = %v", err)
+	}
 }

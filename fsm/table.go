@@ -8,44 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idem/sqldialect"
 )
-
-// A Dialect is the SQL of a database server: its placeholders, clock and
-// locking reads.
-type Dialect int
-
-// The dialects a Table speaks.
-const (
-	// PostgreSQL: $1 placeholders, UPDATE … RETURNING, now().
-	PostgreSQL Dialect = iota + 1
-	// MySQL and MariaDB: ? placeholders, the new version through
-	// LAST_INSERT_ID(expr), CURRENT_TIMESTAMP(6), reads after a refused
-	// UPDATE that lock (LOCK IN SHARE MODE).
-	//
-	// LAST_INSERT_ID(expr) also sets the connection's LAST_INSERT_ID():
-	// after a transition, SQL that reads LAST_INSERT_ID() (INSERT INTO
-	// items (order_id) VALUES (LAST_INSERT_ID())) reads the new version,
-	// not the id of the row inserted before. Take an auto-increment id from
-	// its INSERT's sql.Result.LastInsertId, or use it before the
-	// transition.
-	MySQL
-	// SQLite 3.35 or later: ? placeholders, UPDATE … RETURNING,
-	// strftime('%Y-%m-%d %H:%M:%f', 'now') (UTC).
-	SQLite
-)
-
-// String returns the dialect's name.
-func (d Dialect) String() string {
-	switch d {
-	case PostgreSQL:
-		return "PostgreSQL"
-	case MySQL:
-		return "MySQL"
-	case SQLite:
-		return "SQLite"
-	}
-	return "Dialect(" + strconv.Itoa(int(d)) + ")"
-}
 
 // Default column names of TableConfig.
 const (
@@ -60,8 +25,18 @@ const (
 // qualified by a schema ("shop.orders"). A name the database reserves
 // ("order") is refused by the database, not here; rename or choose another.
 type TableConfig struct {
-	// Dialect is the database's SQL. Required.
-	Dialect Dialect
+	// Dialect is the database's SQL family: a sqldialect.Family
+	// (sqldialect.PostgreSQL, MySQL, SQLite) or a store's dialect that
+	// names one (sqlstore.PostgreSQL). Required.
+	//
+	// On MySQL and MariaDB the new version comes back through
+	// LAST_INSERT_ID(expr), which also sets the connection's
+	// LAST_INSERT_ID(): after a transition, SQL that reads
+	// LAST_INSERT_ID() (INSERT INTO items (order_id) VALUES
+	// (LAST_INSERT_ID())) reads the new version, not the id of the row
+	// inserted before. Take an auto-increment id from its INSERT's
+	// sql.Result.LastInsertId, or use it before the transition.
+	Dialect sqldialect.Dialect
 	// Table is the table's name. Required.
 	Table string
 	// ID is the column that identifies a row: its primary key, or a
@@ -84,7 +59,7 @@ type TableConfig struct {
 // Build it with NewTable; it is safe for concurrent use.
 type Table struct {
 	m                          *Machine
-	dialect                    Dialect
+	dialect                    sqldialect.Family
 	table, id, status, version string
 	selectQuery                string // the read after a refused UPDATE
 	statusCmp                  string // the status column, compared byte for byte
@@ -102,16 +77,19 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 	if cfg == nil {
 		return nil, errors.New("fsm: NewTable needs a TableConfig with a Dialect and a Table")
 	}
-	t := &Table{m: m, dialect: cfg.Dialect, table: cfg.Table, id: cfg.ID, status: cfg.Status, version: cfg.Version}
+	if cfg.Dialect == nil {
+		return nil, errors.New("fsm: TableConfig.Dialect is required (e.g. sqldialect.PostgreSQL or sqlstore.PostgreSQL)")
+	}
+	t := &Table{m: m, dialect: cfg.Dialect.Family(), table: cfg.Table, id: cfg.ID, status: cfg.Status, version: cfg.Version}
 	switch t.dialect {
-	case PostgreSQL:
+	case sqldialect.PostgreSQL:
 		t.nowExpr = "now()"
-	case MySQL:
+	case sqldialect.MySQL:
 		t.nowExpr = "CURRENT_TIMESTAMP(6)"
-	case SQLite:
+	case sqldialect.SQLite:
 		t.nowExpr = "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 	default:
-		return nil, fmt.Errorf("fsm: TableConfig.Dialect: unknown dialect %v", t.dialect)
+		return nil, fmt.Errorf("fsm: TableConfig.Dialect: unknown SQL family %v", t.dialect)
 	}
 	if t.table == "" {
 		return nil, errors.New("fsm: TableConfig.Table is required")
@@ -153,16 +131,16 @@ func NewTable(m *Machine, cfg *TableConfig) (*Table, error) {
 	// column with spaces, which a cast to text removes.
 	readStatus := t.status
 	switch t.dialect {
-	case PostgreSQL:
+	case sqldialect.PostgreSQL:
 		t.statusCmp = t.status + `::text COLLATE "C"`
 		readStatus = t.status + "::text"
-	case MySQL:
+	case sqldialect.MySQL:
 		t.statusCmp = "CAST(CONVERT(" + t.status + " USING utf8mb4) AS BINARY)"
-	case SQLite:
+	case sqldialect.SQLite:
 		t.statusCmp = t.status + " COLLATE BINARY"
 	}
 	t.selectQuery = "SELECT " + readStatus + ", " + t.version + " FROM " + t.table + " WHERE " + t.id + " = " + t.placeholder(1)
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		// Under REPEATABLE READ a plain read in a transaction sees the
 		// transaction's snapshot, older than the row the UPDATE was refused
 		// on; a locking read sees the latest committed row.
@@ -189,7 +167,7 @@ func (t *Table) Machine() *Machine { return t.m }
 
 // placeholder returns the n-th (from 1) placeholder of the dialect.
 func (t *Table) placeholder(n int) string {
-	if t.dialect == PostgreSQL {
+	if t.dialect == sqldialect.PostgreSQL {
 		return "$" + strconv.Itoa(n)
 	}
 	return "?"
@@ -203,10 +181,10 @@ type Querier interface {
 
 // Result is what a transition did.
 type Result struct {
-	// From is the state the row left, when it is known without another
-	// read: the transition had one possible source (by declaration, or
-	// through From). It is empty otherwise, and when AlreadyApplied.
-	From State
+	// Previous is the state the row left, when it is known without
+	// another read: the transition had one possible source. It is empty
+	// otherwise, and when AlreadyApplied.
+	Previous State
 	// To is the state the row is in now.
 	To State
 	// Version is the row's version now: the new one after a transition,
@@ -226,8 +204,6 @@ type Option func(*call)
 type call struct {
 	version    int64
 	hasVersion bool
-	from       []State
-	hasFrom    bool
 	sets       []set
 }
 
@@ -242,14 +218,6 @@ type set struct {
 // answers a *ConflictError.
 func IfVersion(v int64) Option {
 	return func(c *call) { c.version, c.hasVersion = v, true }
-}
-
-// From restricts the states the row may leave to states, each of which
-// must be a legal source of the target (else the call answers an
-// *IllegalTransitionError without running a statement). Given more than
-// once, the last one counts.
-func From(states ...State) Option {
-	return func(c *call) { c.from, c.hasFrom = slices.Clone(states), true }
 }
 
 // Set also sets column to value, in the same UPDATE: the column changes
@@ -267,8 +235,11 @@ func SetNow(column string) Option {
 }
 
 // Transition moves the row whose id column equals id to the state to, from
-// any state that a declared transition leads from to to (restricted by
-// From), in one conditional statement:
+// any state that a declared transition leads from to to, in one
+// conditional statement. It names a target; Fire names a transition. Use
+// Transition where the caller knows where the row must go whatever it is
+// in (a payment callback: PAID), and Fire where the move is one edge of
+// the declaration (a "cancel" that only a WAIT_PAY order may take):
 //
 //	UPDATE table SET status = to, version = version + 1 [, Set columns]
 //	WHERE id = ? AND status IN (sources) [AND version = IfVersion]
@@ -282,16 +253,17 @@ func SetNow(column string) Option {
 //
 //   - already in to: success, with Result.AlreadyApplied (whatever its
 //     version; IfVersion does not turn that into a conflict);
-//   - in another state that has no transition to to (or not in From): an
-//     *IllegalTransitionError, errors.Is ErrIllegal, naming that state;
+//   - in another state that has no transition to to: an
+//     *IllegalTransitionError, errors.Is ErrIllegal, naming that state
+//     (Current) and the states to is allowed from (Allowed);
 //   - in a legal source state: a *ConflictError, errors.Is ErrConflict —
 //     its version is not IfVersion's, or it changed between the statement
 //     and the read;
 //   - no row: ErrNotFound.
 //
 // An unknown state to answers an error that wraps ErrUnknownState; a
-// state no transition leads to, an *IllegalTransitionError; neither runs a
-// statement. Errors of the database are returned wrapped: on PostgreSQL in
+// state no transition leads to, an *IllegalTransitionError whose
+// CurrentKnown is false; neither runs a statement. Errors of the database are returned wrapped: on PostgreSQL in
 // a REPEATABLE READ or SERIALIZABLE transaction, a row updated by another
 // transaction since the snapshot gives SQLSTATE 40001
 // (serialization_failure): retry the whole transaction.
@@ -302,9 +274,11 @@ func (t *Table) Transition(ctx context.Context, q Querier, id any, to State, opt
 	return t.run(ctx, q, id, to, t.m.sources[to], opts)
 }
 
-// Fire makes the transition named name: Transition to its target, from its
-// source states only (restricted further by From). An unknown name
-// answers an error that wraps ErrUnknownTransition.
+// Fire makes the transition named name: the row moves to its target from
+// its declared sources only, even where another transition leads to the
+// same target from elsewhere. It answers as Transition does (its
+// IllegalTransitionError's Allowed are the transition's sources). An
+// unknown name answers an error that wraps ErrUnknownTransition.
 func (t *Table) Fire(ctx context.Context, q Querier, id any, name string, opts ...Option) (Result, error) {
 	tr, ok := t.m.byName[name]
 	if !ok {
@@ -322,19 +296,8 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 		}
 	}
 	sources := legal
-	if c.hasFrom {
-		if len(c.from) == 0 {
-			return Result{}, errors.New("fsm: From with no state")
-		}
-		for _, s := range c.from {
-			if !slices.Contains(legal, s) {
-				return Result{}, &IllegalTransitionError{ID: id, From: s, To: to}
-			}
-		}
-		sources = c.from
-	}
 	if len(sources) == 0 {
-		return Result{}, &IllegalTransitionError{ID: id, To: to}
+		return Result{}, &IllegalTransitionError{ID: id, Target: to}
 	}
 	query, args, err := t.update(to, sources, &c, id)
 	if err != nil {
@@ -342,7 +305,7 @@ func (t *Table) run(ctx context.Context, q Querier, id any, to State, legal []St
 	}
 	res := Result{To: to}
 	if len(sources) == 1 {
-		res.From = sources[0]
+		res.Previous = sources[0]
 	}
 
 	for attempt := 1; ; attempt++ {
@@ -382,7 +345,7 @@ func retryAlone(q Querier, err error) bool {
 // explain.
 func (t *Table) attempt(ctx context.Context, q Querier, id any, to State, sources []State, c *call, query string, args []any, res Result) (Result, error) {
 	var updated bool
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		r, err := q.ExecContext(ctx, query, args...)
 		if err != nil {
 			return Result{}, t.dbError(id, to, err)
@@ -431,9 +394,9 @@ func (t *Table) explain(ctx context.Context, q Querier, id any, to State, source
 	case cur == to:
 		return Result{To: to, Version: version, AlreadyApplied: true}, nil
 	case !slices.Contains(sources, cur):
-		return Result{}, &IllegalTransitionError{ID: id, From: cur, To: to, Version: version}
+		return Result{}, &IllegalTransitionError{ID: id, Current: cur, CurrentKnown: true, Target: to, Allowed: slices.Clone(sources), Version: version}
 	default:
-		e := &ConflictError{ID: id, State: cur, To: to, Version: version}
+		e := &ConflictError{ID: id, Current: cur, Target: to, Version: version}
 		if c.hasVersion {
 			e.Expected, e.HasExpected = c.version, true
 		}
@@ -456,7 +419,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 		return t.placeholder(len(args))
 	}
 	b.WriteString("UPDATE " + t.table + " SET " + t.status + " = " + arg(string(to)) + ", " + t.version + " = ")
-	if t.dialect == MySQL {
+	if t.dialect == sqldialect.MySQL {
 		// The new version comes back as the result's LastInsertId.
 		b.WriteString("LAST_INSERT_ID(" + t.version + " + 1)")
 	} else {
@@ -497,7 +460,7 @@ func (t *Table) update(to State, sources []State, c *call, id any) (string, []an
 	if c.hasVersion {
 		b.WriteString(" AND " + t.version + " = " + arg(c.version))
 	}
-	if t.dialect != MySQL {
+	if t.dialect != sqldialect.MySQL {
 		b.WriteString(" RETURNING " + t.version)
 	}
 	return b.String(), args, nil

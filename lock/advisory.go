@@ -24,32 +24,60 @@ func PGAdvisoryKey(name string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
+// The advisory-lock helpers have one shape: (ctx, the transaction or
+// session the lock belongs to, the lock's name). The name is the lock's
+// identity in every helper (PostgreSQL's are keyed by PGAdvisoryKey(name));
+// ctx bounds every wait, and the Try variants do not wait: they answer an
+// error matching ErrHeld. A lock scoped to a transaction ends with it and
+// returns only an error; a lock scoped to a session returns its release.
+// An empty or invalid name is ErrInvalidName.
+
 // PGAdvisoryXactLock takes PostgreSQL's transaction-level advisory lock
-// key (pg_advisory_xact_lock) in tx, waiting while another transaction
-// holds it, at most until ctx ends. The lock is released when tx commits
-// or rolls back; there is no release call. It excludes only other takers
-// of the same key (it does not lock any row), and a transaction holding
-// it keeps it for as long as it runs: keep such transactions short. The
-// driver must be PostgreSQL's ($1 placeholders: pgx, lib/pq).
-func PGAdvisoryXactLock(ctx context.Context, tx *sql.Tx, key int64) error {
+// on PGAdvisoryKey(name) (pg_advisory_xact_lock) in tx, waiting while
+// another transaction holds it, until ctx ends (the error then matches
+// ErrHeld and ctx's error). The lock is released when tx commits or rolls
+// back; there is no release call. It excludes only other takers of the
+// same key (it does not lock any row), and a transaction holding it keeps
+// it for as long as it runs: keep such transactions short. The driver
+// must be PostgreSQL's ($1 placeholders: pgx, lib/pq).
+func PGAdvisoryXactLock(ctx context.Context, tx *sql.Tx, name string) error {
+	key, err := pgKey(name)
+	if err != nil {
+		return err
+	}
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", key); err != nil {
-		return fmt.Errorf("lock: pg_advisory_xact_lock(%d): %w", key, err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("lock: pg_advisory_xact_lock(%q): %w (%w)", name, ErrHeld, context.Cause(ctx))
+		}
+		return fmt.Errorf("lock: pg_advisory_xact_lock(%q): %w", name, err)
 	}
 	return nil
 }
 
 // PGTryAdvisoryXactLock is PGAdvisoryXactLock without the wait
 // (pg_try_advisory_xact_lock): ErrHeld when another transaction holds
-// key.
-func PGTryAdvisoryXactLock(ctx context.Context, tx *sql.Tx, key int64) error {
+// the lock.
+func PGTryAdvisoryXactLock(ctx context.Context, tx *sql.Tx, name string) error {
+	key, err := pgKey(name)
+	if err != nil {
+		return err
+	}
 	var ok bool
 	if err := tx.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", key).Scan(&ok); err != nil {
-		return fmt.Errorf("lock: pg_try_advisory_xact_lock(%d): %w", key, err)
+		return fmt.Errorf("lock: pg_try_advisory_xact_lock(%q): %w", name, err)
 	}
 	if !ok {
-		return fmt.Errorf("lock: pg advisory key %d: %w", key, ErrHeld)
+		return fmt.Errorf("lock: pg advisory lock %q: %w", name, ErrHeld)
 	}
 	return nil
+}
+
+// pgKey validates name and returns its key.
+func pgKey(name string) (int64, error) {
+	if name == "" || !utf8.ValidString(name) {
+		return 0, fmt.Errorf("%w: a PostgreSQL advisory lock name is non-empty valid UTF-8", ErrInvalidName)
+	}
+	return PGAdvisoryKey(name), nil
 }
 
 // MaxMySQLLockName is the longest name MySQL's GET_LOCK accepts, in
@@ -62,12 +90,13 @@ const MaxMySQLLockName = 64
 const mysqlNoTimeout = 365 * 24 * 3600
 
 // MySQLGetLock takes MySQL's (or MariaDB's) named lock name with GET_LOCK
-// on conn's session, waiting up to timeout (rounded up to whole seconds;
-// 0 tries once; negative waits without limit: a year, MySQL's own bound
-// for a negative timeout, sent as such because MariaDB answers a negative
-// timeout with NULL), and at most until ctx ends. It returns ErrHeld if another session still held the lock when
-// the wait ended. GET_LOCK answering NULL (an error in the server, the
-// session killed) is an error.
+// on conn's session, waiting while another session holds it, until ctx
+// ends: the server waits until ctx's deadline (rounded up to whole
+// seconds; a year, MySQL's own bound, without one), and the error then
+// matches ErrHeld (and ctx's error once ctx has ended; the driver may then
+// have closed conn, which ends its session). GET_LOCK
+// answering NULL (an error in the server, the session killed) is an
+// error.
 //
 // The lock belongs to conn's session: release it with the returned func
 // (RELEASE_LOCK, on conn; ErrNotHeld when the session no longer holds
@@ -81,22 +110,39 @@ const mysqlNoTimeout = 365 * 24 * 3600
 // dies, the server frees the lock while the program may still believe it
 // holds it. It has no fencing token; pair it with one (a Locker) where a
 // resource must refuse a stale holder.
-func MySQLGetLock(ctx context.Context, conn *sql.Conn, name string, timeout time.Duration) (release func(context.Context) error, err error) {
+func MySQLGetLock(ctx context.Context, conn *sql.Conn, name string) (release func(context.Context) error, err error) {
+	secs := int64(mysqlNoTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		secs = max(0, int64(math.Ceil(time.Until(d).Seconds())))
+	}
+	return mysqlGetLock(ctx, conn, name, secs)
+}
+
+// MySQLTryGetLock is MySQLGetLock without the wait (GET_LOCK with a
+// timeout of 0): ErrHeld when another session holds the lock.
+func MySQLTryGetLock(ctx context.Context, conn *sql.Conn, name string) (release func(context.Context) error, err error) {
+	return mysqlGetLock(ctx, conn, name, 0)
+}
+
+// mysqlGetLock runs GET_LOCK(name, secs) on conn.
+func mysqlGetLock(ctx context.Context, conn *sql.Conn, name string, secs int64) (func(context.Context) error, error) {
 	if name == "" || utf8.RuneCountInString(name) > MaxMySQLLockName || !utf8.ValidString(name) {
 		return nil, fmt.Errorf("%w: a MySQL lock name is 1 to %d characters of valid UTF-8", ErrInvalidName, MaxMySQLLockName)
 	}
-	secs := int64(mysqlNoTimeout)
-	if timeout >= 0 {
-		secs = int64(math.Ceil(timeout.Seconds()))
-	}
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", name, secs).Scan(&got); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("lock: GET_LOCK(%q): %w (%w)", name, ErrHeld, context.Cause(ctx))
+		}
 		return nil, fmt.Errorf("lock: GET_LOCK(%q): %w", name, err)
 	}
 	switch {
 	case !got.Valid:
 		return nil, fmt.Errorf("lock: GET_LOCK(%q) returned NULL (an error in the server, or the session was killed)", name)
 	case got.Int64 != 1:
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("lock: GET_LOCK(%q): %w (%w)", name, ErrHeld, context.Cause(ctx))
+		}
 		return nil, fmt.Errorf("lock: GET_LOCK(%q): %w", name, ErrHeld)
 	}
 	return func(ctx context.Context) error {

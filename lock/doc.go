@@ -54,13 +54,26 @@
 // Each backend keeps one small record per name ever acquired (the fence
 // must outlive the lease), so lock names should come from a bounded set.
 //
+// # Shapes
+//
+// New(b Backend, cfg *Config) (*Locker, error): a nil cfg means the
+// defaults, and cfg is copied. *Locker is an [Acquirer]; TryAcquire and
+// Acquire return a [Lease], an interface, so that code taking a lock can
+// be tested with fakes of both (only a Locker makes real leases). A
+// Backend's tests run the shared suite locktest.Run. Errors are sentinels
+// matched with errors.Is (ErrHeld, ErrNotHeld, ErrLost, ErrMaxHold,
+// ErrReleased, ErrInvalidName), wrapped with the lock's name.
+//
 // # Advisory locks
 //
 // PGAdvisoryXactLock and PGTryAdvisoryXactLock take PostgreSQL's
 // transaction-level advisory locks (PGAdvisoryKey maps a name to a key),
-// and MySQLGetLock MySQL's GET_LOCK on a session. They last as long as a
-// transaction or a session, not a lease, and have no fence: they suit
-// work that happens inside that transaction or session.
+// and MySQLGetLock and MySQLTryGetLock MySQL's GET_LOCK on a session.
+// They have one shape: (ctx, the tx or conn, name); ctx bounds the wait,
+// the Try variants do not wait and answer ErrHeld, a session's lock comes
+// with its release. They last as long as a transaction or a session, not
+// a lease, and have no fence: they suit work that happens inside that
+// transaction or session.
 //
 // # Writing a backend
 //

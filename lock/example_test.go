@@ -164,7 +164,7 @@ func ExamplePGAdvisoryXactLock() {
 		log.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := lock.PGAdvisoryXactLock(ctx, tx, lock.PGAdvisoryKey("monthly-invoices")); err != nil {
+	if err := lock.PGAdvisoryXactLock(ctx, tx, "monthly-invoices"); err != nil {
 		log.Fatal(err)
 	}
 	// … the work, in tx; the lock ends with the transaction.
@@ -180,7 +180,7 @@ func ExamplePGTryAdvisoryXactLock() {
 		log.Fatal(err)
 	}
 	defer tx.Rollback()
-	err = lock.PGTryAdvisoryXactLock(ctx, tx, lock.PGAdvisoryKey("monthly-invoices"))
+	err = lock.PGTryAdvisoryXactLock(ctx, tx, "monthly-invoices")
 	if errors.Is(err, lock.ErrHeld) {
 		return // another transaction does the work
 	}
@@ -198,9 +198,29 @@ func ExampleMySQLGetLock() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
-	release, err := lock.MySQLGetLock(ctx, conn, "shop:monthly-invoices", 5*time.Second)
+	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	release, err := lock.MySQLGetLock(wait, conn, "shop:monthly-invoices")
 	if errors.Is(err, lock.ErrHeld) {
 		return // still held by another session after 5 s
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer release(ctx)
+	// … the work.
+}
+
+func ExampleMySQLTryGetLock() {
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	release, err := lock.MySQLTryGetLock(ctx, conn, "shop:monthly-invoices")
+	if errors.Is(err, lock.ErrHeld) {
+		return // another session does the work
 	}
 	if err != nil {
 		log.Fatal(err)

@@ -15,16 +15,49 @@ import (
 
 // Lease is a held lock: its name, owner token and fence, and a watchdog
 // that renews it every third of the TTL until Release, the maximum hold,
-// or its loss. Its methods are safe for concurrent use.
+// or its loss. The Leases of a Locker are safe for concurrent use.
 //
-// The lease's end is estimated on the local clock, conservatively: from
-// just before the call that confirmed it was sent, so the holder believes
-// it holds the lock for less time than the backend grants (up to the
-// drift between the clocks over one TTL). Done closes, and the contexts
-// of Context are cancelled, at that estimated end unless a renewal was
+// A Lease's end is estimated on the local clock, conservatively: from just
+// before the call that confirmed it was sent, so the holder believes it
+// holds the lock for less time than the backend grants (up to the drift
+// between the clocks over one TTL). Done closes, and the contexts of
+// Context are cancelled, at that estimated end unless a renewal was
 // confirmed before it, whether or not the renewal is still waiting for
 // its answer.
-type Lease struct {
+//
+// Lease is an interface so that code holding one can be tested with a
+// fake (a lease whose Context never ends, a fence of the test's choice);
+// only Locker makes real ones. The methods' contracts are those of the
+// Locker's leases, documented on each.
+type Lease interface {
+	// Name returns the lock's name.
+	Name() string
+	// Owner returns the lease's owner token (128 random bits, hex).
+	Owner() string
+	// Fence returns the lease's fencing token: greater than that of
+	// every earlier lease of the name. Present it to the resource the
+	// lock protects, which must refuse a write with a fence lower than
+	// one it has seen (UPDATE … WHERE last_fence < fence).
+	Fence() int64
+	// Done returns a channel closed when the lease ends: lost, run out
+	// at the maximum hold, or released. Err then says which.
+	Done() <-chan struct{}
+	// Err returns nil while the lease is held, and once it ended
+	// ErrLost, ErrMaxHold or ErrReleased.
+	Err() error
+	// Context returns a context derived from parent that is also
+	// cancelled when the lease ends, with its Err as the cause. Call the
+	// CancelFunc when done with it.
+	Context(parent context.Context) (context.Context, context.CancelFunc)
+	// Release ends the lease and frees the lock; ErrNotHeld when the
+	// backend no longer held it for this lease.
+	Release(ctx context.Context) error
+}
+
+var _ Lease = (*heldLease)(nil)
+
+// heldLease is the Lease a Locker hands out, with its watchdog.
+type heldLease struct {
 	lk          *Locker
 	name, owner string
 	fence       int64
@@ -60,9 +93,9 @@ type Lease struct {
 }
 
 // start returns the running lease of an Acquire sent at sent.
-func (l *Locker) start(name, owner string, fence int64, sent time.Time) *Lease {
+func (l *Locker) start(name, owner string, fence int64, sent time.Time) *heldLease {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	e := &Lease{lk: l, name: name, owner: owner, fence: fence, ctx: ctx, cancel: cancel, base: sent}
+	e := &heldLease{lk: l, name: name, owner: owner, fence: fence, ctx: ctx, cancel: cancel, base: sent}
 	e.validUntil = sent.Add(l.cfg.TTL)
 	if l.cfg.MaxHold > 0 {
 		e.maxUntil = sent.Add(l.cfg.MaxHold)
@@ -78,20 +111,20 @@ func (l *Locker) start(name, owner string, fence int64, sent time.Time) *Lease {
 }
 
 // Name returns the lock's name.
-func (e *Lease) Name() string { return e.name }
+func (e *heldLease) Name() string { return e.name }
 
 // Owner returns the lease's owner token (128 random bits, hex).
-func (e *Lease) Owner() string { return e.owner }
+func (e *heldLease) Owner() string { return e.owner }
 
 // Fence returns the lease's fencing token: greater than that of every
 // earlier lease of the name. Present it to the resource the lock
 // protects, which must refuse a write with a fence lower than one it has
 // seen (UPDATE … WHERE last_fence < fence).
-func (e *Lease) Fence() int64 { return e.fence }
+func (e *heldLease) Fence() int64 { return e.fence }
 
 // Done returns a channel closed when the lease ends: lost, run out at the
 // maximum hold, or released. Err then says which.
-func (e *Lease) Done() <-chan struct{} { return e.ctx.Done() }
+func (e *heldLease) Done() <-chan struct{} { return e.ctx.Done() }
 
 // Err returns nil while the lease is held, and after Done closed
 // ErrLost, ErrMaxHold or ErrReleased. It checks the clock: past the end
@@ -101,7 +134,7 @@ func (e *Lease) Done() <-chan struct{} { return e.ctx.Done() }
 // monotonic clock, which stood still, has caught up), so work that checks
 // Err before its effect never goes on past the lease. The time passed is
 // the larger of the monotonic and the wall clock's.
-func (e *Lease) Err() error {
+func (e *heldLease) Err() error {
 	if e.ctx.Err() == nil {
 		due := time.Duration(e.due.Load())
 		if time.Since(e.base) < due && wallNow().UnixNano() < e.wallDue.Load() {
@@ -119,7 +152,7 @@ func (e *Lease) Err() error {
 // when the lease ends, with its Err (ErrLost, ErrMaxHold, ErrReleased) as
 // the cause (context.Cause). Its Err checks the clock as the lease's Err
 // does. Call the CancelFunc when done with it.
-func (e *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+func (e *heldLease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	stop := context.AfterFunc(e.ctx, func() { cancel(context.Cause(e.ctx)) })
 	c := &leaseContext{Context: ctx, lease: e, cancel: cancel}
@@ -133,7 +166,7 @@ func (e *Lease) Context(parent context.Context) (context.Context, context.Cancel
 // lease has ended (AfterFunc's goroutine may not have run yet).
 type leaseContext struct {
 	context.Context
-	lease  *Lease
+	lease  *heldLease
 	cancel context.CancelCauseFunc
 }
 
@@ -154,7 +187,7 @@ func (c *leaseContext) Err() error {
 // Any other error means the backend did not answer: the lock is left to
 // run out at the end of its lease. A renewal in flight is cancelled, not
 // waited for.
-func (e *Lease) Release(ctx context.Context) error {
+func (e *heldLease) Release(ctx context.Context) error {
 	e.mu.Lock()
 	if e.released {
 		e.mu.Unlock()
@@ -183,19 +216,19 @@ func (e *Lease) Release(ctx context.Context) error {
 
 // nextWake is how long the watchdog sleeps: a third of the TTL, or less
 // to meet the end of the lease. mu held.
-func (e *Lease) nextWake(now time.Time) time.Duration {
+func (e *heldLease) nextWake(now time.Time) time.Duration {
 	return max(min(e.lk.cfg.TTL/3, e.validUntil.Sub(now)), 0)
 }
 
 // wake sets the timer to fire after d. mu held.
-func (e *Lease) wake(now time.Time, d time.Duration) {
+func (e *heldLease) wake(now time.Time, d time.Duration) {
 	e.wakeAt = now.Add(d)
 	e.setDue()
 	e.timer.Reset(d)
 }
 
 // setDue publishes when the lease ends, for Err. mu held.
-func (e *Lease) setDue() {
+func (e *heldLease) setDue() {
 	if e.over {
 		e.due.Store(math.MaxInt64)
 		e.wallDue.Store(math.MaxInt64)
@@ -210,7 +243,7 @@ func (e *Lease) setDue() {
 // renewal could take it (to within a millisecond), whether or not a run
 // of the watchdog found it so before the end (its timer may run late).
 // mu held.
-func (e *Lease) endCause() error {
+func (e *heldLease) endCause() error {
 	if e.final || !e.maxUntil.IsZero() && e.maxUntil.Sub(e.validUntil) < time.Millisecond {
 		return ErrMaxHold
 	}
@@ -223,7 +256,7 @@ func (e *Lease) endCause() error {
 // context is cancelled here, under mu, not after: Err answers from the
 // context once the watchdog is over, and must never find it over and the
 // context still live.
-func (e *Lease) endWatch(cause error) {
+func (e *heldLease) endWatch(cause error) {
 	e.cancel(cause)
 	e.over = true
 	e.epoch++
@@ -238,7 +271,7 @@ func (e *Lease) endWatch(cause error) {
 
 // expire ends the lease if the lease last confirmed has ended while the
 // watchdog runs (what tick does when its timer fires then).
-func (e *Lease) expire() {
+func (e *heldLease) expire() {
 	e.mu.Lock()
 	if e.over || !e.ended(time.Now()) {
 		e.mu.Unlock()
@@ -260,7 +293,7 @@ func (e *Lease) expire() {
 // lease when the backend refuses it or the answer came after the lease
 // had ended. When the maximum hold allows no renewal that would extend
 // the lease, the timer is set to its end.
-func (e *Lease) tick() {
+func (e *heldLease) tick() {
 	cfg := &e.lk.cfg
 	e.mu.Lock()
 	if e.over {
@@ -350,7 +383,7 @@ func (e *Lease) tick() {
 
 // report logs what the watchdog found (err: a renewal's error), and ends
 // the lease with cause if it is set.
-func (e *Lease) report(cause, err error) {
+func (e *heldLease) report(cause, err error) {
 	log := e.lk.cfg.Logger
 	ctx := context.Background()
 	switch {
@@ -378,7 +411,7 @@ func (e *Lease) report(cause, err error) {
 // and the monotonic clock (Linux's CLOCK_MONOTONIC) stands still, as the
 // backend's clock goes on. A step of the wall clock forward ends the
 // lease early, never late. mu held.
-func (e *Lease) ended(now time.Time) bool {
+func (e *heldLease) ended(now time.Time) bool {
 	return !now.Before(e.validUntil) || !wallNow().Before(e.validUntil.Round(0))
 }
 

@@ -111,6 +111,19 @@ type Config struct {
 	Route func(name string) string
 }
 
+// An Acquirer hands out Leases: *Locker is one. Accept an Acquirer where
+// code takes a lock and its tests need a fake (one that grants every
+// call, or hands out leases of its own); use a Locker everywhere else.
+type Acquirer interface {
+	// TryAcquire makes one attempt at the lock name: a Lease, or an
+	// error matching ErrHeld when another owner holds it.
+	TryAcquire(ctx context.Context, name string) (Lease, error)
+	// Acquire waits for the lock name until it gets it or ctx ends.
+	Acquire(ctx context.Context, name string) (Lease, error)
+}
+
+var _ Acquirer = (*Locker)(nil)
+
 // Locker acquires leases on a Backend and renews them while they are
 // held. It is safe for concurrent use.
 type Locker struct {
@@ -195,7 +208,7 @@ func NewOwner() string {
 // ErrHeld when another owner holds it. The attempt is bounded by ctx and
 // by the TTL (an answer later than that would bring a lease already
 // over).
-func (l *Locker) TryAcquire(ctx context.Context, name string) (*Lease, error) {
+func (l *Locker) TryAcquire(ctx context.Context, name string) (Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -212,7 +225,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // both ErrHeld and ctx's error. An error of the backend other than
 // ErrHeld is returned at once, except an attempt that ran out of its own
 // bound (the TTL), which is retried.
-func (l *Locker) Acquire(ctx context.Context, name string) (*Lease, error) {
+func (l *Locker) Acquire(ctx context.Context, name string) (Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -261,7 +274,7 @@ var errAttemptTimeout = errors.New("lock: no answer within the TTL")
 
 // attempt makes one Acquire on the backend and starts the lease's
 // watchdog.
-func (l *Locker) attempt(ctx context.Context, name string) (*Lease, error) {
+func (l *Locker) attempt(ctx context.Context, name string) (*heldLease, error) {
 	owner := NewOwner()
 	ttl := l.cfg.TTL
 	sent := time.Now() // the backend counts the lease from no earlier than this

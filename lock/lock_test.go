@@ -111,7 +111,7 @@ func newLocker(t *testing.T, b lock.Backend, cfg lock.Config) *lock.Locker {
 	return l
 }
 
-func waitDone(t *testing.T, l *lock.Lease) {
+func waitDone(t *testing.T, l lock.Lease) {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -121,7 +121,7 @@ func waitDone(t *testing.T, l *lock.Lease) {
 }
 
 // takeJob takes the lock "job", or fails t.
-func takeJob(t *testing.T, l *lock.Locker) *lock.Lease {
+func takeJob(t *testing.T, l *lock.Locker) lock.Lease {
 	t.Helper()
 	lease, err := l.TryAcquire(t.Context(), "job")
 	if err != nil {

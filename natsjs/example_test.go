@@ -27,7 +27,7 @@ func ExampleConsumer() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	var db *sql.DB          // the shop's database (PostgreSQL here)
-	var store inbox.TxStore // sqlstore.NewInboxStore(db, sqlstore.PostgreSQL), migrated
+	var store inbox.TxStore // sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: sqlstore.PostgreSQL}), migrated
 	in, err := inbox.New(store, &inbox.Config{Group: "loyalty", MaxAttempts: 5})
 	if err != nil {
 		log.Fatal(err)

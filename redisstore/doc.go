@@ -5,6 +5,15 @@
 //	store, err := redisstore.New(client, nil)
 //	guard, err := idem.NewGuard(store, nil)
 //
+// # Shapes
+//
+// Every constructor is NewX(client, cfg *XConfig) (*X, error): New
+// (*Config), NewTokenStore (*TokenConfig), NewLockBackend (*LockConfig),
+// NewInboxStore (*InboxConfig). A nil cfg means the defaults (the
+// DefaultPrefix, …); cfg is copied; an invalid field is refused with an
+// error naming it. Nothing is sent to the server, except New's read of
+// the eviction policy.
+//
 // # Records and keys
 //
 // A record is one hash named

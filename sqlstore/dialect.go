@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idem/sqldialect"
 )
 
 // Dialect is the SQL flavour a Store speaks: its statements, its migrations
@@ -20,9 +22,17 @@ import (
 //
 // A dialect's statements live in queries/NAME.sql and its migrations in
 // migrations/NAME/NNNN_description.sql, where NAME is its String.
+//
+// A Dialect is also a sqldialect.Dialect: its Family names its SQL family,
+// so that one value configures sqlstore and the packages of the core
+// module that write SQL (fsm.TableConfig.Dialect takes sqlstore.PostgreSQL
+// as it is).
 type Dialect interface {
 	// String returns the dialect's name: "sqlite", "postgres" or "mysql".
 	String() string
+	// Family returns the dialect's SQL family: sqldialect.PostgreSQL,
+	// sqldialect.MySQL or sqldialect.SQLite.
+	Family() sqldialect.Family
 
 	// statements returns the parsed queries/NAME.sql.
 	statements() *statements

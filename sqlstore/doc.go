@@ -24,6 +24,17 @@
 //	db, err := sql.Open("mysql", "app:secret@tcp(db:3306)/app")
 //	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: sqlstore.MySQL})
 //
+// # Shapes
+//
+// Every constructor is NewX(db *sql.DB, cfg *XConfig) (*X, error): New,
+// NewTokenStore, NewLockBackend and NewInboxStore take a *Config,
+// NewOutboxStore an *OutboxConfig. The Dialect is required (a nil cfg, or
+// one without it, is refused with an error naming Config.Dialect); cfg
+// is copied. A Dialect is also a sqldialect.Dialect: pass sqlstore.PostgreSQL
+// to fsm.TableConfig as it is. Errors are sentinels (ErrClosed, …)
+// matched with errors.Is; [Retryable] classifies the database's
+// serialisation failures and deadlocks.
+//
 // # Schema
 //
 // Migrate creates idem_records, one row per (scope, idempotency_key) with

@@ -30,7 +30,7 @@ func ExampleInboxStore() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	store, err := sqlstore.NewInboxStore(db, sqlstore.SQLite)
+	store, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
 	if err != nil {
 		log.Fatal(err)
 	}

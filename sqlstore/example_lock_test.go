@@ -28,7 +28,7 @@ func ExampleNewLockBackend() {
 	}
 	defer db.Close()
 
-	backend, err := sqlstore.NewLockBackend(db, sqlstore.SQLite)
+	backend, err := sqlstore.NewLockBackend(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
 	if err != nil {
 		log.Fatal(err)
 	}

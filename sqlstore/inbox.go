@@ -80,6 +80,7 @@ const inboxAttempts = 8
 type InboxStore struct {
 	db      *sql.DB
 	d       Dialect
+	cfg     Config // a copy of NewInboxStore's
 	st      *inboxStatements
 	cache   *stmtCache
 	cleanup runtime.Cleanup
@@ -87,16 +88,18 @@ type InboxStore struct {
 
 var _ inbox.TxStore = (*InboxStore)(nil)
 
-// NewInboxStore returns an InboxStore over db, which speaks d. It does
-// not touch the database: run Migrate before first use.
-func NewInboxStore(db *sql.DB, d Dialect) (*InboxStore, error) {
+// NewInboxStore returns an InboxStore over db. cfg is required (for its
+// Dialect) and is copied; its Logger receives the migrations Migrate
+// applies. It does not touch the database: run Migrate before first use.
+func NewInboxStore(db *sql.DB, cfg *Config) (*InboxStore, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: NewInboxStore: nil *sql.DB")
 	}
-	if d == nil {
-		return nil, errors.New("sqlstore: NewInboxStore: nil Dialect (e.g. sqlstore.PostgreSQL)")
+	if cfg == nil || cfg.Dialect == nil {
+		return nil, errors.New("sqlstore: NewInboxStore: Config.Dialect is required (e.g. sqlstore.PostgreSQL)")
 	}
-	s := &InboxStore{db: db, d: d, st: &d.statements().inbox, cache: newStmtCache(db, numInboxQueries)}
+	c := *cfg
+	s := &InboxStore{db: db, d: c.Dialect, cfg: c, st: &c.Dialect.statements().inbox, cache: newStmtCache(db, numInboxQueries)}
 	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
 }
@@ -104,7 +107,7 @@ func NewInboxStore(db *sql.DB, d Dialect) (*InboxStore, error) {
 // Migrate applies the package's migrations, idem_inbox among them (the
 // same as Store.Migrate), and prepares the InboxStore's statements.
 func (s *InboxStore) Migrate(ctx context.Context) error {
-	st, err := New(s.db, &Config{Dialect: s.d})
+	st, err := New(s.db, &s.cfg)
 	if err != nil {
 		return err
 	}

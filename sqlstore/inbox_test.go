@@ -54,7 +54,7 @@ func inboxSetup(t *testing.T, srv server) (*sql.DB, string, *sqlstore.InboxStore
 
 func newInboxStore(t testing.TB, db *sql.DB, d sqlstore.Dialect) *sqlstore.InboxStore {
 	t.Helper()
-	s, err := sqlstore.NewInboxStore(db, d)
+	s, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,7 @@ const lockAcquireAttempts = 5
 type LockBackend struct {
 	db      *sql.DB
 	d       Dialect
+	cfg     Config // a copy of NewLockBackend's
 	st      *lockStatements
 	cache   *stmtCache
 	cleanup runtime.Cleanup
@@ -67,17 +68,19 @@ type LockBackend struct {
 
 var _ lock.Backend = (*LockBackend)(nil)
 
-// NewLockBackend returns a LockBackend over db, which speaks d. It does
-// not touch the database: run Migrate (the Store's or the LockBackend's)
-// before first use.
-func NewLockBackend(db *sql.DB, d Dialect) (*LockBackend, error) {
+// NewLockBackend returns a LockBackend over db. cfg is required (for its
+// Dialect) and is copied; its Logger receives the migrations Migrate
+// applies. It does not touch the database: run Migrate (the Store's or
+// the LockBackend's) before first use.
+func NewLockBackend(db *sql.DB, cfg *Config) (*LockBackend, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: NewLockBackend: nil *sql.DB")
 	}
-	if d == nil {
-		return nil, errors.New("sqlstore: NewLockBackend: nil Dialect (e.g. sqlstore.PostgreSQL)")
+	if cfg == nil || cfg.Dialect == nil {
+		return nil, errors.New("sqlstore: NewLockBackend: Config.Dialect is required (e.g. sqlstore.PostgreSQL)")
 	}
-	b := &LockBackend{db: db, d: d, st: &d.statements().lock, cache: newStmtCache(db, numLockQueries)}
+	c := *cfg
+	b := &LockBackend{db: db, d: c.Dialect, cfg: c, st: &c.Dialect.statements().lock, cache: newStmtCache(db, numLockQueries)}
 	b.cleanup = runtime.AddCleanup(b, (*stmtCache).close, b.cache)
 	return b, nil
 }
@@ -85,7 +88,7 @@ func NewLockBackend(db *sql.DB, d Dialect) (*LockBackend, error) {
 // Migrate applies the package's migrations, idem_locks among them: the
 // same as Store.Migrate.
 func (b *LockBackend) Migrate(ctx context.Context) error {
-	s, err := New(b.db, &Config{Dialect: b.d})
+	s, err := New(b.db, &b.cfg)
 	if err != nil {
 		return err
 	}

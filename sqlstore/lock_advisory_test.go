@@ -36,7 +36,7 @@ func TestPGAdvisoryXactLock(t *testing.T) {
 	t.Parallel()
 	db := servers[0].open(t, "")
 	ctx := t.Context()
-	key := lock.PGAdvisoryKey(randomName("advisory-"))
+	key := randomName("advisory-")
 	begin := func() *sql.Tx {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, nil)
@@ -53,15 +53,24 @@ func TestPGAdvisoryXactLock(t *testing.T) {
 	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("try while held = %v, want ErrHeld", err)
 	}
-	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key+1); err != nil {
-		t.Fatalf("try of another key = %v", err)
+	if err := lock.PGTryAdvisoryXactLock(ctx, t2, key+"-other"); err != nil {
+		t.Fatalf("try of another name = %v", err)
+	}
+	// The name's key is PGAdvisoryKey's: SQL of another language takes
+	// the same lock.
+	var ok bool
+	if err := t2.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock($1)", lock.PGAdvisoryKey(key)).Scan(&ok); err != nil || ok {
+		t.Fatalf("pg_try_advisory_xact_lock(PGAdvisoryKey(name)) while held = %v, %v; want false", ok, err)
+	}
+	if err := lock.PGTryAdvisoryXactLock(ctx, t2, ""); !errors.Is(err, lock.ErrInvalidName) {
+		t.Errorf("empty name = %v, want ErrInvalidName", err)
 	}
 	// A waiter ends with its context.
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	t3 := begin()
-	if err := lock.PGAdvisoryXactLock(short, t3, key); err == nil {
-		t.Fatal("PGAdvisoryXactLock while held returned nil")
+	if err := lock.PGAdvisoryXactLock(short, t3, key); !errors.Is(err, lock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("PGAdvisoryXactLock while held until ctx ends = %v, want ErrHeld and DeadlineExceeded", err)
 	}
 	// A waiter gets it when the holder's transaction ends.
 	got := make(chan error, 1)
@@ -98,7 +107,7 @@ func TestMySQLGetLock(t *testing.T) {
 	}
 	name := randomName("idemtest:")
 	c1, c2 := conn(), conn()
-	release, err := lock.MySQLGetLock(ctx, c1, name, 0)
+	release, err := lock.MySQLTryGetLock(ctx, c1, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,15 +115,25 @@ func TestMySQLGetLock(t *testing.T) {
 	if err := c2.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder); err != nil || !holder.Valid {
 		t.Fatalf("IS_USED_LOCK: %v, %v", holder, err)
 	}
-	if _, err := lock.MySQLGetLock(ctx, c2, name, 0); !errors.Is(err, lock.ErrHeld) {
+	if _, err := lock.MySQLTryGetLock(ctx, c2, name); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("GET_LOCK while held = %v, want ErrHeld", err)
+	}
+	// A wait bounded by ctx's deadline ends with it: the server waits
+	// that long (rounded up to a second).
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	c3 := conn()
+	if _, err := lock.MySQLGetLock(short, c3, name); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("GET_LOCK while held until ctx's deadline = %v, want ErrHeld", err)
 	}
 	// A waiter gets it once the holder releases.
 	got := make(chan error, 1)
 	var release2 func(context.Context) error
 	go func() {
 		var err error
-		release2, err = lock.MySQLGetLock(ctx, c2, name, 10*time.Second)
+		wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		release2, err = lock.MySQLGetLock(wait, c2, name)
 		got <- err
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -134,18 +153,19 @@ func TestMySQLGetLock(t *testing.T) {
 		t.Fatalf("IS_USED_LOCK after release: %v, %v", holder, err)
 	}
 	for _, bad := range []string{"", strings.Repeat("x", lock.MaxMySQLLockName+1)} {
-		if _, err := lock.MySQLGetLock(ctx, c1, bad, 0); !errors.Is(err, lock.ErrInvalidName) {
+		if _, err := lock.MySQLTryGetLock(ctx, c1, bad); !errors.Is(err, lock.ErrInvalidName) {
 			t.Errorf("GET_LOCK(%d bytes) = %v, want ErrInvalidName", len(bad), err)
 		}
 	}
-	if _, err := lock.MySQLGetLock(ctx, c1, strings.Repeat("é", lock.MaxMySQLLockName), 0); err != nil {
+	if _, err := lock.MySQLTryGetLock(ctx, c1, strings.Repeat("é", lock.MaxMySQLLockName)); err != nil {
 		t.Errorf("GET_LOCK of 64 characters: %v", err)
 	}
 }
 
-// A negative timeout waits for the lock however long the holder keeps it
-// (MariaDB refuses GET_LOCK's negative timeouts, which MySQL reads as no
-// limit, with a NULL answer): on a free lock, and behind a holder.
+// A ctx without a deadline waits for the lock however long the holder
+// keeps it (MariaDB refuses GET_LOCK's negative timeouts, which MySQL
+// reads as no limit, with a NULL answer): on a free lock, and behind a
+// holder.
 func TestMySQLGetLockNoTimeout(t *testing.T) {
 	t.Parallel()
 	db := servers[1].open(t, "")
@@ -161,7 +181,7 @@ func TestMySQLGetLockNoTimeout(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c2.Close() })
 	name := randomName("idemtest:")
-	release, err := lock.MySQLGetLock(ctx, c1, name, -1)
+	release, err := lock.MySQLGetLock(ctx, c1, name)
 	if err != nil {
 		t.Fatalf("GET_LOCK without a timeout on a free lock: %v", err)
 	}
@@ -169,7 +189,7 @@ func TestMySQLGetLockNoTimeout(t *testing.T) {
 	var release2 func(context.Context) error
 	go func() {
 		var err error
-		release2, err = lock.MySQLGetLock(ctx, c2, name, -time.Second)
+		release2, err = lock.MySQLGetLock(ctx, c2, name)
 		got <- err
 	}()
 	// The waiter is queued on the server before the holder lets go.

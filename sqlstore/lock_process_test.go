@@ -153,7 +153,7 @@ func lockChild(t *testing.T, dialect string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := sqlstore.NewLockBackend(db, srv.dialect)
+	b, err := sqlstore.NewLockBackend(db, &sqlstore.Config{Dialect: srv.dialect})
 	if err != nil {
 		t.Fatal(err)
 	}

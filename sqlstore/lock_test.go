@@ -47,7 +47,7 @@ func lockDB(t testing.TB, srv server) (*sql.DB, string) {
 
 func newLockBackend(t testing.TB, db *sql.DB, d sqlstore.Dialect) *sqlstore.LockBackend {
 	t.Helper()
-	b, err := sqlstore.NewLockBackend(db, d)
+	b, err := sqlstore.NewLockBackend(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +97,16 @@ func TestLockConformanceSimultaneousAssignment(t *testing.T) {
 
 func TestNewLockBackendRejects(t *testing.T) {
 	t.Parallel()
-	if _, err := sqlstore.NewLockBackend(nil, sqlstore.SQLite); err == nil {
+	if _, err := sqlstore.NewLockBackend(nil, &sqlstore.Config{Dialect: sqlstore.SQLite}); err == nil {
 		t.Error("nil db accepted")
 	}
-	if _, err := sqlstore.NewLockBackend(&sql.DB{}, nil); err == nil {
-		t.Error("nil dialect accepted")
+	for _, cfg := range []*sqlstore.Config{nil, {}} {
+		if _, err := sqlstore.NewLockBackend(&sql.DB{}, cfg); err == nil || !strings.Contains(err.Error(), "Config.Dialect is required") {
+			t.Errorf("NewLockBackend(db, %v) = %v, want Config.Dialect is required", cfg, err)
+		}
+		if _, err := sqlstore.NewInboxStore(&sql.DB{}, cfg); err == nil || !strings.Contains(err.Error(), "Config.Dialect is required") {
+			t.Errorf("NewInboxStore(db, %v) = %v, want Config.Dialect is required", cfg, err)
+		}
 	}
 }
 

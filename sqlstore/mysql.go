@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/idemkit/idem/sqldialect"
 )
 
 // MySQL is the dialect of MySQL 8.0 and 8.4 and MariaDB 10.6 or later
@@ -29,12 +31,13 @@ type mysqlDialect struct{}
 
 var mysqlStatements, mysqlMigrations = mustLoad("mysql")
 
-func (mysqlDialect) String() string           { return "mysql" }
-func (mysqlDialect) statements() *statements  { return mysqlStatements }
-func (mysqlDialect) migrations() []migration  { return mysqlMigrations }
-func (mysqlDialect) completeReturns() bool    { return false }
-func (mysqlDialect) deleteIfReads() bool      { return false }
-func (mysqlDialect) acquireMode() acquireMode { return acquireUpsertRead }
+func (mysqlDialect) Family() sqldialect.Family { return sqldialect.MySQL }
+func (mysqlDialect) String() string            { return "mysql" }
+func (mysqlDialect) statements() *statements   { return mysqlStatements }
+func (mysqlDialect) migrations() []migration   { return mysqlMigrations }
+func (mysqlDialect) completeReturns() bool     { return false }
+func (mysqlDialect) deleteIfReads() bool       { return false }
+func (mysqlDialect) acquireMode() acquireMode  { return acquireUpsertRead }
 
 // The insert id of the acquire upsert's update branch (its
 // LAST_INSERT_ID(took)): it took a processing record (a takeover, or the

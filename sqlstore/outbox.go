@@ -154,7 +154,7 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 	}
 	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: newStmtCache(db, numOutboxQueries)}
 	if _, ok := c.Dialect.(sqliteDialect); ok {
-		b, err := NewLockBackend(db, c.Dialect)
+		b, err := NewLockBackend(db, &Config{Dialect: c.Dialect})
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+
+	"github.com/idemkit/idem/sqldialect"
 )
 
 // PostgreSQL is the dialect of PostgreSQL 12 or later, through any
@@ -22,13 +24,14 @@ type postgresDialect struct{}
 
 var postgresStatements, postgresMigrations = mustLoad("postgres")
 
-func (postgresDialect) String() string           { return "postgres" }
-func (postgresDialect) statements() *statements  { return postgresStatements }
-func (postgresDialect) migrations() []migration  { return postgresMigrations }
-func (postgresDialect) completeReturns() bool    { return true }
-func (postgresDialect) deleteIfReads() bool      { return true }
-func (postgresDialect) acquireMode() acquireMode { return acquireOneStatement }
-func (postgresDialect) sweepInTx()               {}
+func (postgresDialect) Family() sqldialect.Family { return sqldialect.PostgreSQL }
+func (postgresDialect) String() string            { return "postgres" }
+func (postgresDialect) statements() *statements   { return postgresStatements }
+func (postgresDialect) migrations() []migration   { return postgresMigrations }
+func (postgresDialect) completeReturns() bool     { return true }
+func (postgresDialect) deleteIfReads() bool       { return true }
+func (postgresDialect) acquireMode() acquireMode  { return acquireOneStatement }
+func (postgresDialect) sweepInTx()                {}
 
 // missingTable: undefined_table, or undefined_function (idem_acquire_write
 // comes with migration 2, idem_renewals, idem_records_renewed and

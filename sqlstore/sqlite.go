@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"strings"
+
+	"github.com/idemkit/idem/sqldialect"
 )
 
 // SQLite is the dialect of SQLite 3.42 or later (modernc.org/sqlite or any
@@ -17,9 +19,10 @@ type sqliteDialect struct{}
 
 var sqliteStatements, sqliteMigrations = mustLoad("sqlite")
 
-func (sqliteDialect) String() string          { return "sqlite" }
-func (sqliteDialect) statements() *statements { return sqliteStatements }
-func (sqliteDialect) migrations() []migration { return sqliteMigrations }
+func (sqliteDialect) Family() sqldialect.Family { return sqldialect.SQLite }
+func (sqliteDialect) String() string            { return "sqlite" }
+func (sqliteDialect) statements() *statements   { return sqliteStatements }
+func (sqliteDialect) migrations() []migration   { return sqliteMigrations }
 
 // missingTable: a missing table, or a missing column (took_over comes
 // with migration 2: a database migrated by an older build).

@@ -9,6 +9,18 @@
 // SQLite) without importing any of them. [InsertOrGet] runs an insert and,
 // on a duplicate, a get, with *sql.DB, *sql.Tx or *sql.Conn.
 //
+// # Shapes
+//
+// One function, InsertOrGet(ctx, q, insert, get, opts...): the Querier
+// first after ctx, the two statements as functions, and per-call
+// [Option]s ([Attempts]) last, as fsm's Table.Transition takes its
+// options. Errors are a sentinel and a typed error that matches it with
+// errors.Is: [ErrNotVisible] / [*NotVisibleError] — retry the whole
+// transaction (classify it retryable, like a serialisation failure) — and
+// [ErrUnresolved] / [*UnresolvedError] — a bug (another unique constraint
+// fired, or get cannot find the row), which a retry does not fix. Both
+// wrap the insert's duplicate-key error.
+//
 // # What it guarantees
 //
 //   - Of any number of concurrent InsertOrGet calls on one key (on any
@@ -20,9 +32,12 @@
 //     duplicate leaves the transaction usable on PostgreSQL (where a failed
 //     statement otherwise aborts it) and the caller's transaction still
 //     commits.
-//   - A duplicate that get cannot read back (a collision on another unique
-//     constraint, a row deleted meanwhile, a snapshot that cannot see it)
-//     is never reported as success: it is an [*UnresolvedError].
+//   - A duplicate that get cannot read back is never reported as success:
+//     in a PostgreSQL transaction whose snapshot cannot see it (REPEATABLE
+//     READ, SERIALIZABLE) it is a [*NotVisibleError]; otherwise (a
+//     collision on another unique constraint, a get that does not read by
+//     the key, a row deleted before each of the attempts) an
+//     [*UnresolvedError].
 //   - IsDuplicate is true only for unique and primary-key violations, never
 //     for foreign-key, not-null or check violations, and never from a
 //     message's text.
@@ -42,7 +57,11 @@
 //     get must use a locking read (LOCK IN SHARE MODE or FOR SHARE) to see
 //     a row committed after the transaction's snapshot; on PostgreSQL under
 //     REPEATABLE READ or SERIALIZABLE it cannot see such a row at all, and
-//     InsertOrGet answers an UnresolvedError (retry the transaction).
+//     InsertOrGet answers a NotVisibleError (retry the transaction). Such a
+//     snapshot cannot tell that from a collision on another constraint:
+//     a retried transaction that meets ErrNotVisible again points there.
+//     A plain get in a MySQL/MariaDB transaction that cannot see the row
+//     answers an UnresolvedError, as the bug it is.
 //   - A unique constraint that PostgreSQL checks at COMMIT (DEFERRABLE
 //     INITIALLY DEFERRED) is not met by the insert in a transaction: the
 //     insert succeeds, InsertOrGet reports created = true, and the COMMIT

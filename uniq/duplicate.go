@@ -56,6 +56,22 @@ func IsDuplicate(err error) bool {
 	return walk(err, isDuplicateOne)
 }
 
+// isPostgres reports whether err, or an error it wraps, comes from a
+// PostgreSQL driver: it has a SQLState method (pgx, lib/pq), or is lib/pq's
+// Error.
+func isPostgres(err error) bool {
+	return walk(err, func(err error) bool {
+		if _, ok := err.(interface{ SQLState() string }); ok {
+			return true
+		}
+		t := reflect.TypeOf(err)
+		if t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		return t != nil && t.PkgPath() == "github.com/lib/pq" && t.Name() == "Error"
+	})
+}
+
 // walk reports whether f holds for err or for an error in its tree, in the
 // order errors.As visits them.
 func walk(err error, f func(error) bool) bool {

@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 )
 
-// DefaultAttempts is how many times InsertOrGet tries the insert when the
-// duplicate it met cannot be read back and the Querier is not a
-// transaction.
+// DefaultAttempts is how many times InsertOrGet tries the insert, at
+// most, when the duplicate it met cannot be read back (see [Attempts]).
 const DefaultAttempts = 3
 
 // A Querier runs statements: *sql.DB, *sql.Tx and *sql.Conn implement it.
@@ -27,23 +26,61 @@ var (
 	// sql.ErrNoRows (what Row.Scan returns) means the same to InsertOrGet.
 	ErrNotFound = errors.New("uniq: not found")
 
+	// ErrNotVisible matches a *NotVisibleError: the insert met a
+	// duplicate that the transaction's snapshot cannot see. Retry the
+	// whole transaction.
+	ErrNotVisible = errors.New("uniq: duplicate key, but the row is not visible to the transaction's snapshot")
+
 	// ErrUnresolved matches an *UnresolvedError: the insert met a
-	// duplicate, but the get found no row.
+	// duplicate that get cannot find although it can see every committed
+	// row. It is a bug of the caller's (another unique constraint fired,
+	// or get does not read by the key the insert collides on), not a
+	// condition a retry resolves.
 	ErrUnresolved = errors.New("uniq: duplicate key, but no row found")
 )
 
+// NotVisibleError is returned by InsertOrGet in a PostgreSQL transaction
+// whose isolation is REPEATABLE READ or SERIALIZABLE when the insert was
+// refused as a duplicate and get found nothing: the row was committed
+// after the transaction's snapshot, so no statement of this transaction
+// can read it. Roll back and run the whole transaction again; its new
+// snapshot sees the row. A retry loop should classify it as retryable,
+// like a serialisation failure (40001). errors.Is(err, ErrNotVisible)
+// holds, and so does IsDuplicate(err): it wraps the insert's error.
+//
+// Such a snapshot cannot tell that cause from a collision on another
+// unique constraint than the one get reads by: if the retried transaction
+// meets a NotVisibleError again, suspect that.
+type NotVisibleError struct {
+	// Isolation is the transaction's isolation, as PostgreSQL names it
+	// ("repeatable read", "serializable").
+	Isolation string
+	// Err is the insert's duplicate-key error.
+	Err error
+}
+
+// Error says what happened and what to do.
+func (e *NotVisibleError) Error() string {
+	return "uniq: insert found a duplicate that the transaction (" + e.Isolation +
+		") cannot see: it was committed after the snapshot; retry the transaction: " + e.Err.Error()
+}
+
+// Unwrap returns ErrNotVisible and the insert's error.
+func (e *NotVisibleError) Unwrap() []error { return []error{ErrNotVisible, e.Err} }
+
 // UnresolvedError is returned by InsertOrGet when the insert was refused as
-// a duplicate and the get then found nothing, as many times as it tried.
-// It is never a success: the value the caller asked for may not exist.
+// a duplicate and get then found nothing, as many times as it tried, where
+// get sees every committed row (outside a transaction; in a transaction
+// at READ COMMITTED, on MySQL/MariaDB or SQLite). It is never a success:
+// the value the caller asked for may not exist, and retrying will not
+// change that.
 //
 // The causes, most likely first: the insert collided on another unique
 // constraint than the one get reads by (a unique email on a users table
-// that get reads by username); the row was deleted between the insert and
-// the get (on a *sql.DB InsertOrGet tries again first); get cannot see the
-// row because it reads an older snapshot (a transaction in REPEATABLE READ
-// or SERIALIZABLE that started before the row was committed — on MySQL and
-// MariaDB, whose default is REPEATABLE READ, after any earlier plain read
-// in the transaction).
+// that get reads by username); get does not read by the key the insert
+// collides on; in a MySQL/MariaDB transaction, get is a plain read, which
+// sees the transaction's snapshot (use LOCK IN SHARE MODE or FOR SHARE);
+// the row was deleted between each insert and its get.
 //
 // errors.Is(err, ErrUnresolved) holds, and so does IsDuplicate(err): it
 // wraps the insert's duplicate-key error.
@@ -51,8 +88,7 @@ type UnresolvedError struct {
 	// Attempts is how many times the insert was tried.
 	Attempts int
 	// Tx reports whether the Querier was a transaction (a *sql.Tx, or a
-	// type with its Commit and Rollback methods): no retry is made in a
-	// transaction, whose snapshot would not change.
+	// type with its Commit and Rollback methods).
 	Tx bool
 	// Err is the last insert's duplicate-key error.
 	Err error
@@ -62,23 +98,39 @@ type UnresolvedError struct {
 func (e *UnresolvedError) Error() string {
 	where := "after " + strconv.Itoa(e.Attempts) + " attempts"
 	if e.Tx {
-		where = "in a transaction"
+		where += " in a transaction"
 	}
 	return "uniq: insert found a duplicate, but get found no row " + where +
-		" (another unique constraint, a row deleted meanwhile, or a snapshot that cannot see it): " + e.Err.Error()
+		" (another unique constraint, a get that does not read by that key or reads an old snapshot, or a row deleted meanwhile): " + e.Err.Error()
 }
 
 // Unwrap returns ErrUnresolved and the insert's error.
 func (e *UnresolvedError) Unwrap() []error { return []error{ErrUnresolved, e.Err} }
 
-// Config tunes InsertOrGetConfig. The zero value (and nil) means the
-// defaults.
-type Config struct {
-	// Attempts is how many times the insert is tried, at most, when it
-	// meets a duplicate that get then cannot find, on a Querier that is not
-	// a transaction. Zero means DefaultAttempts (3). In a transaction the
-	// insert is tried once.
-	Attempts int
+// An Option changes one call of InsertOrGet.
+type Option func(*options)
+
+// options are a call's options.
+type options struct {
+	attempts int
+	err      error
+}
+
+// Attempts sets how many times the insert is tried, at most, when it
+// meets a duplicate that get then cannot find (n ≥ 1; DefaultAttempts
+// without it). Each new try runs insert and get again: a row deleted
+// meanwhile is then created. In a transaction each try runs in its own
+// savepoint; in a PostgreSQL transaction at REPEATABLE READ or
+// SERIALIZABLE no new try is made (the snapshot would not change): the
+// answer is a NotVisibleError. n < 1 makes InsertOrGet fail.
+func Attempts(n int) Option {
+	return func(o *options) {
+		if n < 1 {
+			o.err = fmt.Errorf("uniq: Attempts(%d): at least 1", n)
+			return
+		}
+		o.attempts = n
+	}
 }
 
 // InsertOrGet runs insert and, if it fails with a duplicate key
@@ -107,39 +159,43 @@ type Config struct {
 // assumed to be in autocommit mode (use Conn.BeginTx and pass the *sql.Tx
 // otherwise).
 //
-// When get finds nothing after a duplicate, InsertOrGet tries again (up to
-// DefaultAttempts inserts) unless q is a transaction, and then returns an
-// *UnresolvedError. Any other error of insert or get is returned as it is,
-// wrapped. In a transaction, when the ROLLBACK TO SAVEPOINT after a failed
-// insert fails too (MySQL rolls a deadlock's victim back whole, savepoint
-// included), the error wraps both the insert's error and the rollback's,
-// no get runs, and the transaction is no longer usable: retry it whole.
+// When get finds nothing after a duplicate:
+//
+//   - in a PostgreSQL transaction at REPEATABLE READ or SERIALIZABLE (read
+//     with current_setting('transaction_isolation')), the row is not
+//     visible to the snapshot: a *NotVisibleError, errors.Is
+//     ErrNotVisible — retry the whole transaction;
+//   - otherwise InsertOrGet tries again (insert, then get), up to
+//     DefaultAttempts inserts ([Attempts] changes it), and then returns
+//     an *UnresolvedError, errors.Is ErrUnresolved — a bug to fix, not a
+//     condition to retry.
+//
+// Any other error of insert or get is returned as it is, wrapped. In a
+// transaction, when the ROLLBACK TO SAVEPOINT after a failed insert fails
+// too (MySQL rolls a deadlock's victim back whole, savepoint included),
+// the error wraps both the insert's error and the rollback's, no get
+// runs, and the transaction is no longer usable: retry it whole.
 func InsertOrGet[T any](ctx context.Context, q Querier,
 	insert func(ctx context.Context, q Querier) (T, error),
 	get func(ctx context.Context, q Querier) (T, error),
-) (v T, created bool, err error) {
-	return InsertOrGetConfig(ctx, q, nil, insert, get)
-}
-
-// InsertOrGetConfig is InsertOrGet with a Config; nil means the defaults.
-func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
-	insert func(ctx context.Context, q Querier) (T, error),
-	get func(ctx context.Context, q Querier) (T, error),
+	opts ...Option,
 ) (v T, created bool, err error) {
 	var zero T
 	if insert == nil || get == nil {
 		return zero, false, errors.New("uniq: InsertOrGet needs an insert and a get function")
 	}
-	attempts := DefaultAttempts
-	if cfg != nil && cfg.Attempts > 0 {
-		attempts = cfg.Attempts
+	o := options{attempts: DefaultAttempts}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if o.err != nil {
+		return zero, false, o.err
 	}
 	inTx := isTx(q)
-	if inTx {
-		attempts = 1
-	}
 	var dup error
-	for range attempts {
+	for range o.attempts {
 		v, err = tryInsert(ctx, q, inTx, insert)
 		if err == nil {
 			return v, true, nil
@@ -159,8 +215,34 @@ func InsertOrGetConfig[T any](ctx context.Context, q Querier, cfg *Config,
 		if ctx.Err() != nil {
 			return zero, false, context.Cause(ctx)
 		}
+		if inTx && isPostgres(dup) {
+			iso, err := snapshotIsolation(ctx, q)
+			if err != nil {
+				return zero, false, fmt.Errorf("uniq: get found no row after a duplicate (%w), and reading the transaction's isolation failed: %w", dup, withCause(ctx, err))
+			}
+			if iso != "" {
+				return zero, false, &NotVisibleError{Isolation: iso, Err: dup}
+			}
+		}
 	}
-	return zero, false, &UnresolvedError{Attempts: attempts, Tx: inTx, Err: dup}
+	return zero, false, &UnresolvedError{Attempts: o.attempts, Tx: inTx, Err: dup}
+}
+
+// snapshotIsolation returns the isolation of PostgreSQL transaction q
+// when it reads one snapshot for the whole transaction ("repeatable
+// read", "serializable"), and "" at READ COMMITTED (and READ
+// UNCOMMITTED, the same in PostgreSQL), where each statement sees every
+// row committed before it.
+func snapshotIsolation(ctx context.Context, q Querier) (string, error) {
+	var iso string
+	if err := q.QueryRowContext(ctx, "SELECT current_setting('transaction_isolation')").Scan(&iso); err != nil {
+		return "", err
+	}
+	switch iso {
+	case "repeatable read", "serializable":
+		return iso, nil
+	}
+	return "", nil
 }
 
 // savepoints numbers the savepoints, so that nested calls in one

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -17,7 +18,7 @@ func TestInsertOrGetLogic(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name        string
-		cfg         *Config
+		opts        []Option
 		insert      []error // the insert's answers, in turn
 		get         []error // the get's answers, in turn
 		want        int
@@ -38,7 +39,7 @@ func TestInsertOrGetLogic(t *testing.T) {
 		{name: "vanished, then found", insert: []error{dup, dup}, get: []error{ErrNotFound, nil}, want: 2, inserts: 2, gets: 2},
 		{name: "never found", insert: []error{dup, dup, dup}, get: []error{sql.ErrNoRows, sql.ErrNoRows, fmt.Errorf("w: %w", sql.ErrNoRows)},
 			inserts: 3, gets: 3, errIs: []error{ErrUnresolved}, unresolved: true},
-		{name: "never found, 1 attempt", cfg: &Config{Attempts: 1}, insert: []error{dup}, get: []error{sql.ErrNoRows},
+		{name: "never found, 1 attempt", opts: []Option{Attempts(1)}, insert: []error{dup}, get: []error{sql.ErrNoRows},
 			inserts: 1, gets: 1, errIs: []error{ErrUnresolved}, unresolved: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,7 +61,7 @@ func TestInsertOrGetLogic(t *testing.T) {
 				}
 				return 2, nil
 			}
-			v, created, err := InsertOrGetConfig(ctx, nil, tc.cfg, insert, get)
+			v, created, err := InsertOrGet(ctx, nil, insert, get, tc.opts...)
 			if inserts != tc.inserts || gets != tc.gets {
 				t.Errorf("%d inserts and %d gets, want %d and %d", inserts, gets, tc.inserts, tc.gets)
 			}
@@ -76,6 +77,9 @@ func TestInsertOrGetLogic(t *testing.T) {
 					if !errors.Is(err, target) {
 						t.Errorf("err = %v, not %v", err, target)
 					}
+				}
+				if errors.Is(err, ErrNotVisible) {
+					t.Errorf("err = %v is ErrNotVisible outside a transaction", err)
 				}
 				var ue *UnresolvedError
 				if errors.As(err, &ue) != tc.unresolved {
@@ -101,6 +105,29 @@ func TestInsertOrGetNeedsFunctions(t *testing.T) {
 	}
 	if _, _, err := InsertOrGet(context.Background(), nil, f, nil); err == nil {
 		t.Error("nil get accepted")
+	}
+	for _, n := range []int{0, -1} {
+		if _, _, err := InsertOrGet(context.Background(), nil, f, f, Attempts(n)); err == nil || !strings.Contains(err.Error(), "Attempts") {
+			t.Errorf("Attempts(%d): %v, want an error naming Attempts", n, err)
+		}
+	}
+}
+
+// The two answers to a duplicate that get cannot find are told apart,
+// and both keep the duplicate visible.
+func TestNotVisibleAndUnresolvedErrors(t *testing.T) {
+	t.Parallel()
+	dup := &pgLike{"23505"}
+	nv := error(&NotVisibleError{Isolation: "repeatable read", Err: dup})
+	if !errors.Is(nv, ErrNotVisible) || errors.Is(nv, ErrUnresolved) || !IsDuplicate(nv) || !strings.Contains(nv.Error(), "retry the transaction") {
+		t.Errorf("NotVisibleError: %v", nv)
+	}
+	ue := error(&UnresolvedError{Attempts: 3, Err: dup})
+	if !errors.Is(ue, ErrUnresolved) || errors.Is(ue, ErrNotVisible) || !IsDuplicate(ue) {
+		t.Errorf("UnresolvedError: %v", ue)
+	}
+	if !isPostgres(fmt.Errorf("w: %w", dup)) || isPostgres(io.EOF) {
+		t.Error("isPostgres")
 	}
 }
 

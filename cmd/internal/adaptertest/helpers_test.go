@@ -361,7 +361,7 @@ func openPostgres(t testing.TB) inbox.Store {
 func postgresInbox(t testing.TB, db *sql.DB) *sqlstore.InboxStore {
 	t.Helper()
 	db.SetMaxOpenConns(4)
-	s, err := sqlstore.NewInboxStore(db, sqlstore.PostgreSQL)
+	s, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: sqlstore.PostgreSQL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func setup(t *testing.T, mod func(*admin.Config)) *fixture {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	in, err := sqlstore.NewInboxStore(db, sqlstore.SQLite)
+	in, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/idemkit/idem/fsm"
+	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 	"github.com/idemkit/idem/uniq"
 )
@@ -95,7 +96,7 @@ func Example_fsmTransition() {
 	defer cleanup()
 	ctx := context.Background()
 
-	orders := fsm.MustNew(fsm.Definition{
+	orders := fsm.MustNew(&fsm.Definition{
 		States:  []fsm.State{"NEW", "WAIT_PAY", "PAID", "CANCELLED"},
 		Initial: "NEW",
 		Final:   []fsm.State{"PAID", "CANCELLED"},
@@ -105,7 +106,7 @@ func Example_fsmTransition() {
 			{Name: "cancel", From: []fsm.State{"NEW", "WAIT_PAY"}, To: "CANCELLED"},
 		},
 	})
-	table, err := fsm.NewTable(orders, &fsm.TableConfig{Dialect: fsm.SQLite, Table: "orders"})
+	table, err := fsm.NewTable(orders, &fsm.TableConfig{Dialect: sqlstore.SQLite, Table: "orders"})
 	if err != nil {
 		panic(err)
 	}
@@ -117,9 +118,9 @@ func Example_fsmTransition() {
 	_, err = table.Fire(ctx, db, 42, "cancel")
 	fmt.Println(err, errors.Is(err, fsm.ErrIllegal))
 	// Output:
-	// {From:WAIT_PAY To:PAID Version:2 AlreadyApplied:false} <nil>
-	// {From: To:PAID Version:2 AlreadyApplied:true} <nil>
-	// fsm: illegal transition of 42 from "PAID" to "CANCELLED" true
+	// {Previous:WAIT_PAY To:PAID Version:2 AlreadyApplied:false} <nil>
+	// {Previous: To:PAID Version:2 AlreadyApplied:true} <nil>
+	// fsm: illegal transition of 42: it is in "PAID", and "CANCELLED" is allowed only from "NEW", "WAIT_PAY" true
 }
 
 // In a transaction, the side effect is recorded only by the caller that
@@ -128,7 +129,7 @@ func Example_fsmTransitionTx() {
 	db, cleanup := exampleDB()
 	defer cleanup()
 	ctx := context.Background()
-	table, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsm.SQLite, Table: "orders"})
+	table, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: sqlstore.SQLite, Table: "orders"})
 	if err != nil {
 		panic(err)
 	}

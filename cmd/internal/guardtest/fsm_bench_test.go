@@ -15,7 +15,7 @@ import (
 //
 //	go test -run '^$' -bench Transition -benchmem ./internal/guardtest/
 func BenchmarkTransition(b *testing.B) {
-	pingPong := fsm.MustNew(fsm.Definition{
+	pingPong := fsm.MustNew(&fsm.Definition{
 		States:  []fsm.State{"A", "B"},
 		Initial: "A",
 		Transitions: []fsm.Transition{
@@ -26,7 +26,7 @@ func BenchmarkTransition(b *testing.B) {
 	for _, s := range []server{servers[0], servers[3]} { // PostgreSQL (pgx), SQLite
 		b.Run(s.name, func(b *testing.B) {
 			db, _ := fsmSchema(b, s)
-			tb, err := fsm.NewTable(pingPong, &fsm.TableConfig{Dialect: fsmDialect(s.dialect), Table: "orders"})
+			tb, err := fsm.NewTable(pingPong, &fsm.TableConfig{Dialect: s.dialect, Table: "orders"})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -27,14 +27,14 @@ func TestTransitionStatusExact(t *testing.T) {
 
 			var ie *fsm.IllegalTransitionError
 			res, err := tb.Fire(ctx, db, int64(1), "ship")
-			if !errors.As(err, &ie) || ie.From != "paid" {
+			if !errors.As(err, &ie) || ie.Current != "paid" {
 				t.Errorf("ship an order in the undeclared state 'paid': %+v, %v; want an IllegalTransitionError from \"paid\"", res, err)
 			}
 			if got := readOrder(t, db, d, 1); got.Status != "paid" || got.Version != 3 {
 				t.Errorf("order 1 is %+v, want paid at version 3", got)
 			}
 			res, err = tb.Transition(ctx, db, int64(2), "PAID")
-			if !errors.As(err, &ie) || ie.From != "Wait_Pay" {
+			if !errors.As(err, &ie) || ie.Current != "Wait_Pay" {
 				t.Errorf("pay an order in the undeclared state 'Wait_Pay': %+v, %v; want an IllegalTransitionError from \"Wait_Pay\"", res, err)
 			}
 			if got := readOrder(t, db, d, 2); got.Status != "Wait_Pay" || got.Version != 3 {
@@ -56,7 +56,7 @@ func TestTransitionCharColumn(t *testing.T) {
 			ctx := context.Background()
 			d := s.dialect
 			execAll(t, db, `CREATE TABLE orders (id BIGINT PRIMARY KEY, status CHAR(16) NOT NULL, version BIGINT NOT NULL)`)
-			tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsmDialect(d), Table: "orders"})
+			tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: d, Table: "orders"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func TestTransitionCharColumn(t *testing.T) {
 				t.Errorf("pay again: %+v, %v; want AlreadyApplied at version 2", res, err)
 			}
 			var ie *fsm.IllegalTransitionError
-			if _, err := tb.Fire(ctx, db, int64(1), "cancel"); !errors.As(err, &ie) || ie.From != "PAID" {
+			if _, err := tb.Fire(ctx, db, int64(1), "cancel"); !errors.As(err, &ie) || ie.Current != "PAID" {
 				t.Errorf("cancel a paid order: %v; want an IllegalTransitionError from \"PAID\"", err)
 			}
 			if n := count(t, db, d, `SELECT COUNT(*) FROM orders WHERE version = 2`); n != 1 {

@@ -63,7 +63,7 @@ func TestTransitionRaceOnDBUnderIsolationDefault(t *testing.T) {
 							t.Errorf("order %d, caller %d: AlreadyApplied to %s, the order is %s", id, i, results[i].To, final.Status)
 						}
 					case errors.As(errs[i], &illegal):
-						if illegal.From != fsm.State(final.Status) {
+						if illegal.Current != fsm.State(final.Status) {
 							t.Errorf("order %d, caller %d: %v, the order is %s", id, i, errs[i], final.Status)
 						}
 					default:

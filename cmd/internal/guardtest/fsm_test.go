@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +13,7 @@ import (
 )
 
 // orderMachine is the order life cycle of the fsm tests.
-var orderMachine = fsm.MustNew(fsm.Definition{
+var orderMachine = fsm.MustNew(&fsm.Definition{
 	States:  []fsm.State{"NEW", "WAIT_PAY", "PAID", "SHIPPED", "CANCELLED"},
 	Initial: "NEW",
 	Final:   []fsm.State{"SHIPPED", "CANCELLED"},
@@ -23,11 +24,6 @@ var orderMachine = fsm.MustNew(fsm.Definition{
 		{Name: "cancel", From: []fsm.State{"NEW", "WAIT_PAY"}, To: "CANCELLED"},
 	},
 })
-
-// fsmDialect is the fsm dialect of a server.
-func fsmDialect(d dialect) fsm.Dialect {
-	return map[dialect]fsm.Dialect{postgres: fsm.PostgreSQL, mysql: fsm.MySQL, sqlite3: fsm.SQLite}[d]
-}
 
 // fsmSchema creates the orders table (and effects, a row per side effect)
 // on a fresh database of s, and returns the pool and the bound Table.
@@ -45,7 +41,7 @@ func fsmSchema(t testing.TB, s server) (*sql.DB, *fsm.Table) {
 		)`,
 		`CREATE TABLE effects (order_id BIGINT NOT NULL, caller INT NOT NULL)`,
 	)
-	tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fsmDialect(s.dialect), Table: "orders"})
+	tb, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: s.dialect, Table: "orders"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,14 +98,14 @@ func TestTransitionServers(t *testing.T) {
 			}
 
 			res, err := tb.Fire(ctx, db, int64(1), "submit")
-			if err != nil || res != (fsm.Result{From: "NEW", To: "WAIT_PAY", Version: 1}) {
+			if err != nil || res != (fsm.Result{Previous: "NEW", To: "WAIT_PAY", Version: 1}) {
 				t.Fatalf("submit: %+v, %v", res, err)
 			}
 			want(1, row{Status: "WAIT_PAY", Version: 1})
 
 			// Pay, with the expected version, a value and the database's clock.
 			res, err = tb.Transition(ctx, db, int64(1), "PAID", fsm.IfVersion(1), fsm.Set("note", "card"), fsm.SetNow("paid_at"))
-			if err != nil || res != (fsm.Result{From: "WAIT_PAY", To: "PAID", Version: 2}) {
+			if err != nil || res != (fsm.Result{Previous: "WAIT_PAY", To: "PAID", Version: 2}) {
 				t.Fatalf("pay: %+v, %v", res, err)
 			}
 			want(1, row{Status: "PAID", Version: 2, Note: sql.NullString{String: "card", Valid: true}, Paid: true})
@@ -124,7 +120,7 @@ func TestTransitionServers(t *testing.T) {
 			// Cancel a paid order: illegal, naming the state it is in.
 			var ie *fsm.IllegalTransitionError
 			res, err = tb.Fire(ctx, db, int64(1), "cancel", fsm.Set("note", "cancel"))
-			if !errors.As(err, &ie) || !errors.Is(err, fsm.ErrIllegal) || *ie != (fsm.IllegalTransitionError{ID: int64(1), From: "PAID", To: "CANCELLED", Version: 2}) || res != (fsm.Result{}) {
+			if !errors.As(err, &ie) || !errors.Is(err, fsm.ErrIllegal) || !reflect.DeepEqual(*ie, fsm.IllegalTransitionError{ID: int64(1), Current: "PAID", CurrentKnown: true, Target: "CANCELLED", Allowed: []fsm.State{"NEW", "WAIT_PAY"}, Version: 2}) || res != (fsm.Result{}) {
 				t.Fatalf("cancel a paid order: %+v, %v", res, err)
 			}
 			want(1, row{Status: "PAID", Version: 2, Note: sql.NullString{String: "card", Valid: true}, Paid: true})
@@ -133,7 +129,7 @@ func TestTransitionServers(t *testing.T) {
 			var ce *fsm.ConflictError
 			_, err = tb.Transition(ctx, db, int64(2), "PAID", fsm.IfVersion(4), fsm.Set("note", "stale"), fsm.SetNow("paid_at"))
 			if !errors.As(err, &ce) || !errors.Is(err, fsm.ErrConflict) ||
-				*ce != (fsm.ConflictError{ID: int64(2), State: "WAIT_PAY", Version: 5, To: "PAID", Expected: 4, HasExpected: true}) {
+				*ce != (fsm.ConflictError{ID: int64(2), Current: "WAIT_PAY", Version: 5, Target: "PAID", Expected: 4, HasExpected: true}) {
 				t.Fatalf("stale version: %v", err)
 			}
 			want(2, row{Status: "WAIT_PAY", Version: 5})
@@ -327,7 +323,7 @@ func TestTransitionRacePayCancel(t *testing.T) {
 						t.Errorf("caller %d: AlreadyApplied for %s, the order is %s", i, o.to, final.Status)
 					}
 				case errors.As(o.err, &ie):
-					if o.to == final.Status || ie.From != final.Status || ie.To != o.to {
+					if o.to == final.Status || ie.Current != final.Status || ie.Target != o.to {
 						t.Errorf("caller %d (%s): %v; the order is %s", i, o.to, o.err, final.Status)
 					}
 				default:

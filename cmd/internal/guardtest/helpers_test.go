@@ -14,16 +14,17 @@ import (
 
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/sqldialect"
 	"github.com/idemkit/idem/sqlstore/sqlite"
 )
 
-// A dialect is the SQL a server speaks.
-type dialect int
+// A dialect is the SQL a server speaks; fsm takes it as it is.
+type dialect = sqldialect.Family
 
 const (
-	postgres dialect = iota
-	mysql
-	sqlite3
+	postgres = sqldialect.PostgreSQL
+	mysql    = sqldialect.MySQL
+	sqlite3  = sqldialect.SQLite
 )
 
 // A server is one database the tests run on, through one driver.

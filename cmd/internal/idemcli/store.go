@@ -298,7 +298,7 @@ func (s *sweepFlags) once(e *env, st *openedStore) error {
 				return err
 			}
 			defer ob.Close()
-			ib, err := sqlstore.NewInboxStore(st.db, st.dialect)
+			ib, err := sqlstore.NewInboxStore(st.db, &sqlstore.Config{Dialect: st.dialect})
 			if err != nil {
 				return err
 			}

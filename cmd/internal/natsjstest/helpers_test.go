@@ -150,7 +150,7 @@ func sqliteInbox(t testing.TB, cfg inbox.Config) (*sql.DB, *sqlstore.InboxStore,
 
 func inboxOn(t testing.TB, db *sql.DB, d sqlstore.Dialect, cfg inbox.Config) (*sqlstore.InboxStore, *inbox.Inbox) {
 	t.Helper()
-	s, err := sqlstore.NewInboxStore(db, d)
+	s, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -227,7 +227,7 @@ func openStore(t testing.TB, dialect, addr string) *store {
 
 func setupStore(t testing.TB, db *sql.DB, addr string, d sqlstore.Dialect) *store {
 	t.Helper()
-	s, err := sqlstore.NewInboxStore(db, d)
+	s, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}

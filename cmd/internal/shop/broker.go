@@ -228,7 +228,7 @@ func startEvents(ctx context.Context, cfg eventsConfig) (_ *runningEvents, err e
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
 
-	store, err := sqlstore.NewInboxStore(cfg.db, cfg.dialect)
+	store, err := sqlstore.NewInboxStore(cfg.db, &sqlstore.Config{Dialect: cfg.dialect})
 	if err != nil {
 		return nil, err
 	}

@@ -92,47 +92,16 @@ type CloserConfig struct {
 	// again. Sent events are kept for inspection only: the relay never
 	// publishes a sent row again.
 	Retention time.Duration
-	// Lock is the lock a pass is taken under (CloseJobName). Default: a
+	// Lock is the lock a pass is taken under (CloseJobName): TryAcquire
+	// returns a lease, or an error matching lock.ErrHeld when another
+	// instance holds it (tests pass fakes of lock.Acquirer). Default: a
 	// lock.Locker with lock's defaults (a 30 s lease, renewed by its
 	// watchdog while a pass runs, held at most 10 min) over
 	// sqlstore.NewLockBackend on the shop's database, whose table
 	// idem_locks sqlstore's Migrate creates; the Closer closes it. Its
 	// fences must come from the shop's database: the close transactions
 	// compare them with shop_jobs.last_fence.
-	Lock JobLock
-}
-
-// JobLock is the fenced lock the close job works under, shaped like
-// package lock's Locker (NewJobLock adapts one): TryAcquire returns a
-// lease, or an error matching lock.ErrHeld when another instance holds
-// the lock.
-type JobLock interface {
-	TryAcquire(ctx context.Context, name string) (JobLease, error)
-}
-
-// JobLease is a held JobLock; *lock.Lease is one.
-type JobLease interface {
-	// Fence is the lease's fencing token, greater than every earlier
-	// lease's of the lock.
-	Fence() int64
-	// Context returns a context derived from parent, cancelled when the
-	// lease is lost.
-	Context(parent context.Context) (context.Context, context.CancelFunc)
-	// Release ends the lease.
-	Release(ctx context.Context) error
-}
-
-// NewJobLock returns l as a JobLock.
-func NewJobLock(l *lock.Locker) JobLock { return lockerJobLock{l} }
-
-type lockerJobLock struct{ l *lock.Locker }
-
-func (j lockerJobLock) TryAcquire(ctx context.Context, name string) (JobLease, error) {
-	lease, err := j.l.TryAcquire(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	return lease, nil
+	Lock lock.Acquirer
 }
 
 // ErrFenced: a close transaction found a fence in shop_jobs higher than
@@ -192,13 +161,13 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
-	in, err := sqlstore.NewInboxStore(s.db, s.dialect)
+	in, err := sqlstore.NewInboxStore(s.db, &sqlstore.Config{Dialect: s.dialect})
 	if err != nil {
 		return nil, err
 	}
 	closer := &Closer{s: s, cfg: c, inbox: in}
 	if c.Lock == nil {
-		b, err := sqlstore.NewLockBackend(s.db, s.dialect)
+		b, err := sqlstore.NewLockBackend(s.db, &sqlstore.Config{Dialect: s.dialect})
 		if err != nil {
 			in.Close()
 			return nil, err
@@ -209,7 +178,7 @@ func (s *Shop) NewCloser(cfg *CloserConfig) (*Closer, error) {
 			in.Close()
 			return nil, err
 		}
-		closer.cfg.Lock, closer.backend = NewJobLock(l), b
+		closer.cfg.Lock, closer.backend = l, b
 	}
 	return closer, nil
 }

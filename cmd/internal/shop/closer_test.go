@@ -282,17 +282,17 @@ func TestShopdCloseJobAcrossProcesses(t *testing.T) {
 // unawareLock hands out leases whose Context does not end with the
 // lease: a holder that does not notice it lost the lock, as a process
 // paused (GC, a suspended VM) between its check and its write.
-type unawareLock struct{ shop.JobLock }
+type unawareLock struct{ lock.Acquirer }
 
-func (u unawareLock) TryAcquire(ctx context.Context, name string) (shop.JobLease, error) {
-	l, err := u.JobLock.TryAcquire(ctx, name)
+func (u unawareLock) TryAcquire(ctx context.Context, name string) (lock.Lease, error) {
+	l, err := u.Acquirer.TryAcquire(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	return unawareLease{l}, nil
 }
 
-type unawareLease struct{ shop.JobLease }
+type unawareLease struct{ lock.Lease }
 
 func (unawareLease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(parent)
@@ -317,7 +317,7 @@ func TestCloseJobPausedHolderIsFenced(t *testing.T) {
 			forBackends(t, func(t *testing.T, b backend) {
 				s, db := newShop(t, b)
 				orders := expiredOrders(t, s, db, 3)
-				backendA, err := sqlstore.NewLockBackend(db, b.dialect)
+				backendA, err := sqlstore.NewLockBackend(db, &sqlstore.Config{Dialect: b.dialect})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -326,7 +326,7 @@ func TestCloseJobPausedHolderIsFenced(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var lockA shop.JobLock = shop.NewJobLock(lockerA)
+				var lockA lock.Acquirer = lockerA
 				if !aware {
 					lockA = unawareLock{lockA}
 				}

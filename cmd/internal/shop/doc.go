@@ -333,9 +333,9 @@
 // cancel, a refund, a payment, an operator's retry of an event) runs
 // under one retry policy: when the database refuses it as a deadlock
 // victim or could not serialise it (sqlstore.Retryable), or uniq could
-// not read back the duplicate its insert met (uniq.ErrUnresolved, a
-// snapshot that predates the other row), the whole transaction runs
-// again, its CompleteTx included, up to 30 attempts, after a pause with
+// not read back the duplicate its insert met because the transaction's
+// snapshot predates the other row (uniq.ErrNotVisible), the whole
+// transaction runs again, its CompleteTx included, up to 30 attempts, after a pause with
 // exponential backoff and full jitter (from 1 ms, at most 100 ms),
 // until the request's context ends. So the shop also runs on a database
 // whose default isolation is REPEATABLE READ or SERIALIZABLE

@@ -71,7 +71,7 @@ func wantEvents(t *testing.T, db *sql.DB, b backend, o shop.Order, events ...str
 func deliverAll(t *testing.T, s *shop.Shop, db *sql.DB, d sqlstore.Dialect, times int) {
 	t.Helper()
 	ctx := context.Background()
-	store, err := sqlstore.NewInboxStore(db, d)
+	store, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,11 +50,12 @@ const (
 
 // retryable reports whether err means that the whole transaction may
 // simply run again: sqlstore's classification (a PostgreSQL serialisation
-// failure or deadlock, a MySQL deadlock), or uniq's unresolved duplicate
-// (an insert met a row its snapshot cannot read back, which uniq
-// documents as "retry the transaction").
+// failure or deadlock, a MySQL deadlock), or uniq's ErrNotVisible (an
+// insert met a row committed after the transaction's snapshot, which uniq
+// documents as "retry the transaction"). uniq's ErrUnresolved (another
+// constraint, a get that cannot find the row) is a bug: not retried.
 func retryable(err error) bool {
-	return sqlstore.Retryable(err) || errors.Is(err, uniq.ErrUnresolved)
+	return sqlstore.Retryable(err) || errors.Is(err, uniq.ErrNotVisible)
 }
 
 // retryTx runs attempt, and again under the retry policy while it fails

@@ -20,7 +20,7 @@ import (
 // builds it.
 func loyaltyInbox(t *testing.T, db *sql.DB, d sqlstore.Dialect) *inbox.Inbox {
 	t.Helper()
-	store, err := sqlstore.NewInboxStore(db, d)
+	store, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 //	PAID     → REFUNDED   a refund (POST /orders/{order_no}/refunds)
 //
 // CANCELLED, CLOSED and REFUNDED are final.
-var orderMachine = fsm.MustNew(fsm.Definition{
+var orderMachine = fsm.MustNew(&fsm.Definition{
 	States:  []fsm.State{StatusWaitPay, StatusPaid, StatusCancelled, StatusClosed, StatusRefunded},
 	Initial: StatusWaitPay,
 	Final:   []fsm.State{StatusCancelled, StatusClosed, StatusRefunded},
@@ -32,21 +32,11 @@ var orderMachine = fsm.MustNew(fsm.Definition{
 	},
 })
 
-// orderTables binds orderMachine to shop_orders (keyed by order_no) in
-// each dialect.
-var orderTables = func() map[sqlstore.Dialect]*fsm.Table {
-	tables := map[sqlstore.Dialect]*fsm.Table{}
-	for d, fd := range map[sqlstore.Dialect]fsm.Dialect{
-		sqlstore.SQLite: fsm.SQLite, sqlstore.PostgreSQL: fsm.PostgreSQL, sqlstore.MySQL: fsm.MySQL,
-	} {
-		t, err := fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: fd, Table: "shop_orders", ID: "order_no"})
-		if err != nil {
-			panic(err) // constants: cannot happen
-		}
-		tables[d] = t
-	}
-	return tables
-}()
+// newOrderTable binds orderMachine to shop_orders (keyed by order_no) in
+// dialect d: fsm takes the store's dialect as it is.
+func newOrderTable(d sqlstore.Dialect) (*fsm.Table, error) {
+	return fsm.NewTable(orderMachine, &fsm.TableConfig{Dialect: d, Table: "shop_orders", ID: "order_no"})
+}
 
 // orderTransition is the outcome of transitionOrder.
 type orderTransition struct {
@@ -103,16 +93,16 @@ func (s *Shop) transitionOrder(ctx context.Context, q querier, orderNo, to strin
 	if version > 0 {
 		opts = append(opts, fsm.IfVersion(version))
 	}
-	r, err := orderTables[s.dialect].Transition(ctx, q, orderNo, fsm.State(to), opts...)
+	r, err := s.orders.Transition(ctx, q, orderNo, fsm.State(to), opts...)
 	var illegal *fsm.IllegalTransitionError
 	var conflict *fsm.ConflictError
 	switch {
 	case err == nil:
-		return orderTransition{From: string(r.From), To: string(r.To), Version: r.Version, AlreadyApplied: r.AlreadyApplied}, nil
+		return orderTransition{From: string(r.Previous), To: string(r.To), Version: r.Version, AlreadyApplied: r.AlreadyApplied}, nil
 	case errors.Is(err, fsm.ErrNotFound):
 		return orderTransition{}, errOrderNotFound
 	case errors.As(err, &illegal):
-		return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: string(illegal.From), To: to}
+		return orderTransition{}, &illegalTransitionError{OrderNo: orderNo, Current: string(illegal.Current), To: to}
 	case errors.As(err, &conflict):
 		return orderTransition{}, &conflictError{OrderNo: orderNo, Want: version, Current: conflict.Version}
 	}

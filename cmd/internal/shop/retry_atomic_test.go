@@ -34,7 +34,7 @@ func testRetryEventFailsWhole(t *testing.T, b backend) {
 		}
 		return query
 	}
-	in, err := sqlstore.NewInboxStore(db, b.dialect)
+	in, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: b.dialect})
 	if err != nil {
 		t.Fatal(err)
 	}

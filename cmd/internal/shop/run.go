@@ -409,7 +409,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer events.stop()
 
 	// The operator page, at /admin/ (404 without a token).
-	adminInbox, err := sqlstore.NewInboxStore(db, target.Dialect)
+	adminInbox, err := sqlstore.NewInboxStore(db, &sqlstore.Config{Dialect: target.Dialect})
 	if err != nil {
 		return err
 	}

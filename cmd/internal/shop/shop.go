@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/fsm"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/token"
@@ -74,6 +75,7 @@ type Config struct {
 type Shop struct {
 	db      *sql.DB
 	dialect sqlstore.Dialect
+	orders  *fsm.Table // shop_orders on orderMachine (orderfsm.go)
 	q       queries
 	log     *slog.Logger
 	handler http.Handler
@@ -158,6 +160,9 @@ func New(cfg Config) (*Shop, error) {
 		cfg.EventIDPrefix = DefaultEventIDPrefix
 	}
 	s.eventPrefix = cfg.EventIDPrefix
+	if s.orders, err = newOrderTable(cfg.Dialect); err != nil {
+		return nil, err
+	}
 	s.observer = cfg.Observer
 	if s.events, err = sqlstore.NewOutboxStore(cfg.DB, &sqlstore.OutboxConfig{Dialect: cfg.Dialect, IDPrefix: cfg.EventIDPrefix}); err != nil {
 		return nil, err

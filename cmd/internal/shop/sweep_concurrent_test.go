@@ -9,25 +9,35 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
+	"github.com/idemkit/idem/lock"
 	"github.com/idemkit/idem/sqlstore"
 )
 
-// grantAll is a JobLock that grants every TryAcquire, with a fence
+// grantAll is a lock.Acquirer that grants every call, with a fence
 // higher than the last: two passes run at once, as when a holder paused
 // past its lease sweeps beside the next one.
 type grantAll struct{ fence *atomic.Int64 }
 
-func (g grantAll) TryAcquire(context.Context, string) (shop.JobLease, error) {
+func (g grantAll) TryAcquire(context.Context, string) (lock.Lease, error) {
 	return grantedLease(g.fence.Add(1)), nil
 }
 
+func (g grantAll) Acquire(ctx context.Context, name string) (lock.Lease, error) {
+	return g.TryAcquire(ctx, name)
+}
+
+// grantedLease is a lease that never ends.
 type grantedLease int64
 
-func (l grantedLease) Fence() int64 { return int64(l) }
+func (grantedLease) Name() string                  { return shop.CloseJobName }
+func (grantedLease) Owner() string                 { return "grant-all" }
+func (l grantedLease) Fence() int64                { return int64(l) }
+func (grantedLease) Done() <-chan struct{}         { return nil }
+func (grantedLease) Err() error                    { return nil }
+func (grantedLease) Release(context.Context) error { return nil }
 func (grantedLease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithCancel(parent)
 }
-func (grantedLease) Release(context.Context) error { return nil }
 
 // Two close jobs sweeping one database at once (a holder paused past its
 // lease beside the next one) count every row they remove once:
