@@ -16,24 +16,30 @@ import (
 
 // TestDistinctKeysUnderIsolationDefault: requests on different keys never
 // conflict in the store's own statements, whatever isolation the sessions
-// default to. Many goroutines acquire and complete distinct keys on a
-// fresh database (a small idem_records, which PostgreSQL scans whole:
-// under SERIALIZABLE each read then takes a predicate lock on the whole
-// relation, and every insert by another caller is a read-write conflict
-// with it). Every call must succeed at once: no error, no "still
-// contended", and every record completed.
+// default to. Many goroutines acquire, renew and complete distinct keys
+// of one scope on a fresh database: their keys share the leaf pages of
+// idem_records_pkey, and under SERIALIZABLE PostgreSQL records the
+// acquire statement's read of an absent key as a predicate lock on such
+// a page, which every other key's insert into it conflicts with. Every
+// call must succeed: no error, no "still contended", and every record
+// completed. On PostgreSQL above READ COMMITTED the store runs its own
+// statements at READ COMMITTED, and only there.
 func TestDistinctKeysUnderIsolationDefault(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		dialect sqlstore.Dialect
 		open    func(t *testing.T) *sql.DB
+		// wrapped: the store's own statements run in READ COMMITTED
+		// transactions of their own; otherwise alone, in one round trip.
+		wrapped bool
 	}{
-		{"postgres/read committed", sqlstore.PostgreSQL, pgAt("read committed")},
-		{"postgres/repeatable read", sqlstore.PostgreSQL, pgAt("repeatable read")},
-		{"postgres/serializable", sqlstore.PostgreSQL, pgAt("serializable")},
-		{"mysql/REPEATABLE-READ", sqlstore.MySQL, myAt("REPEATABLE-READ")},
-		{"mysql/READ-COMMITTED", sqlstore.MySQL, myAt("READ-COMMITTED")},
-		{"mysql/SERIALIZABLE", sqlstore.MySQL, myAt("SERIALIZABLE")},
+		{"postgres/read committed", sqlstore.PostgreSQL, pgAt("read committed"), false},
+		{"postgres/repeatable read", sqlstore.PostgreSQL, pgAt("repeatable read"), true},
+		{"postgres/serializable", sqlstore.PostgreSQL, pgAt("serializable"), true},
+		{"mysql/REPEATABLE-READ", sqlstore.MySQL, myAt("REPEATABLE-READ"), false},
+		{"mysql/READ-COMMITTED", sqlstore.MySQL, myAt("READ-COMMITTED"), false},
+		{"mysql/SERIALIZABLE", sqlstore.MySQL, myAt("SERIALIZABLE"), false},
+		{"sqlite", sqlstore.SQLite, func(t *testing.T) *sql.DB { db, _ := setup(t); return db }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -47,6 +53,9 @@ func TestDistinctKeysUnderIsolationDefault(t *testing.T) {
 				t.Fatal(err)
 			}
 			distinctKeys(t, s, "iso")
+			if rc, known := sqlstore.OwnStatementsInReadCommitted(s); !known || rc != c.wrapped {
+				t.Fatalf("own statements in READ COMMITTED transactions = %v (known %v), want %v", rc, known, c.wrapped)
+			}
 		})
 	}
 }
