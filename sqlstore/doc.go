@@ -88,11 +88,11 @@
 //     on MySQL: two, see below); Sweep is one statement on SQLite and
 //     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
 //     PostgreSQL. Complete, Release, Delete, Extend and Sweep run again
-//     after a deadlock or a serialisation failure (PostgreSQL raises one
-//     when the sessions default to REPEATABLE READ or SERIALIZABLE and the
-//     statement waited for a concurrent change of its row:
-//     TestPostgresDefaultIsolationWrites), at most 8 times; CompleteTx,
-//     in the caller's transaction, does not. Complete, Extend and Release
+//     after a deadlock or a serialisation failure, at most 8 times;
+//     CompleteTx, in the caller's transaction, does not. (On PostgreSQL
+//     they run at READ COMMITTED whatever the sessions' default, so a
+//     statement that waited for a concurrent change of its row reads the
+//     row again rather than fail: TestPostgresDefaultIsolationWrites.) Complete, Extend and Release
 //     match on status = processing, owner and fence; when they match
 //     nothing, a second read says why, and the error wraps
 //     [idem.ErrLeaseLost]. A lease that ran out but was not taken over
@@ -210,12 +210,18 @@
 // its lease ended), the statement returns nothing and Acquire runs it
 // again, at most 8 times. The store's statements run outside any
 // transaction of the caller (autocommit); under the default READ
-// COMMITTED that is all it needs. If the server's
-// default_transaction_isolation is REPEATABLE READ or SERIALIZABLE, the
-// upsert fails with a serialization failure (SQLSTATE 40001) instead of
-// waiting, and Acquire retries it: the next statement has a new
-// snapshot. The transactions the dialect begins itself (Migrate) are READ
-// COMMITTED explicitly.
+// COMMITTED that is all it needs. If the sessions'
+// default_transaction_isolation is REPEATABLE READ or SERIALIZABLE (the
+// Store asks once, on its first statement), each of them runs instead in
+// a transaction of its own begun at READ COMMITTED (a BEGIN and a COMMIT
+// more): they are written for READ COMMITTED, and SERIALIZABLE would
+// make acquires of distinct keys fail each other with serialization
+// failures (SQLSTATE 40001: the predicate lock on the idem_records_pkey
+// page that an absent key's read takes conflicts with every insert into
+// that page). A statement in the caller's transaction (CompleteTx) runs
+// at the caller's level. A serialization failure or a deadlock that
+// still happens is retried, with a pause. The transactions the dialect
+// begins itself (Migrate, Sweep) are READ COMMITTED explicitly.
 //
 // A database that an older build migrated lacks the function: Acquire
 // then fails with "has Store.Migrate run?", and Migrate adds it.
@@ -268,13 +274,14 @@
 // lost. A takeover that waits for an Extend reads the renewal in a
 // statement that starts after its lock was granted (under READ
 // COMMITTED, a new snapshot, which shows the renewal) and then finds the
-// key in flight. If the store's sessions run REPEATABLE READ or
-// SERIALIZABLE (the server's default_transaction_isolation), the
-// function's statements share the snapshot of the acquire statement and
-// that read may miss a renewal; so a takeover also upserts the renewal
-// row for its own lease, which fails with 40001 when the row changed
-// after the snapshot, and Acquire runs again (TestExtendTakeoverRace
-// fails without it). idem_sweep locks the expired records it finds (FOR
+// key in flight. Should the acquire statement ever run under REPEATABLE
+// READ or SERIALIZABLE (the Store runs it at READ COMMITTED whatever the
+// sessions' default_transaction_isolation, but the function does not
+// rely on that), the function's statements would share the snapshot of
+// the acquire statement and that read might miss a renewal; so a
+// takeover also upserts the renewal row for its own lease, which fails
+// with 40001 when the row changed after the snapshot, and Acquire runs
+// again (TestExtendTakeoverRace). idem_sweep locks the expired records it finds (FOR
 // UPDATE SKIP LOCKED), then decides in a later statement, in a READ
 // COMMITTED transaction whatever the session's default; it deletes the
 // renewals of the records it removes, and renewals that lapsed (their
@@ -353,7 +360,13 @@
 // runs it again after a short pause, at most 8 times. A lock wait timeout
 // (1205) is not retried. The statements run on autocommit connections, so
 // the session's isolation level does not matter: each read is a fresh
-// consistent read, and the upsert always reads the latest committed row.
+// consistent read (InnoDB's SERIALIZABLE makes plain reads locking only
+// when autocommit is off), and the upsert always reads the latest
+// committed row. Requests on distinct keys do not fail each other under
+// REPEATABLE READ, READ COMMITTED or SERIALIZABLE
+// (TestDistinctKeysUnderIsolationDefault), so the Store does not wrap its
+// statements in READ COMMITTED transactions on MySQL as it does on
+// PostgreSQL.
 //
 // Extend on MySQL is an UPDATE and then a read of the lease (no
 // RETURNING): MySQL's affected-rows count says "changed", not "matched",
@@ -505,15 +518,6 @@
 //
 // # What this package does not guarantee
 //
-//   - On PostgreSQL, a server whose default_transaction_isolation is
-//     SERIALIZABLE makes concurrent Acquires of distinct keys fail with
-//     serialization failures (predicate locks on shared index pages)
-//     beyond Acquire's 8 attempts, now and before renewals moved out of
-//     the record. Acquire pauses between those attempts (a few
-//     milliseconds, growing, with jitter), which lets a burst of about
-//     ten distinct keys through; a larger one may still fail. Keep the
-//     server's default at READ COMMITTED or REPEATABLE READ
-//     (transactions of the application may use any level).
 //   - The database's clock is the clock of its server (of the primary, on
 //     PostgreSQL and MySQL): a step of that clock moves every lease. A
 //     failover to a replica whose clock differs moves them too.

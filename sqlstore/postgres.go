@@ -56,6 +56,20 @@ func (postgresDialect) retryable(err error) bool {
 	return false
 }
 
+// isolationQuery: the level a transaction begun without one runs at, as
+// SET SESSION CHARACTERISTICS, ALTER DATABASE … SET, ALTER ROLE … SET or
+// the connection string set it ("read committed", "repeatable read",
+// "serializable", "read uncommitted", which PostgreSQL runs as READ
+// COMMITTED). The Store's own statements run at READ COMMITTED whatever
+// it is (see Store.inReadCommitted).
+func (postgresDialect) isolationQuery() string {
+	return "SELECT current_setting('default_transaction_isolation')"
+}
+
+func (postgresDialect) readCommitted(level string) bool {
+	return level == "read committed" || level == "read uncommitted"
+}
+
 // readCommitted are the options of every transaction the dialect begins:
 // each statement sees what committed before it started, whatever the
 // server's default_transaction_isolation.

@@ -132,3 +132,32 @@ func AtIsolation(t testing.TB, dsn, level string) (*sql.DB, string) {
 	}
 	return db, u.String()
 }
+
+// MySQLAt is MySQL with sessions whose transaction isolation is level
+// ("REPEATABLE READ", "READ COMMITTED", "SERIALIZABLE"; a hyphen may
+// stand for the space): MariaDB and MySQL have no per-database default,
+// so the DSN sets the session variable on each connection
+// (transaction_isolation, or tx_isolation on servers that lack it, as
+// MariaDB before 11.1 does). It returns a pool on a database of the
+// test's own and its DSN, and fails t when the session does not run at
+// level, so that a test never trusts the server's default.
+func MySQLAt(t testing.TB, level string) (*sql.DB, string) {
+	t.Helper()
+	admin, dsn := MySQL(t)
+	variable := "transaction_isolation"
+	var got string
+	if admin.QueryRowContext(context.Background(), "SELECT @@SESSION.transaction_isolation").Scan(&got) != nil {
+		variable = "tx_isolation"
+	}
+	want := strings.ToUpper(strings.ReplaceAll(level, " ", "-"))
+	sep := "?"
+	if strings.Contains(dsn[strings.LastIndexByte(dsn, ')')+1:], "?") {
+		sep = "&"
+	}
+	dsn += sep + variable + "=" + url.QueryEscape("'"+want+"'")
+	db := Open(t, "mysql", dsn, testenv.MySQL)
+	if err := db.QueryRowContext(context.Background(), "SELECT @@SESSION."+variable).Scan(&got); err != nil || got != want {
+		t.Fatalf("%s = %q, %v; want %q", variable, got, err, want)
+	}
+	return db, dsn
+}

@@ -48,15 +48,15 @@ func freshSQLite(t *testing.T) (*sql.DB, string) {
 	return db, "sqlite:" + path
 }
 
-// freshPostgres: a schema of the test's own (internal/testdb).
-func freshPostgres(t *testing.T) (*sql.DB, string) { return testdb.Postgres(t) }
+// freshPostgres: a schema of the test's own (internal/testdb), reached by
+// sessions whose default isolation is READ COMMITTED, PostgreSQL's
+// default, set rather than trusted.
+func freshPostgres(t *testing.T) (*sql.DB, string) { return testdb.PostgresAt(t, "read committed") }
 
-// freshMySQL: a database of the test's own (internal/testdb), and the -db
-// value that reaches it.
-func freshMySQL(t *testing.T) (*sql.DB, string) {
-	db, dsn := testdb.MySQL(t)
-	return db, "mysql:" + dsn
-}
+// freshMySQL: a database of the test's own (internal/testdb), reached by
+// sessions at REPEATABLE READ, MariaDB's and MySQL's default, set rather
+// than trusted; and the -db value that reaches it.
+func freshMySQL(t *testing.T) (*sql.DB, string) { return freshMySQLAt("REPEATABLE READ")(t) }
 
 func mustExec(t *testing.T, db *sql.DB, stmt string) {
 	t.Helper()

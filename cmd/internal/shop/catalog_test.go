@@ -432,13 +432,15 @@ func TestConcurrentOrdersNeverOversell(t *testing.T) {
 				t.Errorf("order %d: %d %s", i, statuses[i], codes[i])
 			}
 		}
+		rows, stock := countRows(t, db, `SELECT COUNT(*) FROM shop_orders WHERE sku = 'SKU-1'`), stockOf(t, db, b.dialect, "SKU-1")
+		t.Logf("%s: %d × 201, %d × 409 OUT_OF_STOCK, %d order rows, stock %d", b.name, created, outOfStock, rows, stock)
 		if created != 100 || outOfStock != 50 {
 			t.Errorf("%d created and %d OUT_OF_STOCK, want 100 and 50", created, outOfStock)
 		}
-		if rows := countRows(t, db, `SELECT COUNT(*) FROM shop_orders WHERE sku = 'SKU-1'`); rows != 100 {
+		if rows != 100 {
 			t.Errorf("%d order rows, want 100", rows)
 		}
-		if stock := stockOf(t, db, b.dialect, "SKU-1"); stock != 0 {
+		if stock != 0 {
 			t.Errorf("stock %d, want 0", stock)
 		}
 		if reserved := countRows(t, db, `SELECT COALESCE(SUM(reserved_qty), 0) FROM shop_orders WHERE sku = 'SKU-1'`); reserved != 100 {

@@ -343,5 +343,12 @@
 // where every waiter on a hot row (a product's stock, a coupon, a
 // token) but the first fails each round: a burst of a few hundred
 // requests on one row goes through. A lock wait timeout (MySQL 1205) is
-// not retried: it already waited innodb_lock_wait_timeout.
+// not retried: it already waited innodb_lock_wait_timeout. idem's own
+// statements (an acquire, a renewal, a completion outside the order's
+// transaction) run at READ COMMITTED whatever the default (sqlstore does
+// so on PostgreSQL), so requests on different keys never fail each
+// other there. The concurrency tests run on SQLite, on PostgreSQL at READ
+// COMMITTED, REPEATABLE READ and SERIALIZABLE, and on MariaDB at
+// REPEATABLE READ, READ COMMITTED and SERIALIZABLE, each set on the
+// session.
 package shop

@@ -5,30 +5,32 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/sqlstore"
 )
 
 // isolationBackends are the servers under the other isolation defaults
-// sqlstore supports: a PostgreSQL session whose
+// sqlstore supports (postgresBackend runs READ COMMITTED and mysqlBackend
+// REPEATABLE READ, both set on the session): a PostgreSQL session whose
 // default_transaction_isolation is REPEATABLE READ or SERIALIZABLE (where
-// a write conflict is a serialisation failure, 40001), and a MariaDB
-// session at SERIALIZABLE (plain reads take shared locks: deadlocks). The
-// plain mysqlBackend runs at the server's default, REPEATABLE READ.
+// a write conflict is a serialisation failure, 40001, and SERIALIZABLE
+// also fails transactions on predicate locks), and a MariaDB session at
+// READ COMMITTED or SERIALIZABLE (plain reads in a transaction take
+// shared locks: deadlocks).
 var isolationBackends = []backend{
 	{"postgres-repeatable-read", sqlstore.PostgreSQL, freshPostgresAt("repeatable read")},
 	{"postgres-serializable", sqlstore.PostgreSQL, freshPostgresAt("serializable")},
+	{"mysql-read-committed", sqlstore.MySQL, freshMySQLAt("READ COMMITTED")},
 	{"mysql-serializable", sqlstore.MySQL, freshMySQLAt("SERIALIZABLE")},
 }
 
 // forIsolations runs f as a parallel subtest on each backend and on each
-// of isolationBackends.
+// of isolationBackends: SQLite, and PostgreSQL and MariaDB at each of
+// their isolation levels.
 func forIsolations(t *testing.T, f func(t *testing.T, b backend)) {
 	for _, b := range append(append([]backend{}, backends...), isolationBackends...) {
 		t.Run(b.name, func(t *testing.T) {
@@ -39,36 +41,20 @@ func forIsolations(t *testing.T, f func(t *testing.T, b backend)) {
 }
 
 // freshPostgresAt: a schema of the test's own, reached by sessions whose
-// default_transaction_isolation is level (a runtime parameter of the URL).
+// default_transaction_isolation is level (a runtime parameter of the URL;
+// testdb fails the test when the session does not run at it).
 func freshPostgresAt(level string) func(t *testing.T) (*sql.DB, string) {
 	return func(t *testing.T) (*sql.DB, string) { return testdb.PostgresAt(t, level) }
 }
 
 // freshMySQLAt: a database of the test's own, reached by sessions whose
-// tx_isolation is level (MariaDB has no per-database default; the driver
-// sets the session variable on each connection).
+// transaction isolation is level (MariaDB has no per-database default;
+// the driver sets the session variable on each connection, and testdb
+// fails the test when the session does not run at level).
 func freshMySQLAt(level string) func(t *testing.T) (*sql.DB, string) {
 	return func(t *testing.T) (*sql.DB, string) {
-		_, dsn := testdb.MySQL(t)
-		sep := "?"
-		if strings.Contains(dsn[strings.LastIndexByte(dsn, '/'):], "?") {
-			sep = "&"
-		}
-		dsn += sep + "tx_isolation=" + url.QueryEscape("'"+level+"'")
-		db := testdb.Open(t, "mysql", dsn, testenv.MySQL)
-		mustIsolation(t, db, "SELECT @@tx_isolation", level)
+		db, dsn := testdb.MySQLAt(t, level)
 		return db, "mysql:" + dsn
-	}
-}
-
-func mustIsolation(t *testing.T, db *sql.DB, query, want string) {
-	t.Helper()
-	var got string
-	if err := db.QueryRowContext(t.Context(), query).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.EqualFold(strings.ReplaceAll(got, "-", " "), want) {
-		t.Fatalf("%s = %q, want %q", query, got, want)
 	}
 }
 

@@ -452,12 +452,15 @@ func TestCheckoutConcurrentSubmissions(t *testing.T) {
 		locs := make([]string, n)
 		codes := make([]int, n)
 		var wg sync.WaitGroup
+		start := make(chan struct{})
 		for i := range n {
 			wg.Go(func() {
+				<-start
 				rec := page(s, "POST", "/checkout", 13, form)
 				codes[i], locs[i] = rec.Code, rec.Header().Get("Location")
 			})
 		}
+		close(start)
 		wg.Wait()
 		for i := range n {
 			if codes[i] != http.StatusSeeOther || locs[i] != locs[0] || locs[0] == "" {
