@@ -60,7 +60,7 @@ func ExampleTokenStore() {
 		}
 		n, _ := res.LastInsertId()
 		orderID = fmt.Sprintf("order-%d", n)
-		err = tokens.ConsumeTx(ctx, tx, user, formToken, []byte(orderID))
+		err = tokens.ConsumeTx(ctx, tx, user, formToken, token.Use{Result: []byte(orderID)})
 		var used *token.UsedError
 		switch {
 		case errors.As(err, &used):
