@@ -20,7 +20,7 @@ import (
 //
 // Every operation is one statement in the common case. Consume is one
 // UPDATE that spends the token only if it is live, unused and of the
-// caller's scope; when it spends nothing, a read tells a used token (with
+// caller's scope, and keeps it Spend.Keep after the use; when it spends nothing, a read tells a used token (with
 // its result) from an invalid one — on PostgreSQL that read is part of the
 // same statement, and a second statement runs only for a token spent
 // concurrently. Times (expiry, use) come from the database's clock.
