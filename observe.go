@@ -93,8 +93,10 @@ const (
 	// Route is the lock's name only where the application's names are a
 	// bounded set (the lock package leaves it empty otherwise).
 	KindLock
-	// KindToken: a submit token issued (Op OpIssue) or consumed (Op
-	// OpConsume; Outcome OutcomeConsumed, OutcomeUsed, OutcomeInvalid).
+	// KindToken: a submit token issued (Op OpIssue), consumed (Op
+	// OpConsume; Outcome OutcomeConsumed, OutcomeUsed, OutcomeMismatch,
+	// OutcomeInvalid), or a scope's unused tokens trimmed after an issue
+	// (Op OpTrim; N the tokens removed).
 	KindToken
 	// KindInbox: a message handled by an inbox; Route is the consumer
 	// group, Outcome OutcomeProcessed, OutcomeDuplicate, OutcomeRetried,
@@ -132,6 +134,7 @@ const (
 	OpSweep      = "sweep"
 	OpIssue      = "issue"
 	OpConsume    = "consume"
+	OpTrim       = "trim"
 	OpPublish    = "publish"
 	OpBacklog    = "backlog"
 )
@@ -142,7 +145,7 @@ const (
 	OutcomeExecuted   = "executed"    // the handler ran and its response was stored
 	OutcomeReplayed   = "replayed"    // a stored response was replayed
 	OutcomeInFlight   = "in_flight"   // refused: the key is being executed (409, Aborted)
-	OutcomeMismatch   = "mismatch"    // refused: the key was used with another request (422)
+	OutcomeMismatch   = "mismatch"    // refused: the key (or a submit token) was used with another request (422)
 	OutcomeMissingKey = "missing_key" // refused: a key is required (400)
 	OutcomeInvalidKey = "invalid_key" // refused: the key is malformed (400)
 	OutcomeStoreError = "store_error" // the store failed (503, Unavailable)

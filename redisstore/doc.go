@@ -140,15 +140,23 @@
 //
 // [TokenStore] keeps the pre-issued submit tokens of package
 // [github.com/idemkit/idem/token]: one hash per token at
-// PREFIX:token:DIGEST (the SHA-256 of the ID; the ID itself is never
-// stored), with the scope and, once spent, the time of use and the
-// result. Insert (token_insert.lua) writes the hash and its expiry, the
-// server's now + TTL, in one script; Consume (token_consume.lua) checks
-// the scope and that the token is unused and marks it used with its
-// result in one script, keeping the key's expiry, so of concurrent
-// Consumes exactly one is told nil. Redis deletes a token when its TTL
-// ends, used or not: there is nothing to sweep. A lost token (restart,
-// failover, eviction) answers token.ErrInvalid, never a second first use.
+// PREFIX:token:{SCOPETAG}:DIGEST (DIGEST the SHA-256 of the ID, which is
+// never stored; SCOPETAG a 64-bit hash of the scope), with the scope and,
+// once spent, the time of use, the result and the request's fingerprint;
+// and per scope a sorted set of its unused tokens by expiry,
+// PREFIX:tokens:{SCOPETAG}, in the same Cluster slot. Insert
+// (token_insert.lua) writes the hash and its expiry, the server's now +
+// TTL, and adds it to the set, in one script; Consume (token_consume.lua)
+// checks the scope and that the token is unused, marks it used with its
+// result and fingerprint, moves the key's expiry to now + Keep if that is
+// later and takes it out of the set, in one script, so of concurrent
+// Consumes exactly one is told nil; Trim (token_trim.lua) drops the set's
+// expired members and deletes the tokens beyond the newest it keeps.
+// Redis deletes a token when its expiry comes, used or not: there is
+// nothing to sweep. A lost token (restart, failover, eviction) answers
+// token.ErrInvalid, never a second first use. Tokens written by versions
+// before the scope's hash tag (PREFIX:token:DIGEST) are not found after
+// an upgrade: open forms must be reloaded.
 // Token keys never match a Store's records (PREFIX:{…}), so one prefix
 // may serve both.
 //

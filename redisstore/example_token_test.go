@@ -32,9 +32,9 @@ func ExampleNewTokenStore() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(tokens.Consume(ctx, "user-42", tok.ID, []byte("order-1001")))
+	fmt.Println(tokens.Consume(ctx, "user-42", tok.ID, token.Use{Result: []byte("order-1001")}))
 	var used *token.UsedError
-	if err := tokens.Consume(ctx, "user-42", tok.ID, nil); errors.As(err, &used) {
+	if err := tokens.Consume(ctx, "user-42", tok.ID, token.Use{}); errors.As(err, &used) {
 		fmt.Printf("already used: %s\n", used.Result)
 	}
 }

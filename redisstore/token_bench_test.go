@@ -65,7 +65,7 @@ func BenchmarkTokenVsBare(b *testing.B) {
 		var tok token.Token
 		m := benchpair.Run(b, evalDel,
 			benchpair.Func{Name: "consume", Before: func() { tok = issue() }, F: func() {
-				if err := toks.Consume(ctx, "user-1", tok.ID, result); err != nil {
+				if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: result}); err != nil {
 					b.Fatal(err)
 				}
 			}})
@@ -73,13 +73,13 @@ func BenchmarkTokenVsBare(b *testing.B) {
 	})
 	b.Run("repeat", func(b *testing.B) {
 		tok := issue()
-		if err := toks.Consume(ctx, "user-1", tok.ID, result); err != nil {
+		if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: result}); err != nil {
 			b.Fatal(err)
 		}
 		m := benchpair.Run(b, evalDel,
 			benchpair.Func{Name: "repeat", F: func() {
 				var ue *token.UsedError
-				if err := toks.Consume(ctx, "user-1", tok.ID, result); !errors.As(err, &ue) {
+				if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: result}); !errors.As(err, &ue) {
 					b.Fatal(err)
 				}
 			}})

@@ -3,12 +3,14 @@ package redisstore_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/rediskey"
 	"github.com/idemkit/idem/redisstore"
 	"github.com/idemkit/idem/token"
 	"github.com/idemkit/idem/token/tokentest"
@@ -34,14 +36,29 @@ func TestTokenConformance(t *testing.T) {
 	tokentest.Run(t, func(*testing.T) token.Store { return s }, tokentest.Caps{ExpiresByItself: true, Precision: time.Millisecond})
 }
 
-// tokenKey returns the Redis key of the token id under prefix.
-func tokenKey(t testing.TB, prefix, id string) string {
+// TestTokenConformanceCluster runs the suite on a Redis Cluster: a
+// scope's token keys and its set share a slot, or the scripts would fail
+// with CROSSSLOT.
+func TestTokenConformanceCluster(t *testing.T) {
+	t.Parallel()
+	c := clusterClient(t)
+	prefix := randomPrefix()
+	s, err := redisstore.NewTokenStore(c, &redisstore.TokenConfig{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deletePrefix(t, c, prefix) })
+	tokentest.Run(t, func(*testing.T) token.Store { return s }, tokentest.Caps{ExpiresByItself: true, Precision: time.Millisecond})
+}
+
+// tokenKey returns the Redis key of the token id of scope under prefix.
+func tokenKey(t testing.TB, prefix, scope, id string) string {
 	t.Helper()
 	d, err := token.Digest(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return prefix + ":token:" + d
+	return prefix + ":token:{" + rediskey.ScopeTag(scope) + "}:" + d
 }
 
 // TestTokenRace: 100 goroutines consume one token, three times over:
@@ -68,7 +85,7 @@ func TestTokenRace(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				errs[i] = toks.Consume(ctx, "user-1", tok.ID, fmt.Appendf(nil, "order-%d", i))
+				errs[i] = toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: fmt.Appendf(nil, "order-%d", i)})
 			})
 		}
 		close(start)
@@ -92,7 +109,7 @@ func TestTokenRace(t *testing.T) {
 				t.Fatalf("round %d: goroutine %d: %v, want used with %q", round, i, err, want)
 			}
 		}
-		h, err := c.HGetAll(ctx, tokenKey(t, prefix, tok.ID)).Result()
+		h, err := c.HGetAll(ctx, tokenKey(t, prefix, "user-1", tok.ID)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,14 +120,15 @@ func TestTokenRace(t *testing.T) {
 }
 
 // TestTokenTTL: the key's expiry is set by Insert, to the TokenStore's
-// answer, and Consume keeps it; the raw ID is in no key; Redis deletes
-// the token when it ends.
+// answer, and Consume moves it to the use + Keep; the raw ID is in no
+// key; the scope's set holds the unused token only; Redis deletes the
+// token when it ends.
 func TestTokenTTL(t *testing.T) {
 	t.Parallel()
 	c := singleClient(t)
 	s, prefix := newTokenStore(t, c)
 	ctx := t.Context()
-	toks, err := token.New(s, &token.Config{TTL: 2 * time.Second})
+	toks, err := token.New(s, &token.Config{TTL: time.Second, Keep: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +136,7 @@ func TestTokenTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := tokenKey(t, prefix, tok.ID)
+	key := tokenKey(t, prefix, "user-1", tok.ID)
 	expireTime := func() int64 {
 		t.Helper()
 		ms, err := c.PExpireTime(ctx, key).Result()
@@ -131,11 +149,24 @@ func TestTokenTTL(t *testing.T) {
 	if before != tok.ExpiresAt.UnixMilli() {
 		t.Fatalf("key expires at %d, Issue said %d", before, tok.ExpiresAt.UnixMilli())
 	}
-	if err := toks.Consume(ctx, "user-1", tok.ID, []byte("r")); err != nil {
+	set := prefix + ":tokens:{" + rediskey.ScopeTag("user-1") + "}"
+	d, _ := token.Digest(tok.ID)
+	if score, err := c.ZScore(ctx, set, d).Result(); err != nil || int64(score) != before {
+		t.Fatalf("the scope's set scores the token %v, %v; want its expiry %d", score, err, before)
+	}
+	if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: []byte("r")}); err != nil {
 		t.Fatal(err)
 	}
-	if after := expireTime(); after != before {
-		t.Fatalf("Consume moved the expiry from %d to %d", before, after)
+	h, err := c.HGetAll(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	usedAt, _ := strconv.ParseInt(h["u"], 10, 64)
+	if after := expireTime(); after != usedAt+2000 || after <= before {
+		t.Fatalf("Consume moved the expiry from %d to %d, want the use (%d) + Keep", before, after, usedAt)
+	}
+	if n, err := c.Exists(ctx, set).Result(); err != nil || n != 0 {
+		t.Fatalf("the scope's set of unused tokens is still there after its only token was used: %d, %v", n, err)
 	}
 	if n, err := c.Exists(ctx, prefix+":token:"+tok.ID).Result(); err != nil || n != 0 {
 		t.Fatalf("a key holds the raw ID: %d, %v", n, err)
@@ -143,11 +174,11 @@ func TestTokenTTL(t *testing.T) {
 	if got := countPrefix(t, c, prefix); got != 1 {
 		t.Fatalf("%d keys under the prefix, want 1", got)
 	}
-	time.Sleep(time.Until(tok.ExpiresAt) + 200*time.Millisecond)
+	time.Sleep(time.Until(time.UnixMilli(usedAt+2000)) + 200*time.Millisecond)
 	if n, err := c.Exists(ctx, key).Result(); err != nil || n != 0 {
-		t.Fatalf("the token's key is still there after its TTL: %d, %v", n, err)
+		t.Fatalf("the token's key is still there after its keep: %d, %v", n, err)
 	}
-	if err := toks.Consume(ctx, "user-1", tok.ID, nil); !errors.Is(err, token.ErrInvalid) {
+	if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{}); !errors.Is(err, token.ErrInvalid) {
 		t.Fatalf("Consume after the TTL = %v, want ErrInvalid", err)
 	}
 }
@@ -173,7 +204,7 @@ func TestTokenBesideStore(t *testing.T) {
 	if _, err := st.Sweep(t.Context(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := toks.Consume(t.Context(), "u", tok.ID, nil); err != nil {
+	if err := toks.Consume(t.Context(), "u", tok.ID, token.Use{}); err != nil {
 		t.Fatalf("Consume after the Store's Sweep = %v", err)
 	}
 }
@@ -195,7 +226,7 @@ func TestNewTokenStore(t *testing.T) {
 	}
 	// An unreachable server: an error that is neither answer of the
 	// contract.
-	err = s.Consume(t.Context(), "u", fmt.Sprintf("%064x", 1), nil)
+	err = s.Consume(t.Context(), "u", fmt.Sprintf("%064x", 1), token.Spend{})
 	if err == nil || errors.Is(err, token.ErrInvalid) || errors.Is(err, token.ErrUsed) {
 		t.Fatalf("Consume on an unreachable server = %v", err)
 	}
@@ -218,11 +249,11 @@ func TestTokenExampleSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tokens.Consume(ctx, "user-42", tok.ID, []byte("order-1001")); err != nil {
+	if err := tokens.Consume(ctx, "user-42", tok.ID, token.Use{Result: []byte("order-1001")}); err != nil {
 		t.Fatal(err)
 	}
 	var used *token.UsedError
-	if err := tokens.Consume(ctx, "user-42", tok.ID, nil); !errors.As(err, &used) || string(used.Result) != "order-1001" {
+	if err := tokens.Consume(ctx, "user-42", tok.ID, token.Use{}); !errors.As(err, &used) || string(used.Result) != "order-1001" {
 		t.Fatalf("second Consume = %v, want used with order-1001", err)
 	}
 }

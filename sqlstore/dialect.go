@@ -123,13 +123,15 @@ type statements struct {
 	tokenConsume *query
 	tokenSelect  *query
 	tokenSweep   *query
+	tokenTrim    *query
+	tokenTrimDel *query           // may be empty: token_trim deletes (all but MySQL)
 	lock         lockStatements   // the statements of LockBackend (lock.go)
 	outbox       outboxStatements // the statements of OutboxStore (outbox.go)
 	inbox        inboxStatements  // the statements of InboxStore (inbox.go)
 }
 
 // numQueries is the number of statements of a dialect.
-const numQueries = 17 + 4 // idem_records and migrations; tokens
+const numQueries = 17 + 6 // idem_records and migrations; tokens
 
 func (st *statements) byName() map[string]**query {
 	return map[string]**query{
@@ -151,10 +153,12 @@ func (st *statements) byName() map[string]**query {
 		"list":                    &st.list,
 		"list_status":             &st.listStatus,
 
-		"token_insert":  &st.tokenInsert,
-		"token_consume": &st.tokenConsume,
-		"token_select":  &st.tokenSelect,
-		"token_sweep":   &st.tokenSweep,
+		"token_insert":      &st.tokenInsert,
+		"token_consume":     &st.tokenConsume,
+		"token_select":      &st.tokenSelect,
+		"token_sweep":       &st.tokenSweep,
+		"token_trim":        &st.tokenTrim,
+		"token_trim_delete": &st.tokenTrimDel,
 	}
 }
 
@@ -181,6 +185,9 @@ const (
 	pDigest
 	pResult
 	pTTLMS
+	pTokenFingerprint
+	pKeepMS
+	pKeep
 
 	// Outbox.
 	pOutboxID
@@ -219,6 +226,10 @@ var paramNames = map[string]param{
 	"result": pResult,
 	"ttl_ms": pTTLMS,
 
+	"token_fingerprint": pTokenFingerprint,
+	"keep_ms":           pKeepMS,
+	"keep":              pKeep,
+
 	"id":           pOutboxID,
 	"topic":        pTopic,
 	"msg_key":      pMsgKey,
@@ -254,6 +265,10 @@ type values struct {
 	digest string
 	result []byte // nil or empty: NULL
 	ttlMS  int64
+	// tokenFP is a Spend's fingerprint ("": NULL), keepMS its Keep, keep
+	// the count of Trim.
+	tokenFP      string
+	keepMS, keep int64
 
 	// Outbox.
 	outboxID int64
@@ -319,6 +334,16 @@ func (q *query) args(v *values) []any {
 			}
 		case pTTLMS:
 			a[i] = v.ttlMS
+		case pTokenFingerprint:
+			if v.tokenFP == "" {
+				a[i] = nil
+			} else {
+				a[i] = v.tokenFP
+			}
+		case pKeepMS:
+			a[i] = v.keepMS
+		case pKeep:
+			a[i] = v.keep
 		case pOutboxID:
 			a[i] = v.outboxID
 		case pTopic:
@@ -425,7 +450,7 @@ func parseStatements(file string, src string) (*statements, error) {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)
 		}
-		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" && name != "select_held" && name != "select_record_in_tx" {
+		if (*slot).text == "" && name != "lock_schema" && name != "select_lease" && name != "select_held" && name != "select_record_in_tx" && name != "token_trim_delete" {
 			return nil, fmt.Errorf("%s: statement %q is empty", file, name)
 		}
 	}

@@ -491,10 +491,14 @@
 // MySQL migration 2, SQLite migration 3; Migrate of a Store or of a
 // TokenStore applies them all): one row per token, keyed by its digest
 // (the SHA-256 of the ID, never the ID), with the scope, created_at,
-// expires_at, used_at (NULL while unused) and the result of the first use
-// (bytea/BLOB, NULL for none), and an index on expires_at for
+// expires_at, used_at (NULL while unused), the result of the first use
+// (bytea/BLOB, NULL for none) and the fingerprint of its request (NULL
+// for none; PostgreSQL migration 11, MySQL 7, SQLite 9, with an index on
+// (scope, expires_at) for Trim), and an index on expires_at for
 // TokenStore.Sweep. Insert is one INSERT; Consume is one UPDATE … WHERE
-// digest = ? AND scope = ? AND used_at IS NULL AND expires_at > now, so
+// digest = ? AND scope = ? AND used_at IS NULL AND expires_at > now, which
+// also moves expires_at to now + Spend.Keep if that is later (a used token
+// is kept a day after its use, by default), so
 // of concurrent Consumes one changes the row and the others wait for its
 // row lock and then find it used. When it changes nothing, a read tells a
 // used token (its used_at and result) from an invalid one: on PostgreSQL
@@ -503,7 +507,12 @@
 // costs a second statement; on MySQL it is a locking read (LOCK IN SHARE
 // MODE), which inside the caller's REPEATABLE READ transaction sees the
 // row as the UPDATE did, not as the snapshot does. ConsumeTx runs the same
-// statements in the caller's transaction ([token.Tokens.ConsumeTx]).
+// statements in the caller's transaction ([token.Tokens.ConsumeTx]). Trim
+// deletes a scope's unused tokens beyond its newest in one DELETE on
+// PostgreSQL and SQLite; on MySQL, in a plain SELECT of them and a DELETE
+// by primary key of each, since a DELETE over a derived table of
+// idem_tokens locks the rows it reads and deadlocks with the
+// application's ConsumeTx.
 //
 // # Retrying the application's transactions
 //

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -60,13 +61,16 @@ func ExampleTokenStore() {
 		}
 		n, _ := res.LastInsertId()
 		orderID = fmt.Sprintf("order-%d", n)
-		err = tokens.ConsumeTx(ctx, tx, user, formToken, []byte(orderID))
+		// The form's fields, canonically: another form under this token
+		// is refused (token.ErrMismatch), not led to this order.
+		form := []byte("sku=" + url.QueryEscape(sku))
+		err = tokens.ConsumeTx(ctx, tx, user, formToken, token.Use{Request: form, Result: []byte(orderID)})
 		var used *token.UsedError
 		switch {
 		case errors.As(err, &used):
 			return string(used.Result), nil // a repeat: the first submission's order
 		case err != nil:
-			return "", err // token.ErrInvalid: expired or unknown form
+			return "", err // token.ErrInvalid (expired or unknown form), token.ErrMismatch
 		}
 		return orderID, tx.Commit()
 	}
@@ -79,6 +83,8 @@ func ExampleTokenStore() {
 		id, err := checkout(ctx, "user-42", tok.ID, "A-1")
 		fmt.Println(id, err)
 	}
+	_, err = checkout(ctx, "user-42", tok.ID, "B-2") // back, another product, resubmit
+	fmt.Println(errors.Is(err, token.ErrMismatch))
 	_, err = checkout(ctx, "user-42", "forged-or-expired-token", "A-1")
 	fmt.Println(err)
 	var n int
@@ -87,6 +93,7 @@ func ExampleTokenStore() {
 	// Output:
 	// order-1 <nil>
 	// order-1 <nil>
+	// true
 	// token: invalid or expired
 	// orders: 1
 }

@@ -20,7 +20,7 @@ import (
 //
 // Every operation is one statement in the common case. Consume is one
 // UPDATE that spends the token only if it is live, unused and of the
-// caller's scope; when it spends nothing, a read tells a used token (with
+// caller's scope, and keeps it Spend.Keep after the use; when it spends nothing, a read tells a used token (with
 // its result) from an invalid one — on PostgreSQL that read is part of the
 // same statement, and a second statement runs only for a token spent
 // concurrently. Times (expiry, use) come from the database's clock.
@@ -112,14 +112,14 @@ func (t *TokenStore) Insert(ctx context.Context, scope, digest string, ttl time.
 
 // Consume spends a token; see [token.Store]. A deadlock or a
 // serialisation failure, which rolled the statement back, is retried.
-func (t *TokenStore) Consume(ctx context.Context, scope, digest string, result []byte) error {
+func (t *TokenStore) Consume(ctx context.Context, scope, digest string, sp token.Spend) error {
 	const op = "token consume"
 	if err := t.s.closed(op); err != nil {
 		return err
 	}
 	var err error
 	for attempt := range maxAcquireAttempts {
-		err = t.consume(ctx, nil, scope, digest, result)
+		err = t.consume(ctx, nil, scope, digest, sp)
 		if err == nil || !t.s.d.retryable(err) {
 			break
 		}
@@ -145,7 +145,7 @@ func (t *TokenStore) Consume(ctx context.Context, scope, digest string, result [
 // Either way tx spent nothing: roll it back and run it again. On SQLite, begin tx with sqlite.Open's settings (IMMEDIATE):
 // a deferred transaction that has read before may fail to take the write
 // lock.
-func (t *TokenStore) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, digest string, result []byte) error {
+func (t *TokenStore) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, digest string, sp token.Spend) error {
 	const op = "token consume in tx"
 	if tx == nil {
 		return errors.New("sqlstore: token consume in tx: nil *sql.Tx")
@@ -153,7 +153,7 @@ func (t *TokenStore) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, digest st
 	if err := t.s.closed(op); err != nil {
 		return err
 	}
-	return t.answer(ctx, op, t.consume(ctx, tx, scope, digest, result))
+	return t.answer(ctx, op, t.consume(ctx, tx, scope, digest, sp))
 }
 
 // answer passes the answers of the contract through and wraps the rest.
@@ -165,12 +165,12 @@ func (t *TokenStore) answer(ctx context.Context, op string, err error) error {
 }
 
 // consume runs the dialect's consume, in tx when tx is not nil.
-func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest string, result []byte) error {
-	if len(result) > token.MaxResultLen {
-		return fmt.Errorf("%w: %d bytes", token.ErrResultTooLarge, len(result))
+func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest string, sp token.Spend) error {
+	if len(sp.Result) > token.MaxResultLen {
+		return fmt.Errorf("%w: %d bytes", token.ErrResultTooLarge, len(sp.Result))
 	}
 	s := t.s
-	v := values{digest: digest, scope: scope, result: result}
+	v := values{digest: digest, scope: scope, result: sp.Result, tokenFP: sp.Fingerprint, keepMS: max(0, ceilMS(sp.Keep))}
 	q := s.st.tokenConsume
 	// A token seen unused by the read that follows a consume that spent
 	// nothing was spent and then released by a transaction that rolled
@@ -182,8 +182,9 @@ func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest stri
 				first  bool
 				usedAt sql.NullInt64
 				res    []byte
+				fp     sql.NullString
 			)
-			err := s.queryRow(ctx, tx, q, &v, &first, &usedAt, &res)
+			err := s.queryRow(ctx, tx, q, &v, &first, &usedAt, &res, &fp)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				return token.ErrInvalid
@@ -192,7 +193,7 @@ func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest stri
 			case first:
 				return nil
 			case usedAt.Valid:
-				return &token.UsedError{UsedAt: fromMS(usedAt.Int64), Result: res}
+				return &token.UsedError{UsedAt: fromMS(usedAt.Int64), Result: res, Fingerprint: fp.String}
 			}
 		case mysqlDialect:
 			r, err := s.exec(ctx, tx, q, &v)
@@ -219,15 +220,16 @@ func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest stri
 		var (
 			usedAt sql.NullInt64
 			res    []byte
+			fp     sql.NullString
 		)
-		err := s.queryRow(ctx, tx, s.st.tokenSelect, &v, &usedAt, &res)
+		err := s.queryRow(ctx, tx, s.st.tokenSelect, &v, &usedAt, &res, &fp)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			return token.ErrInvalid
 		case err != nil:
 			return err
 		case usedAt.Valid:
-			return &token.UsedError{UsedAt: fromMS(usedAt.Int64), Result: res}
+			return &token.UsedError{UsedAt: fromMS(usedAt.Int64), Result: res, Fingerprint: fp.String}
 		}
 	}
 	return errors.New("token consume: the token changed under every attempt")
@@ -238,22 +240,76 @@ func (t *TokenStore) consume(ctx context.Context, tx *sql.Tx, scope, digest stri
 // PostgreSQL it skips rows a transaction holds (a ConsumeTx in progress);
 // on MySQL it waits for them.
 func (t *TokenStore) Sweep(ctx context.Context, limit int) (int, error) {
-	const op = "token sweep"
+	if limit <= 0 {
+		limit = token.DefaultSweepLimit
+	}
+	return t.deleteRows(ctx, "token sweep", t.s.st.tokenSweep, &values{limit: int64(limit)})
+}
+
+// Trim removes the unused tokens of scope but its keep newest live ones;
+// see [token.Store]. It is one DELETE, which waits for a row a
+// transaction holds (a ConsumeTx in progress on an old token) and then
+// leaves it if that transaction spent it. On MySQL it is a plain SELECT
+// of the tokens to remove, which locks nothing, and a DELETE by primary
+// key of each (one, after each Issue, once a scope has its keep): a
+// single DELETE would lock the rows it reads and deadlock with
+// transactions that spend tokens (see queries/mysql.sql).
+func (t *TokenStore) Trim(ctx context.Context, scope string, keep int) (int, error) {
+	const op = "token trim"
+	if keep < 0 {
+		return 0, fmt.Errorf("sqlstore: %s: keep %d is negative", op, keep)
+	}
+	v := values{scope: scope, keep: int64(keep)}
+	if t.s.st.tokenTrimDel.text == "" {
+		return t.deleteRows(ctx, op, t.s.st.tokenTrim, &v)
+	}
+	if err := t.s.closed(op); err != nil {
+		return 0, err
+	}
+	var digests []string
+	err := t.s.run(ctx, nil, t.s.st.tokenTrim, func(st *sql.Stmt) error {
+		rows, err := st.QueryContext(ctx, t.s.st.tokenTrim.args(&v)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var d string
+			if err := rows.Scan(&d); err != nil {
+				return err
+			}
+			digests = append(digests, d)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return 0, t.s.fail(ctx, op, err)
+	}
+	n := 0
+	for _, d := range digests {
+		m, err := t.deleteRows(ctx, op, t.s.st.tokenTrimDel, &values{digest: d, scope: scope})
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// deleteRows runs the DELETE q and returns the rows it removed. A
+// deadlock or a serialisation failure, which rolled it back, is retried.
+func (t *TokenStore) deleteRows(ctx context.Context, op string, q *query, v *values) (int, error) {
 	s := t.s
 	if err := s.closed(op); err != nil {
 		return 0, err
 	}
-	if limit <= 0 {
-		limit = token.DefaultSweepLimit
-	}
-	v := values{limit: int64(limit)}
 	var (
 		n   int64
 		err error
 	)
 	for attempt := range maxAcquireAttempts {
 		var res sql.Result
-		if res, err = s.exec(ctx, nil, s.st.tokenSweep, &v); err == nil {
+		if res, err = s.exec(ctx, nil, q, v); err == nil {
 			n, err = res.RowsAffected()
 		}
 		if err == nil || !s.d.retryable(err) {

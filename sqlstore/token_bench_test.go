@@ -99,7 +99,7 @@ func tokenBench(b *testing.B, srv server) {
 				}
 			}},
 			benchpair.Func{Name: "consume", Before: func() { tok = issue() }, F: func() {
-				if err := toks.Consume(ctx, scope, tok.ID, result); err != nil {
+				if err := toks.Consume(ctx, scope, tok.ID, token.Use{Result: result}); err != nil {
 					b.Fatal(err)
 				}
 			}})
@@ -107,7 +107,7 @@ func tokenBench(b *testing.B, srv server) {
 	})
 	b.Run("repeat", func(b *testing.B) {
 		tok := issue()
-		if err := toks.Consume(ctx, scope, tok.ID, result); err != nil {
+		if err := toks.Consume(ctx, scope, tok.ID, token.Use{Result: result}); err != nil {
 			b.Fatal(err)
 		}
 		d, _ := token.Digest(tok.ID)
@@ -121,7 +121,7 @@ func tokenBench(b *testing.B, srv server) {
 			}},
 			benchpair.Func{Name: "repeat", F: func() {
 				var ue *token.UsedError
-				if err := toks.Consume(ctx, scope, tok.ID, result); !errors.As(err, &ue) {
+				if err := toks.Consume(ctx, scope, tok.ID, token.Use{Result: result}); !errors.As(err, &ue) {
 					b.Fatal(err)
 				}
 			}})

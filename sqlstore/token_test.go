@@ -132,7 +132,9 @@ func TestTokenRace(t *testing.T) {
 			}
 			const n = 100
 			errs := make([]error, n)
-			race(n, func(i int) { errs[i] = toks.Consume(t.Context(), "user-1", tok.ID, fmt.Appendf(nil, "order-%d", i)) })
+			race(n, func(i int) {
+				errs[i] = toks.Consume(t.Context(), "user-1", tok.ID, token.Use{Result: fmt.Appendf(nil, "order-%d", i)})
+			})
 			winner, used := -1, 0
 			for i, err := range errs {
 				var ue *token.UsedError
@@ -203,7 +205,7 @@ func TestTokenConsumeTx(t *testing.T) {
 				if _, err := tx.ExecContext(ctx, srv.rebind(`INSERT INTO idem_test_token_orders (id, amount) VALUES (?, 1)`), order); err != nil {
 					t.Fatal(err)
 				}
-				if err := toks.ConsumeTx(ctx, tx, "user-1", tok.ID, []byte(order)); err != nil {
+				if err := toks.ConsumeTx(ctx, tx, "user-1", tok.ID, token.Use{Result: []byte(order)}); err != nil {
 					t.Fatalf("%s: ConsumeTx: %v", name, err)
 				}
 				if commit {
@@ -220,7 +222,7 @@ func TestTokenConsumeTx(t *testing.T) {
 						t.Fatalf("%s, committed: %d orders, token row %+v; want the order and the token spent with it", name, orders(order), row)
 					}
 					var ue *token.UsedError
-					if err := toks.Consume(ctx, "user-1", tok.ID, nil); !errors.As(err, &ue) || string(ue.Result) != order {
+					if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{}); !errors.As(err, &ue) || string(ue.Result) != order {
 						t.Fatalf("%s: Consume after the commit = %v, want used with %q", name, err, order)
 					}
 					continue
@@ -228,7 +230,7 @@ func TestTokenConsumeTx(t *testing.T) {
 				if orders(order) != 0 || row.usedAt.Valid || row.result != nil {
 					t.Fatalf("%s, rolled back: %d orders, token row %+v; want neither", name, orders(order), row)
 				}
-				if err := toks.Consume(ctx, "user-1", tok.ID, []byte("retry")); err != nil {
+				if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: []byte("retry")}); err != nil {
 					t.Fatalf("%s: Consume after the rollback = %v, want nil", name, err)
 				}
 			}
@@ -250,7 +252,7 @@ func TestTokenSweepRows(t *testing.T) {
 			}
 			short = append(short, d)
 		}
-		if err := s.Consume(ctx, "u", short[0], []byte("r")); err != nil {
+		if err := s.Consume(ctx, "u", short[0], token.Spend{Result: []byte("r")}); err != nil {
 			t.Fatal(err)
 		}
 		live := fmt.Sprintf("%064x", 99)
@@ -302,7 +304,7 @@ func TestTokenNotMigrated(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Consume(t.Context(), "u", fmt.Sprintf("%064x", 1), nil); !errors.Is(err, sqlstore.ErrClosed) {
+	if err := s.Consume(t.Context(), "u", fmt.Sprintf("%064x", 1), token.Spend{}); !errors.Is(err, sqlstore.ErrClosed) {
 		t.Fatalf("Consume after Close = %v, want ErrClosed", err)
 	}
 }
@@ -336,7 +338,8 @@ func TestTokenMultiProcess(t *testing.T) {
 	}
 	forDialects(t, func(t *testing.T, srv server) {
 		db, addr, s := tokenSetupAddr(t, srv)
-		toks, err := token.New(s, nil)
+		// Every token stays live for the children: no cap on the scope.
+		toks, err := token.New(s, &token.Config{MaxLive: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -450,7 +453,7 @@ func tokenChild(t *testing.T, dialect string) {
 		for i := range ids {
 			id := ids[(i+g)%len(ids)]
 			mine := fmt.Sprintf("p%d-g%d", pid, g)
-			err := toks.Consume(ctx, "shared-user", id, []byte(mine))
+			err := toks.Consume(ctx, "shared-user", id, token.Use{Result: []byte(mine)})
 			var ue *token.UsedError
 			mu.Lock()
 			switch {

@@ -31,27 +31,27 @@ func BenchmarkTokens(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := toks.Consume(ctx, "user-1", tok.ID, nil); err != nil {
+	if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{}); err != nil {
 		b.Fatal(err)
 	}
 	d, _ := token.Digest(tok.ID)
 	b.Run("ConsumeRepeat", func(b *testing.B) {
 		for b.Loop() {
-			if err := toks.Consume(ctx, "user-1", tok.ID, nil); err == nil {
+			if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{}); err == nil {
 				b.Fatal("spent twice")
 			}
 		}
 	})
 	b.Run("StoreConsumeRepeat", func(b *testing.B) {
 		for b.Loop() {
-			if err := s.Consume(ctx, "user-1", d, nil); err == nil {
+			if err := s.Consume(ctx, "user-1", d, token.Spend{}); err == nil {
 				b.Fatal("spent twice")
 			}
 		}
 	})
 	b.Run("ConsumeMalformed", func(b *testing.B) {
 		for b.Loop() {
-			if err := toks.Consume(ctx, "user-1", "not-a-token", nil); err != token.ErrInvalid {
+			if err := toks.Consume(ctx, "user-1", "not-a-token", token.Use{}); err != token.ErrInvalid {
 				b.Fatal(err)
 			}
 		}

@@ -4,11 +4,15 @@
 //
 // Issue makes a token for a scope (the user, the account) and stores it;
 // the page hands its ID to the client. Consume, when the client submits,
-// spends the token atomically and attaches a result to it (in a shop: the
-// order the submission created). A second Consume of the same token
-// answers a *UsedError carrying that result, so a repeated submission (a
-// double click, a reload, a client's retry) can be led to what the first
-// one made instead of making it again. An unknown, expired, malformed or
+// spends the token atomically with a Use: the submission in a canonical
+// form (Request, of which the store keeps only the SHA-256) and a result
+// (in a shop: the order the submission created). A second Consume of the
+// same token with the same request answers a *UsedError carrying that
+// result, so a repeated submission (a double click, a reload, a client's
+// retry) can be led to what the first one made instead of making it
+// again; with a different request it answers a *MismatchError
+// (ErrMismatch, not ErrUsed): that is another submission, not to be led
+// to the first one's result. An unknown, expired, trimmed, malformed or
 // another scope's token answers ErrInvalid, distinct from ErrUsed.
 //
 // Stores: MemoryStore (this package, one process), the sqlstore package's
@@ -27,9 +31,18 @@
 //     on SQL): of any number of concurrent Consume calls on one token, in
 //     one or many processes, exactly one answers nil; the others answer a
 //     *UsedError with that call's result.
-//   - A used token is remembered, with its result and the time of its use,
-//     until its TTL ends (Config.TTL, 30 min by default, counted from
-//     Issue, not extended by use); after that it answers ErrInvalid.
+//   - An unused token lives Config.TTL (30 min by default) from Issue. A
+//     used token is remembered, with its result, its request's
+//     fingerprint and the time of its use, at least Config.Keep (24 h by
+//     default) after its use: the use moves its expiry to the later of
+//     the two. After that it answers ErrInvalid.
+//   - A spent token presented with a different Request (both uses with
+//     one) answers *MismatchError, never nil or *UsedError; a Use without
+//     Request is not checked, either way.
+//   - A scope holds at most Config.MaxLive (20 by default) unused tokens:
+//     each Issue removes the older ones beyond it (Store.Trim); used
+//     tokens are neither counted nor removed. A failed trim does not fail
+//     the Issue (the Observer hears of it); the next one trims again.
 //   - Expiry is decided by the store's clock (the database's, Redis's),
 //     never by the application server's.
 //   - Stores keep the SHA-256 of the ID (Digest), never the ID: someone
@@ -39,6 +52,7 @@
 //     an invalid scope (ErrScope: empty, longer than 255 bytes, not UTF-8,
 //     control characters) and a result longer than MaxResultLen (16 KiB)
 //     are refused before any call to the store.
+//   - Stores keep the SHA-256 of the Request, never the Request.
 //   - With sqlstore, ConsumeTx spends the token in the transaction that
 //     writes the effect: both commit, or neither does. A concurrent
 //     Consume waits for that transaction and then answers ErrUsed with its
@@ -57,7 +71,7 @@
 //     (idemhttp) where clients retry on their own.
 //   - An error other than ErrInvalid and ErrUsed (the store unreachable, a
 //     timeout) leaves the token's state unknown: it may have been spent.
-//     A retry of Consume with the same result settles it.
+//     A retry of Consume with the same Use settles it.
 //   - The result is a reference (an order ID, a URL), at most 16 KiB, not
 //     a response to replay; an empty result reads back as nil.
 //   - On Redis, a token lives as long as its key: a server that evicts

@@ -26,7 +26,7 @@ func Example() {
 
 	// POST /checkout, twice with the same token.
 	for range 2 {
-		err := tokens.Consume(ctx, "user-42", tok.ID, []byte("order-1001"))
+		err := tokens.Consume(ctx, "user-42", tok.ID, token.Use{Result: []byte("order-1001")})
 		var used *token.UsedError
 		switch {
 		case err == nil:
@@ -41,7 +41,7 @@ func Example() {
 	}
 
 	// Another user cannot spend it, nor learn that it was used.
-	fmt.Println(tokens.Consume(ctx, "user-7", tok.ID, nil))
+	fmt.Println(tokens.Consume(ctx, "user-7", tok.ID, token.Use{}))
 	// Output:
 	// first submission: create order-1001
 	// repeated submission: see order-1001
@@ -71,15 +71,15 @@ func ExampleTokens_Consume() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(tokens.Consume(ctx, "user-42", tok.ID, []byte("order-1")))
-	err = tokens.Consume(ctx, "user-42", tok.ID, []byte("order-2"))
+	fmt.Println(tokens.Consume(ctx, "user-42", tok.ID, token.Use{Result: []byte("order-1")}))
+	err = tokens.Consume(ctx, "user-42", tok.ID, token.Use{Result: []byte("order-2")})
 	fmt.Println(errors.Is(err, token.ErrUsed))
 	var used *token.UsedError
 	if errors.As(err, &used) {
 		fmt.Printf("%s\n", used.Result)
 	}
 	// A malformed ID is refused without a call to the store.
-	fmt.Println(tokens.Consume(ctx, "user-42", "../../etc/passwd", nil))
+	fmt.Println(tokens.Consume(ctx, "user-42", "../../etc/passwd", token.Use{}))
 	// Output:
 	// <nil>
 	// true

@@ -3,6 +3,7 @@ package token
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -16,21 +17,23 @@ import (
 type MemoryStore struct {
 	mu     sync.Mutex
 	tokens map[string]*memToken
+	unused map[string]map[string]*memToken // scope → digest → its unused tokens, for Trim
 	now    func() time.Time
 }
 
 type memToken struct {
-	scope     string
-	expiresAt time.Time
-	usedAt    time.Time // zero while unused
-	result    []byte
+	scope       string
+	expiresAt   time.Time
+	usedAt      time.Time // zero while unused
+	result      []byte
+	fingerprint string
 }
 
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{tokens: map[string]*memToken{}, now: time.Now}
+	return &MemoryStore{tokens: map[string]*memToken{}, unused: map[string]map[string]*memToken{}, now: time.Now}
 }
 
 // Insert stores a new token; see Store.
@@ -44,12 +47,17 @@ func (m *MemoryStore) Insert(ctx context.Context, scope, digest string, ttl time
 		return time.Time{}, ErrDuplicate
 	}
 	exp := m.now().Add(ttl).Round(0)
-	m.tokens[digest] = &memToken{scope: scope, expiresAt: exp}
+	t := &memToken{scope: scope, expiresAt: exp}
+	m.tokens[digest] = t
+	if m.unused[scope] == nil {
+		m.unused[scope] = map[string]*memToken{}
+	}
+	m.unused[scope][digest] = t
 	return exp, nil
 }
 
 // Consume spends a token; see Store.
-func (m *MemoryStore) Consume(ctx context.Context, scope, digest string, result []byte) error {
+func (m *MemoryStore) Consume(ctx context.Context, scope, digest string, s Spend) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -61,13 +69,67 @@ func (m *MemoryStore) Consume(ctx context.Context, scope, digest string, result 
 		return ErrInvalid
 	}
 	if !t.usedAt.IsZero() {
-		return &UsedError{UsedAt: t.usedAt, Result: slices.Clone(t.result)}
+		return &UsedError{UsedAt: t.usedAt, Result: slices.Clone(t.result), Fingerprint: t.fingerprint}
 	}
 	t.usedAt = now.Round(0)
-	if len(result) > 0 {
-		t.result = slices.Clone(result)
+	if len(s.Result) > 0 {
+		t.result = slices.Clone(s.Result)
 	}
+	t.fingerprint = s.Fingerprint
+	if keep := t.usedAt.Add(s.Keep); keep.After(t.expiresAt) {
+		t.expiresAt = keep
+	}
+	m.forget(scope, digest)
 	return nil
+}
+
+// forget drops digest from the unused tokens of scope.
+func (m *MemoryStore) forget(scope, digest string) {
+	delete(m.unused[scope], digest)
+	if len(m.unused[scope]) == 0 {
+		delete(m.unused, scope)
+	}
+}
+
+// Trim removes a scope's unused tokens beyond its keep newest live ones;
+// see Store.
+func (m *MemoryStore) Trim(ctx context.Context, scope string, keep int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	type entry struct {
+		digest string
+		exp    time.Time
+	}
+	var live []entry
+	n := 0
+	for d, t := range m.unused[scope] {
+		if !now.Before(t.expiresAt) {
+			delete(m.tokens, d)
+			m.forget(scope, d)
+			n++
+			continue
+		}
+		live = append(live, entry{d, t.expiresAt})
+	}
+	if len(live) <= keep {
+		return n, nil
+	}
+	slices.SortFunc(live, func(a, b entry) int { // newest first
+		if c := b.exp.Compare(a.exp); c != 0 {
+			return c
+		}
+		return strings.Compare(b.digest, a.digest)
+	})
+	for _, e := range live[keep:] {
+		delete(m.tokens, e.digest)
+		m.forget(scope, e.digest)
+		n++
+	}
+	return n, nil
 }
 
 // Sweep removes expired tokens; see Store.
@@ -88,6 +150,9 @@ func (m *MemoryStore) Sweep(ctx context.Context, limit int) (int, error) {
 		}
 		if !now.Before(t.expiresAt) {
 			delete(m.tokens, d)
+			if t.usedAt.IsZero() {
+				m.forget(t.scope, d)
+			}
 			n++
 		}
 	}

@@ -25,39 +25,50 @@ func TestObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tk.Consume(ctx, "user-alice", tok.ID, []byte("order-1")); err != nil {
+	if err := tk.Consume(ctx, "user-alice", tok.ID, token.Use{Request: []byte("a"), Result: []byte("order-1")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tk.Consume(ctx, "user-alice", tok.ID, nil); !errors.Is(err, token.ErrUsed) {
+	if err := tk.Consume(ctx, "user-alice", tok.ID, token.Use{Request: []byte("b")}); !errors.Is(err, token.ErrMismatch) {
+		t.Fatalf("Consume with another request: %v, want ErrMismatch", err)
+	}
+	if err := tk.Consume(ctx, "user-alice", tok.ID, token.Use{}); !errors.Is(err, token.ErrUsed) {
 		t.Fatalf("second Consume: %v, want ErrUsed", err)
 	}
-	if err := tk.Consume(ctx, "user-bob", tok.ID, nil); !errors.Is(err, token.ErrInvalid) {
+	if err := tk.Consume(ctx, "user-bob", tok.ID, token.Use{}); !errors.Is(err, token.ErrInvalid) {
 		t.Fatalf("Consume under another scope: %v, want ErrInvalid", err)
 	}
-	if err := tk.Consume(ctx, "user-alice", "not a token", nil); !errors.Is(err, token.ErrInvalid) {
+	if err := tk.Consume(ctx, "user-alice", "not a token", token.Use{}); !errors.Is(err, token.ErrInvalid) {
 		t.Fatalf("Consume of garbage: %v, want ErrInvalid", err)
 	}
 	// A mistake of the caller is no consume.
-	if err := tk.Consume(ctx, "", tok.ID, nil); !errors.Is(err, token.ErrScope) {
+	if err := tk.Consume(ctx, "", tok.ID, token.Use{}); !errors.Is(err, token.ErrScope) {
 		t.Fatalf("Consume without scope: %v", err)
 	}
 	failing, err := token.New(failingStore{}, &token.Config{Observer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := failing.Consume(ctx, "user-alice", tok.ID, nil); !errors.Is(err, errDown) {
+	if err := failing.Consume(ctx, "user-alice", tok.ID, token.Use{}); !errors.Is(err, errDown) {
 		t.Fatalf("Consume on a failing store: %v", err)
 	}
 
-	want := []string{idem.OutcomeIssued, idem.OutcomeConsumed, idem.OutcomeUsed, idem.OutcomeInvalid, idem.OutcomeInvalid, idem.OutcomeError}
+	want := []string{idem.OutcomeIssued, idem.OutcomeOK, idem.OutcomeConsumed, idem.OutcomeMismatch, idem.OutcomeUsed, idem.OutcomeInvalid, idem.OutcomeInvalid, idem.OutcomeError}
 	if got := rec.Outcomes(idem.KindToken); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %q, want %q", got, want)
 	}
 	ends := rec.Ends(idem.KindToken)
+	if e := ends[1]; e.Op != idem.OpTrim || e.N != 0 {
+		t.Fatalf("end 1: %+v, want the issue's trim, nothing removed", e)
+	}
+	if ends[3].Err != nil {
+		t.Fatalf("mismatch reported as an error: %v", ends[3].Err)
+	}
+	// Without the trim and the mismatch, the checks below are the old ones.
+	ends = append(ends[:1:1], ends[2], ends[4], ends[5], ends[6], ends[7])
 	d, _ := token.Digest(tok.ID)
 	for i, e := range ends {
 		wantOp := idem.OpConsume
-		if i == 0 {
+		if i == 0 { // the trim was taken out above
 			wantOp = idem.OpIssue
 		}
 		if e.Op != wantOp {

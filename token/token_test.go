@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/obstest"
 	"github.com/idemkit/idem/token"
 	"github.com/idemkit/idem/token/tokentest"
 )
@@ -33,9 +35,9 @@ func (c *countingStore) Insert(ctx context.Context, scope, digest string, ttl ti
 	return c.Store.Insert(ctx, scope, digest, ttl)
 }
 
-func (c *countingStore) Consume(ctx context.Context, scope, digest string, result []byte) error {
+func (c *countingStore) Consume(ctx context.Context, scope, digest string, s token.Spend) error {
 	c.calls.Add(1)
-	return c.Store.Consume(ctx, scope, digest, result)
+	return c.Store.Consume(ctx, scope, digest, s)
 }
 
 func newTokens(t *testing.T, cfg *token.Config) (*token.Tokens, *countingStore) {
@@ -63,13 +65,13 @@ func TestIssueConsume(t *testing.T) {
 	if d := tok.ExpiresAt.Sub(before); d < token.DefaultTTL || d > token.DefaultTTL+time.Minute {
 		t.Fatalf("ExpiresAt - issue time = %v, want about %v", d, token.DefaultTTL)
 	}
-	if err := toks.Consume(ctx, "user-2", tok.ID, nil); err != token.ErrInvalid {
+	if err := toks.Consume(ctx, "user-2", tok.ID, token.Use{}); err != token.ErrInvalid {
 		t.Fatalf("Consume under another scope = %v, want ErrInvalid itself", err)
 	}
-	if err := toks.Consume(ctx, "user-1", tok.ID, []byte("order-1")); err != nil {
+	if err := toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: []byte("order-1")}); err != nil {
 		t.Fatalf("first Consume = %v", err)
 	}
-	err = toks.Consume(ctx, "user-1", tok.ID, []byte("order-2"))
+	err = toks.Consume(ctx, "user-1", tok.ID, token.Use{Result: []byte("order-2")})
 	var ue *token.UsedError
 	if !errors.As(err, &ue) || !errors.Is(err, token.ErrUsed) || string(ue.Result) != "order-1" {
 		t.Fatalf("second Consume = %v, want a *UsedError with order-1", err)
@@ -131,7 +133,7 @@ func TestRefusedWithoutIO(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := toks.Consume(t.Context(), tt.scope, tt.id, tt.result)
+			err := toks.Consume(t.Context(), tt.scope, tt.id, token.Use{Result: tt.result})
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Consume = %v, want %v", err, tt.want)
 			}
@@ -147,7 +149,7 @@ func TestRefusedWithoutIO(t *testing.T) {
 		t.Fatalf("Issue with an empty scope reached the store")
 	}
 	// The token is still unused, and MaxResultLen itself is accepted.
-	if err := toks.Consume(t.Context(), "u", good.ID, make([]byte, token.MaxResultLen)); err != nil {
+	if err := toks.Consume(t.Context(), "u", good.ID, token.Use{Result: make([]byte, token.MaxResultLen)}); err != nil {
 		t.Fatalf("Consume of the untouched token = %v", err)
 	}
 }
@@ -247,7 +249,7 @@ func TestConsumeTxUnsupported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := toks.ConsumeTx(t.Context(), nil, "s", tok.ID, nil); !errors.Is(err, token.ErrTxUnsupported) {
+	if err := toks.ConsumeTx(t.Context(), nil, "s", tok.ID, token.Use{}); !errors.Is(err, token.ErrTxUnsupported) {
 		t.Fatalf("ConsumeTx on a MemoryStore = %v, want ErrTxUnsupported", err)
 	}
 }
@@ -260,8 +262,9 @@ var errDown = errors.New("store down")
 func (failingStore) Insert(context.Context, string, string, time.Duration) (time.Time, error) {
 	return time.Time{}, errDown
 }
-func (failingStore) Consume(context.Context, string, string, []byte) error { return errDown }
-func (failingStore) Sweep(context.Context, int) (int, error)               { return 0, errDown }
+func (failingStore) Consume(context.Context, string, string, token.Spend) error { return errDown }
+func (failingStore) Sweep(context.Context, int) (int, error)                    { return 0, errDown }
+func (failingStore) Trim(context.Context, string, int) (int, error)             { return 0, errDown }
 
 func TestStoreErrorsWrapped(t *testing.T) {
 	t.Parallel()
@@ -272,7 +275,7 @@ func TestStoreErrorsWrapped(t *testing.T) {
 	if _, err := toks.Issue(t.Context(), "s"); !errors.Is(err, errDown) || !strings.HasPrefix(err.Error(), "token: issue: ") {
 		t.Errorf("Issue = %v", err)
 	}
-	err = toks.Consume(t.Context(), "s", "AAAAAAAAAAAAAAAAAAAAAA", nil)
+	err = toks.Consume(t.Context(), "s", "AAAAAAAAAAAAAAAAAAAAAA", token.Use{})
 	if !errors.Is(err, errDown) || errors.Is(err, token.ErrInvalid) || errors.Is(err, token.ErrUsed) {
 		t.Errorf("Consume = %v", err)
 	}
@@ -329,4 +332,131 @@ func FuzzValidID(f *testing.F) {
 func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// trimFailing stores tokens in memory but fails every Trim.
+type trimFailing struct {
+	*token.MemoryStore
+	trims atomic.Int64
+}
+
+func (s *trimFailing) Trim(context.Context, string, int) (int, error) {
+	s.trims.Add(1)
+	return 0, errDown
+}
+
+// A Trim that fails after the token was stored does not fail the Issue:
+// the token is good, and the Observer hears of the failure.
+func TestIssueTrimFails(t *testing.T) {
+	t.Parallel()
+	rec := &obstest.Recorder{}
+	s := &trimFailing{MemoryStore: token.NewMemoryStore()}
+	toks, err := token.New(s, &token.Config{Observer: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := toks.Issue(t.Context(), "u")
+	if err != nil {
+		t.Fatalf("Issue with a failing Trim: %v", err)
+	}
+	if err := toks.Consume(t.Context(), "u", tok.ID, token.Use{}); err != nil {
+		t.Fatalf("Consume of the token: %v", err)
+	}
+	var trim []idem.Event
+	for _, e := range rec.Ends(idem.KindToken) {
+		if e.Op == idem.OpTrim {
+			trim = append(trim, e)
+		}
+	}
+	if len(trim) != 1 || trim[0].Outcome != idem.OutcomeError || !errors.Is(trim[0].Err, errDown) {
+		t.Fatalf("trim events %+v, want one error", trim)
+	}
+	// MaxLive < 0: no trim at all.
+	toks, _ = token.New(s, &token.Config{MaxLive: -1})
+	if _, err := toks.Issue(t.Context(), "u"); err != nil || s.trims.Load() != 1 {
+		t.Fatalf("Issue with MaxLive -1: %v, %d trims; want none", err, s.trims.Load()-1)
+	}
+}
+
+// Issue keeps MaxLive unused tokens per scope: the newest.
+func TestIssueMaxLive(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ maxLive, want int }{{0, token.DefaultMaxLive}, {3, 3}, {-1, 50}} {
+		toks, _ := newTokens(t, &token.Config{MaxLive: tt.maxLive})
+		var ids []string
+		for range 50 {
+			tok, err := toks.Issue(t.Context(), "u")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, tok.ID)
+		}
+		other, _ := toks.Issue(t.Context(), "v")
+		live := 0
+		for i := len(ids) - 1; i >= 0; i-- {
+			err := toks.Consume(t.Context(), "u", ids[i], token.Use{})
+			if err == nil {
+				live++
+				if i < len(ids)-tt.want {
+					t.Errorf("MaxLive %d: token %d of 50 survived", tt.maxLive, i)
+				}
+			} else if i >= len(ids)-tt.want {
+				t.Errorf("MaxLive %d: token %d of 50 (among the newest) = %v", tt.maxLive, i, err)
+			}
+		}
+		if live != tt.want {
+			t.Errorf("MaxLive %d: %d live, want %d", tt.maxLive, live, tt.want)
+		}
+		if err := toks.Consume(t.Context(), "v", other.ID, token.Use{}); err != nil {
+			t.Errorf("another scope's token: %v", err)
+		}
+	}
+}
+
+func TestConfigKeep(t *testing.T) {
+	t.Parallel()
+	toks, _ := newTokens(t, nil)
+	if toks.Keep() != token.DefaultKeep || token.DefaultKeep != idem.DefaultRetention {
+		t.Fatalf("default Keep %v", toks.Keep())
+	}
+	for _, bad := range []time.Duration{-time.Second, time.Millisecond, token.MaxKeep + 1} {
+		if _, err := token.New(token.NewMemoryStore(), &token.Config{Keep: bad}); err == nil {
+			t.Errorf("Keep %v accepted", bad)
+		}
+	}
+}
+
+// Tokens passes its Keep and the request's fingerprint to the store.
+type spyStore struct {
+	*token.MemoryStore
+	last token.Spend
+}
+
+func (s *spyStore) Consume(ctx context.Context, scope, digest string, sp token.Spend) error {
+	s.last = sp
+	return s.MemoryStore.Consume(ctx, scope, digest, sp)
+}
+
+func TestConsumeSpend(t *testing.T) {
+	t.Parallel()
+	s := &spyStore{MemoryStore: token.NewMemoryStore()}
+	toks, _ := token.New(s, &token.Config{Keep: 2 * time.Hour})
+	tok, _ := toks.Issue(t.Context(), "u")
+	req := []byte("quantity=1&sku=A")
+	if err := toks.Consume(t.Context(), "u", tok.ID, token.Use{Request: req, Result: []byte("o")}); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(req)
+	if s.last.Keep != 2*time.Hour || s.last.Fingerprint != hex.EncodeToString(sum[:]) || string(s.last.Result) != "o" {
+		t.Fatalf("Spend %+v", s.last)
+	}
+	// An empty request is a request (its SHA-256), unlike nil.
+	tok, _ = toks.Issue(t.Context(), "u")
+	if err := toks.Consume(t.Context(), "u", tok.ID, token.Use{Request: []byte{}}); err != nil || s.last.Fingerprint != token.Fingerprint(nil) {
+		t.Fatalf("empty request: %v, %+v", err, s.last)
+	}
+	var me *token.MismatchError
+	if err := toks.Consume(t.Context(), "u", tok.ID, token.Use{Request: req}); !errors.As(err, &me) || !strings.Contains(err.Error(), "different request") {
+		t.Fatalf("Consume with another request = %v", err)
+	}
 }

@@ -11,7 +11,9 @@
 package rediskey
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 )
 
@@ -44,4 +46,26 @@ func ValidatePrefix(pkg, p string) error {
 		}
 	}
 	return nil
+}
+
+// ScopeTag returns the hash tag of a scope's submit tokens: the first 8
+// bytes of the SHA-256 of scope, in lowercase hex. Every key of one scope
+// shares it, and so a Redis Cluster slot; two scopes share one only if
+// their hashes meet (2^-64), and then only a slot and a set, never a
+// token (a token's hash holds its scope).
+func ScopeTag(scope string) string {
+	sum := sha256.Sum256([]byte(scope))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Token returns the key of the submit token digest of scope under prefix:
+// PREFIX:token:{SCOPETAG}:DIGEST.
+func Token(prefix, scope, digest string) string {
+	return prefix + ":token:{" + ScopeTag(scope) + "}:" + digest
+}
+
+// Tokens returns the key of the set of scope's unused submit tokens under
+// prefix: PREFIX:tokens:{SCOPETAG}, in the slot of the scope's tokens.
+func Tokens(prefix, scope string) string {
+	return prefix + ":tokens:{" + ScopeTag(scope) + "}"
 }

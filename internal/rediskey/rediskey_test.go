@@ -30,3 +30,19 @@ func TestValidatePrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestTokenKeys(t *testing.T) {
+	d := strings.Repeat("ab", 32)
+	tok, set := Token("p", "user:1", d), Tokens("p", "user:1")
+	tag := "{" + ScopeTag("user:1") + "}"
+	if tok != "p:token:"+tag+":"+d || set != "p:tokens:"+tag || len(ScopeTag("x")) != 16 {
+		t.Fatalf("keys %q, %q", tok, set)
+	}
+	// Braces in a scope never reach the hash tag.
+	if n := Token("p", "}{", d); strings.Count(n, "{") != 1 || strings.Count(n, "}") != 1 {
+		t.Fatalf("braces leak into the hash tag: %q", n)
+	}
+	if ScopeTag("a") == ScopeTag("b") {
+		t.Fatal("two scopes share a tag")
+	}
+}

@@ -311,29 +311,54 @@ VALUES (?, ?,
         (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?);
 
 -- name: token_consume
--- params: result digest scope
--- Spends the live, unused token of the scope: one affected row (also
--- under CLIENT_FOUND_ROWS: the row found is the row changed, since
--- used_at goes from NULL to a time). No row: used, or no live token of
--- the scope; token_select tells which. The UPDATE's read is a locking,
--- current read: it waits for a transaction that holds the row (a
--- ConsumeTx in progress) and sees what it committed.
+-- params: result token_fingerprint keep_ms digest scope
+-- Spends the live, unused token of the scope — used_at, result and
+-- fingerprint set, expires_at moved to now + keep_ms if that is later —
+-- in one affected row (also under CLIENT_FOUND_ROWS: the row found is the
+-- row changed, since used_at goes from NULL to a time). No row: used, or
+-- no live token of the scope; token_select tells which. The UPDATE's read
+-- is a locking, current read: it waits for a transaction that holds the
+-- row (a ConsumeTx in progress) and sees what it committed.
 UPDATE idem_tokens SET
-    used_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000),
-    result  = ?
+    used_at     = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000),
+    result      = ?,
+    fingerprint = ?,
+    expires_at  = GREATEST(expires_at, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?)
 WHERE digest = ? AND scope = ? AND used_at IS NULL
   AND expires_at > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000);
 
 -- name: token_select
 -- params: digest scope
--- The live token of the scope: used_at (NULL if unused) and result. A
--- locking read, so that inside a REPEATABLE READ transaction (ConsumeTx)
--- it sees the row as the UPDATE just did, not as the transaction's
--- snapshot does.
-SELECT used_at, result FROM idem_tokens
+-- The live token of the scope: used_at (NULL if unused), result and
+-- fingerprint. A locking read, so that inside a REPEATABLE READ
+-- transaction (ConsumeTx) it sees the row as the UPDATE just did, not as
+-- the transaction's snapshot does.
+SELECT used_at, result, fingerprint FROM idem_tokens
 WHERE digest = ? AND scope = ?
   AND expires_at > (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
 LOCK IN SHARE MODE;
+
+-- name: token_trim
+-- params: scope keep
+-- The scope's unused tokens but its keep newest (by expires_at, then
+-- digest; expired ones come last), walking idem_tokens_scope_expires_at:
+-- TokenStore.Trim deletes each with token_trim_delete. A plain SELECT is
+-- a consistent read and locks nothing; one DELETE over a derived table of
+-- idem_tokens (MySQL refuses a LIMIT in a subquery of the table it
+-- deletes from) would read it with shared next-key locks under REPEATABLE
+-- READ, on every row it scans — other scopes' included when the
+-- optimiser scans the table — and deadlock with the ConsumeTx of an
+-- application's transaction.
+SELECT digest FROM idem_tokens
+WHERE scope = ? AND used_at IS NULL
+ORDER BY expires_at DESC, digest DESC
+LIMIT ?, 18446744073709551615;
+
+-- name: token_trim_delete
+-- params: digest scope
+-- Deletes one token token_trim found, if it is still unused: a locking
+-- read of its primary key only. A token spent meanwhile stays.
+DELETE FROM idem_tokens WHERE digest = ? AND scope = ? AND used_at IS NULL;
 
 -- name: token_sweep
 -- params: limit

@@ -209,36 +209,59 @@ ON CONFLICT (digest) DO NOTHING
 RETURNING expires_at;
 
 -- name: token_consume
--- params: digest scope result
--- Spends the live, unused token of the scope and returns (true, its
--- used_at, NULL). Otherwise it returns the token as the statement's
--- snapshot shows it, if it is live and of the scope: (false, used_at,
--- result) — used — or (false, NULL, NULL) when the snapshot shows it
--- unused although the UPDATE did not spend it: a concurrent Consume spent
--- it after the snapshot was taken (the UPDATE waited for its row lock and
--- found it used); token_select, a new statement and so a new snapshot
--- under READ COMMITTED, then reads what it left. No row: no live token of
--- the scope (token.ErrInvalid). A token of another scope is not touched.
+-- params: digest scope result token_fingerprint keep_ms
+-- Spends the live, unused token of the scope — used_at, result and
+-- fingerprint set, expires_at moved to now + keep_ms if that is later —
+-- and returns (true, its used_at, NULL, NULL). Otherwise it returns the
+-- token as the statement's snapshot shows it, if it is live and of the
+-- scope: (false, used_at, result, fingerprint) — used — or (false, NULL,
+-- NULL, NULL) when the snapshot shows it unused although the UPDATE did
+-- not spend it: a concurrent Consume spent it after the snapshot was
+-- taken (the UPDATE waited for its row lock and found it used);
+-- token_select, a new statement and so a new snapshot under READ
+-- COMMITTED, then reads what it left. No row: no live token of the scope
+-- (token.ErrInvalid). A token of another scope is not touched.
 WITH spent AS (
     UPDATE idem_tokens SET
-        used_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
-        result  = $3
+        used_at     = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint,
+        result      = $3,
+        fingerprint = $4,
+        expires_at  = GREATEST(expires_at, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5)
     WHERE digest = $1 AND scope = $2 AND used_at IS NULL
       AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
     RETURNING used_at)
-SELECT true, used_at, NULL::bytea FROM spent
+SELECT true, used_at, NULL::bytea, NULL::text FROM spent
 UNION ALL
-SELECT false, used_at, result FROM idem_tokens
+SELECT false, used_at, result, fingerprint FROM idem_tokens
 WHERE digest = $1 AND scope = $2
   AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
   AND NOT EXISTS (SELECT 1 FROM spent);
 
 -- name: token_select
 -- params: digest scope
--- The live token of the scope: used_at (NULL if unused) and result.
-SELECT used_at, result FROM idem_tokens
+-- The live token of the scope: used_at (NULL if unused), result and
+-- fingerprint.
+SELECT used_at, result, fingerprint FROM idem_tokens
 WHERE digest = $1 AND scope = $2
   AND expires_at > floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint;
+
+-- name: token_trim
+-- params: scope keep
+-- Deletes the scope's unused tokens but its keep newest (by expires_at,
+-- then digest; expired ones come last), walking
+-- idem_tokens_scope_expires_at. The outer used_at IS NULL is checked again
+-- on a row that a concurrent Consume changed (READ COMMITTED rechecks the
+-- DELETE's own conditions on the row's latest version): a token spent
+-- meanwhile stays.
+DELETE FROM idem_tokens
+WHERE scope = $1 AND used_at IS NULL AND digest IN (
+    SELECT digest FROM idem_tokens
+    WHERE scope = $1 AND used_at IS NULL
+    ORDER BY expires_at DESC, digest COLLATE "C" DESC
+    OFFSET $2);
+
+-- name: token_trim_delete
+-- Unused: token_trim deletes in one statement (MySQL's needs two).
 
 -- name: token_sweep
 -- params: limit

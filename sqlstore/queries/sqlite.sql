@@ -182,24 +182,43 @@ ON CONFLICT (digest) DO NOTHING
 RETURNING expires_at;
 
 -- name: token_consume
--- params: digest scope result
--- Spends the live, unused token of the scope and returns its used_at.
--- No row: used, or no live token of the scope; token_select tells which.
--- SQLite runs one writer at a time, so nothing can come between the two
--- but another writer's commit, after which the token is used for good.
+-- params: digest scope result token_fingerprint keep_ms
+-- Spends the live, unused token of the scope — used_at, result and
+-- fingerprint set, expires_at moved to now + keep_ms if that is later —
+-- and returns its used_at. No row: used, or no live token of the scope;
+-- token_select tells which. SQLite runs one writer at a time, so nothing
+-- can come between the two but another writer's commit, after which the
+-- token is used for good.
 UPDATE idem_tokens SET
-    used_at = CAST(unixepoch('subsec') * 1000 AS INTEGER),
-    result  = ?3
+    used_at     = CAST(unixepoch('subsec') * 1000 AS INTEGER),
+    result      = ?3,
+    fingerprint = ?4,
+    expires_at  = MAX(expires_at, CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?5)
 WHERE digest = ?1 AND scope = ?2 AND used_at IS NULL
   AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER)
 RETURNING used_at;
 
 -- name: token_select
 -- params: digest scope
--- The live token of the scope: used_at (NULL if unused) and result.
-SELECT used_at, result FROM idem_tokens
+-- The live token of the scope: used_at (NULL if unused), result and
+-- fingerprint.
+SELECT used_at, result, fingerprint FROM idem_tokens
 WHERE digest = ?1 AND scope = ?2
   AND expires_at > CAST(unixepoch('subsec') * 1000 AS INTEGER);
+
+-- name: token_trim
+-- params: scope keep
+-- Deletes the scope's unused tokens but its keep newest (by expires_at,
+-- then digest; expired ones come last), walking
+-- idem_tokens_scope_expires_at. SQLite runs one writer at a time.
+DELETE FROM idem_tokens WHERE rowid IN (
+    SELECT rowid FROM idem_tokens
+    WHERE scope = ?1 AND used_at IS NULL
+    ORDER BY expires_at DESC, digest DESC
+    LIMIT -1 OFFSET ?2);
+
+-- name: token_trim_delete
+-- Unused: token_trim deletes in one statement (MySQL's needs two).
 
 -- name: token_sweep
 -- params: limit

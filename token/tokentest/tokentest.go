@@ -74,6 +74,7 @@ type testCase struct {
 	name   string
 	serial bool // calls Sweep
 	tx     bool // needs Caps.BeginTx and a token.TxStore
+	tokens bool // runs token.Tokens over the store
 	run    func(h *harness)
 }
 
@@ -143,7 +144,7 @@ func (h *harness) insertAs(scope string, ttl time.Duration) string {
 
 func (h *harness) consume(scope, d string, result []byte) error {
 	h.Helper()
-	return h.store.Consume(h.ctx, scope, d, result)
+	return h.store.Consume(h.ctx, scope, d, token.Spend{Result: result})
 }
 
 // first fails the case unless Consume spends the token.
@@ -179,6 +180,83 @@ func (h *harness) invalid(scope, d string, why string) {
 	if !errors.Is(err, token.ErrInvalid) || errors.Is(err, token.ErrUsed) {
 		h.Fatalf("Consume(%q, %s) of %s = %v, want token.ErrInvalid", scope, d, why, err)
 	}
+}
+
+// raceInsert runs n concurrent Inserts of digest d, the i-th under
+// scope(i), and returns their errors and how many succeeded; it fails the
+// case on an error other than token.ErrDuplicate.
+func (h *harness) raceInsert(n int, d string, scope func(int) string) ([]error, int) {
+	h.Helper()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			_, errs[i] = h.store.Insert(h.ctx, scope(i), d, longTTL)
+		})
+	}
+	wg.Wait()
+	won := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, token.ErrDuplicate):
+			h.Fatalf("goroutine %d: Insert = %v, want nil or token.ErrDuplicate", i, err)
+		}
+	}
+	return errs, won
+}
+
+// tokens returns token.Tokens over the case's store (cfg nil: defaults).
+func (h *harness) tokens(cfg *token.Config) *token.Tokens {
+	h.Helper()
+	toks, err := token.New(h.store, cfg)
+	if err != nil {
+		h.Fatalf("token.New: %v", err)
+	}
+	return toks
+}
+
+func (h *harness) issue(toks *token.Tokens) token.Token {
+	h.Helper()
+	tok, err := toks.Issue(h.ctx, h.scope)
+	if err != nil {
+		h.Fatalf("Issue: %v", err)
+	}
+	return tok
+}
+
+// probes stores tokens of ttl, under a scope of their own, to tell when
+// the store's clock has passed the expiry of the tokens inserted before
+// them: see waitExpired.
+func (h *harness) probes(ttl time.Duration) []probe {
+	h.Helper()
+	p := make([]probe, 40)
+	for i := range p {
+		p[i] = probe{h.scope + ":probe", h.insertAs(h.scope+":probe", ttl)}
+	}
+	return p
+}
+
+type probe struct{ scope, digest string }
+
+// waitExpired waits until the store says the probes have expired, and so
+// every token inserted before them with their TTL: it spends a probe now
+// and then (a live one answers nil) until one answers ErrInvalid. It
+// fails the case if the probes run out.
+func (h *harness) waitExpired(probes []probe) {
+	h.Helper()
+	for _, p := range probes {
+		err := h.store.Consume(h.ctx, p.scope, p.digest, token.Spend{})
+		if errors.Is(err, token.ErrInvalid) {
+			return
+		}
+		if err != nil {
+			h.Fatalf("Consume of a probe: %v", err)
+		}
+		time.Sleep(shortTTL/10 + h.caps.Precision)
+	}
+	h.Fatalf("%d probes of TTL %v spent and none expired: is the store's clock running?", len(probes), shortTTL)
 }
 
 func (h *harness) sleepPast(ttl time.Duration) {
@@ -276,13 +354,23 @@ var cases = []testCase{
 
 	{name: "Duplicate", run: func(h *harness) {
 		d := h.insert(longTTL)
-		for _, scope := range []string{h.scope, h.scope + ":other"} {
-			if _, err := h.store.Insert(h.ctx, scope, d, longTTL); !errors.Is(err, token.ErrDuplicate) {
-				h.Fatalf("Insert of a stored digest under %q = %v, want token.ErrDuplicate", scope, err)
-			}
+		if _, err := h.store.Insert(h.ctx, h.scope, d, longTTL); !errors.Is(err, token.ErrDuplicate) {
+			h.Fatalf("Insert of a stored digest under its scope = %v, want token.ErrDuplicate", err)
+		}
+		// Under another scope, the store may refuse the digest (SQL) or
+		// keep a token of its own (Redis): either way the two stay apart.
+		other := h.scope + ":other"
+		_, err := h.store.Insert(h.ctx, other, d, longTTL)
+		switch {
+		case errors.Is(err, token.ErrDuplicate):
+			h.invalid(other, d, "a token whose duplicate Insert failed")
+		case err == nil:
+			h.first(other, d, []byte("other's"))
+			h.used(other, d, []byte("other's"))
+		default:
+			h.Fatalf("Insert of a stored digest under another scope = %v, want nil or token.ErrDuplicate", err)
 		}
 		// The token is still the first Insert's, unused.
-		h.invalid(h.scope+":other", d, "a token whose duplicate Insert failed")
 		h.first(h.scope, d, []byte("r"))
 		// A second Insert does not make a used token new again.
 		if _, err := h.store.Insert(h.ctx, h.scope, d, longTTL); !errors.Is(err, token.ErrDuplicate) {
@@ -318,7 +406,7 @@ var cases = []testCase{
 		d := h.insert(longTTL)
 		ctx, cancel := context.WithCancel(h.ctx)
 		cancel()
-		if err := h.store.Consume(ctx, h.scope, d, []byte("x")); !errors.Is(err, context.Canceled) {
+		if err := h.store.Consume(ctx, h.scope, d, token.Spend{Result: []byte("x")}); !errors.Is(err, context.Canceled) {
 			h.Fatalf("Consume with a cancelled context = %v, want context.Canceled", err)
 		}
 		if _, err := h.store.Insert(ctx, h.scope, newDigest(h), longTTL); !errors.Is(err, context.Canceled) {
@@ -337,7 +425,7 @@ var cases = []testCase{
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				errs[i] = h.store.Consume(h.ctx, h.scope, d, fmt.Appendf(nil, "result-%d", i))
+				errs[i] = h.store.Consume(h.ctx, h.scope, d, token.Spend{Result: fmt.Appendf(nil, "result-%d", i)})
 			})
 		}
 		close(start)
@@ -371,37 +459,37 @@ var cases = []testCase{
 	}},
 
 	{name: "RaceInsert", run: func(h *harness) {
+		// n inserts of one digest under one scope: one wins.
 		const n = 20
 		d := newDigest(h)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				_, errs[i] = h.store.Insert(h.ctx, fmt.Sprintf("%s:%d", h.scope, i), d, longTTL)
-			})
+		_, won := h.raceInsert(n, d, func(int) string { return h.scope })
+		if won != 1 {
+			h.Fatalf("%d goroutines inserted the digest, want 1", won)
 		}
-		wg.Wait()
-		winner := -1
+		h.first(h.scope, d, []byte("r"))
+		h.used(h.scope, d, []byte("r"))
+	}},
+
+	{name: "RaceInsertScopes", run: func(h *harness) {
+		// n inserts of one digest under n scopes: a store that refuses a
+		// digest of another scope lets one win; one that keeps tokens
+		// per scope lets all win, each its own token.
+		const n = 20
+		d := newDigest(h)
+		errs, won := h.raceInsert(n, d, func(i int) string { return fmt.Sprintf("%s:%d", h.scope, i) })
+		if won != 1 && won != n {
+			h.Fatalf("%d of %d goroutines inserted the digest, want 1 or all", won, n)
+		}
 		for i, err := range errs {
-			switch {
-			case err == nil && winner >= 0:
-				h.Fatalf("goroutines %d and %d both inserted the digest", winner, i)
-			case err == nil:
-				winner = i
-			case !errors.Is(err, token.ErrDuplicate):
-				h.Fatalf("goroutine %d: Insert = %v, want nil or token.ErrDuplicate", i, err)
+			scope := fmt.Sprintf("%s:%d", h.scope, i)
+			if err != nil {
+				h.invalid(scope, d, "a token whose Insert lost the race")
+				continue
 			}
+			r := []byte(scope)
+			h.first(scope, d, r)
+			h.used(scope, d, r)
 		}
-		if winner < 0 {
-			h.Fatal("no goroutine inserted the digest")
-		}
-		owner := fmt.Sprintf("%s:%d", h.scope, winner)
-		for i := range n {
-			if i != winner {
-				h.invalid(fmt.Sprintf("%s:%d", h.scope, i), d, "a token whose Insert lost the race")
-			}
-		}
-		h.first(owner, d, nil)
 	}},
 
 	{name: "Sweep", serial: true, run: func(h *harness) {
@@ -437,6 +525,312 @@ var cases = []testCase{
 		// Sweep leaves live tokens, used or not, as they were.
 		h.used(h.scope, liveUsed, []byte("kept"))
 		h.first(h.scope, liveUnused, nil)
+	}},
+
+	{name: "KeepAfterUse", run: func(h *harness) {
+		// A used token is kept Spend.Keep after its use, past its TTL;
+		// an unused one of the same TTL dies at its TTL.
+		unused := h.insert(shortTTL)
+		spent := h.insert(shortTTL)
+		if err := h.store.Consume(h.ctx, h.scope, spent, token.Spend{Result: []byte("order-9"), Keep: longTTL}); err != nil {
+			h.Fatalf("first Consume with Keep: %v", err)
+		}
+		h.waitExpired(h.probes(shortTTL))
+		h.invalid(h.scope, unused, "an unused token past its TTL")
+		h.used(h.scope, spent, []byte("order-9"))
+		// The Keep of a later Consume changes nothing.
+		h.used(h.scope, spent, []byte("order-9"))
+	}},
+
+	{name: "KeepEnds", run: func(h *harness) {
+		// Keep extends the expiry to the use + Keep, not for ever; a Keep
+		// shorter than the TTL leaves the expiry as it was.
+		ttl, keep := 2*time.Second, 4*time.Second
+		d := h.insert(ttl)
+		if err := h.store.Consume(h.ctx, h.scope, d, token.Spend{Result: []byte("r"), Keep: keep}); err != nil {
+			h.Fatalf("first Consume with Keep: %v", err)
+		}
+		deadline := time.Now().Add(keep + skew + 5*time.Second)
+		for {
+			err := h.consume(h.scope, d, nil)
+			if errors.Is(err, token.ErrInvalid) {
+				break
+			}
+			var ue *token.UsedError
+			if !errors.As(err, &ue) || string(ue.Result) != "r" {
+				h.Fatalf("Consume of a used token before its keep ended = %v, want a *token.UsedError with %q", err, "r")
+			}
+			if time.Now().After(deadline) {
+				h.Fatalf("a token used with Keep %v still answers ErrUsed after %v", keep, keep+skew+5*time.Second)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		long := h.insert(longTTL)
+		if err := h.store.Consume(h.ctx, h.scope, long, token.Spend{Result: []byte("r"), Keep: time.Millisecond}); err != nil {
+			h.Fatalf("first Consume with a short Keep: %v", err)
+		}
+		h.sleepPast(time.Millisecond)
+		h.used(h.scope, long, []byte("r")) // its TTL, an hour, still runs
+	}},
+
+	{name: "Fingerprint", run: func(h *harness) {
+		// The store keeps the fingerprint of the first use and returns
+		// it; it compares nothing itself.
+		fp := token.Fingerprint([]byte("sku=A&quantity=1"))
+		d := h.insert(longTTL)
+		if err := h.store.Consume(h.ctx, h.scope, d, token.Spend{Fingerprint: fp, Result: []byte("order-1"), Keep: time.Minute}); err != nil {
+			h.Fatalf("first Consume: %v", err)
+		}
+		other := token.Fingerprint([]byte("other"))
+		var ue *token.UsedError
+		if err := h.store.Consume(h.ctx, h.scope, d, token.Spend{Fingerprint: other}); !errors.As(err, &ue) || ue.Fingerprint != fp || string(ue.Result) != "order-1" {
+			h.Fatalf("Consume of a token used with a fingerprint = %v (%+v), want a *token.UsedError with fingerprint %s and result order-1", err, ue, fp)
+		}
+		e := h.insert(longTTL)
+		h.first(h.scope, e, []byte("none"))
+		if err := h.store.Consume(h.ctx, h.scope, e, token.Spend{Fingerprint: fp}); !errors.As(err, &ue) || ue.Fingerprint != "" {
+			h.Fatalf("Consume of a token used without a fingerprint = %v (%+v), want a *token.UsedError without one", err, ue)
+		}
+	}},
+
+	{name: "Mismatch", tokens: true, run: func(h *harness) {
+		toks := h.tokens(nil)
+		a, b := []byte("sku=A&quantity=1"), []byte("sku=A&quantity=2")
+		tok := h.issue(toks)
+		if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: a, Result: []byte("order-1")}); err != nil {
+			h.Fatalf("first Consume: %v", err)
+		}
+		var me *token.MismatchError
+		err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: b, Result: []byte("order-2")})
+		if !errors.As(err, &me) || !errors.Is(err, token.ErrMismatch) || errors.Is(err, token.ErrUsed) || me.UsedAt.IsZero() {
+			h.Fatalf("Consume with a different request = %v, want a *token.MismatchError that is not ErrUsed", err)
+		}
+		// The same request, or none, is led to the first use's result.
+		for _, req := range [][]byte{a, nil} {
+			var ue *token.UsedError
+			if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: req}); !errors.As(err, &ue) || string(ue.Result) != "order-1" {
+				h.Fatalf("Consume with request %q = %v, want a *token.UsedError with order-1", req, err)
+			}
+		}
+		// A token first used without a request is not checked.
+		tok = h.issue(toks)
+		if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Result: []byte("order-3")}); err != nil {
+			h.Fatalf("first Consume without request: %v", err)
+		}
+		var ue *token.UsedError
+		if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: b}); !errors.As(err, &ue) || string(ue.Result) != "order-3" {
+			h.Fatalf("Consume with a request of a token used without one = %v, want a *token.UsedError with order-3", err)
+		}
+	}},
+
+	{name: "MismatchTx", tx: true, tokens: true, run: func(h *harness) {
+		toks := h.tokens(nil)
+		tok := h.issue(toks)
+		tx := h.beginTx()
+		if err := toks.ConsumeTx(h.ctx, tx, h.scope, tok.ID, token.Use{Request: []byte("a"), Result: []byte("order-1")}); err != nil {
+			h.Fatalf("ConsumeTx: %v", err)
+		}
+		h.endTx(tx, true)
+		tx = h.beginTx()
+		if err := toks.ConsumeTx(h.ctx, tx, h.scope, tok.ID, token.Use{Request: []byte("b")}); !errors.Is(err, token.ErrMismatch) {
+			h.Fatalf("ConsumeTx with a different request = %v, want token.ErrMismatch", err)
+		}
+		h.endTx(tx, false)
+		var ue *token.UsedError
+		if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: []byte("a")}); !errors.As(err, &ue) || string(ue.Result) != "order-1" {
+			h.Fatalf("Consume with the first request = %v, want a *token.UsedError with order-1", err)
+		}
+	}},
+
+	{name: "RaceMismatch", tokens: true, run: func(h *harness) {
+		// n different submissions under one token: one spends it, the
+		// others are told it was used for another request.
+		const n = 50
+		toks := h.tokens(nil)
+		tok := h.issue(toks)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				errs[i] = toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: fmt.Appendf(nil, "request-%d", i), Result: fmt.Appendf(nil, "order-%d", i)})
+			})
+		}
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			switch {
+			case err == nil && winner >= 0:
+				h.Fatalf("goroutines %d and %d both spent the token", winner, i)
+			case err == nil:
+				winner = i
+			case !errors.Is(err, token.ErrMismatch):
+				h.Fatalf("goroutine %d: %v, want nil or a *token.MismatchError", i, err)
+			}
+		}
+		if winner < 0 {
+			h.Fatal("no goroutine spent the token")
+		}
+		var ue *token.UsedError
+		if err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Request: fmt.Appendf(nil, "request-%d", winner)}); !errors.As(err, &ue) || string(ue.Result) != fmt.Sprintf("order-%d", winner) {
+			h.Fatalf("the winner's request again = %v, want a *token.UsedError with its order", err)
+		}
+	}},
+
+	{name: "Trim", run: func(h *harness) {
+		// 30 tokens, each expiring after the one before; the 3 used
+		// ones among the 10 oldest are neither counted nor removed.
+		other := h.scope + ":other"
+		others := []string{h.insertAs(other, longTTL), h.insertAs(other, longTTL)}
+		var ds []string
+		for i := range 30 {
+			ds = append(ds, h.insert(longTTL+time.Duration(i)*time.Second))
+		}
+		for _, i := range []int{0, 4, 9} {
+			h.first(h.scope, ds[i], fmt.Appendf(nil, "used-%d", i))
+		}
+		n, err := h.store.Trim(h.ctx, h.scope, 20)
+		if err != nil || n != 7 {
+			h.Fatalf("Trim(20) of 27 unused tokens = %d, %v; want 7, nil", n, err)
+		}
+		if n, err := h.store.Trim(h.ctx, h.scope, 20); err != nil || n != 0 {
+			h.Fatalf("Trim(20) again = %d, %v; want 0, nil", n, err)
+		}
+		for i, d := range ds {
+			switch {
+			case i == 0 || i == 4 || i == 9:
+				h.used(h.scope, d, fmt.Appendf(nil, "used-%d", i))
+			case i < 10:
+				h.invalid(h.scope, d, fmt.Sprintf("token %d of 30, trimmed", i))
+			}
+		}
+		// Trim(0) removes every unused token, never a used one.
+		keep := h.insert(longTTL)
+		h.first(h.scope, keep, []byte("kept"))
+		if n, err := h.store.Trim(h.ctx, h.scope, 0); err != nil || n != 20 {
+			h.Fatalf("Trim(0) of 20 unused tokens = %d, %v; want 20, nil", n, err)
+		}
+		for _, d := range ds[10:] {
+			h.invalid(h.scope, d, "a token trimmed by Trim(0)")
+		}
+		h.used(h.scope, keep, []byte("kept"))
+		for _, i := range []int{0, 4, 9} {
+			h.used(h.scope, ds[i], fmt.Appendf(nil, "used-%d", i))
+		}
+		// Other scopes are untouched.
+		for _, d := range others {
+			h.first(other, d, nil)
+		}
+		if n, err := h.store.Trim(h.ctx, h.scope+":nobody", 0); err != nil || n != 0 {
+			h.Fatalf("Trim of a scope without tokens = %d, %v; want 0, nil", n, err)
+		}
+	}},
+
+	{name: "TrimNewest", run: func(h *harness) {
+		// The newest live ones stay, whatever order they came in; the
+		// newest is the token the caller just got.
+		var ds []string
+		for i := range 5 {
+			ds = append(ds, h.insert(longTTL+time.Duration(5-i)*time.Second)) // the first expires last
+		}
+		if n, err := h.store.Trim(h.ctx, h.scope, 2); err != nil || n != 3 {
+			h.Fatalf("Trim(2) of 5 = %d, %v; want 3, nil", n, err)
+		}
+		h.first(h.scope, ds[0], nil)
+		h.first(h.scope, ds[1], nil)
+		for _, d := range ds[2:] {
+			h.invalid(h.scope, d, "a trimmed token")
+		}
+	}},
+
+	{name: "TrimExpired", run: func(h *harness) {
+		// Expired unused tokens do not count among the newest.
+		expired := h.insert(shortTTL)
+		live := h.insert(longTTL)
+		h.waitExpired(h.probes(shortTTL))
+		n, err := h.store.Trim(h.ctx, h.scope, 1)
+		if err != nil || n > 1 {
+			h.Fatalf("Trim(1) = %d, %v; want at most the expired token, nil", n, err)
+		}
+		h.invalid(h.scope, expired, "an expired token")
+		h.first(h.scope, live, nil)
+	}},
+
+	{name: "RaceIssueTrim", tokens: true, run: func(h *harness) {
+		// Concurrent issues under one scope, each trimming after its
+		// insert, while some tokens are spent: the MaxLive newest unused
+		// ones remain, the rest are gone, and no used one is removed.
+		const n, maxLive = 60, 20
+		toks := h.tokens(&token.Config{MaxLive: maxLive})
+		type issued struct {
+			tok    token.Token
+			digest string
+			used   bool
+		}
+		got := make([]issued, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				tok, err := toks.Issue(h.ctx, h.scope)
+				if err != nil {
+					h.Errorf("Issue %d: %v", i, err)
+					return
+				}
+				d, _ := token.Digest(tok.ID)
+				got[i] = issued{tok: tok, digest: d}
+				if i%5 == 0 {
+					err := toks.Consume(h.ctx, h.scope, tok.ID, token.Use{Result: fmt.Appendf(nil, "r-%d", i)})
+					// Spent right away, unless a concurrent trim was first.
+					got[i].used = err == nil
+					if err != nil && !errors.Is(err, token.ErrInvalid) {
+						h.Errorf("Consume %d: %v", i, err)
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if h.Failed() {
+			return
+		}
+		var unused []issued
+		for i, g := range got {
+			if g.used {
+				h.used(h.scope, g.digest, fmt.Appendf(nil, "r-%d", i))
+			} else if i%5 != 0 {
+				unused = append(unused, g)
+			}
+		}
+		slices.SortFunc(unused, func(a, b issued) int { // newest first
+			if c := b.tok.ExpiresAt.Compare(a.tok.ExpiresAt); c != 0 {
+				return c
+			}
+			return strings.Compare(b.digest, a.digest)
+		})
+		// A trim counts the tokens spent after it as unused: the newest
+		// maxLive - n/5 of the never spent ones are live for sure.
+		sure := maxLive - n/5
+		live := 0
+		for i, g := range unused {
+			err := h.consume(h.scope, g.digest, nil)
+			switch {
+			case err == nil:
+				live++
+			case errors.Is(err, token.ErrInvalid):
+				if i < sure {
+					h.Errorf("unused token %d by age, among the %d newest, was trimmed", i, sure)
+				}
+			default:
+				h.Fatalf("Consume: %v", err)
+			}
+		}
+		if live > maxLive || live < sure {
+			h.Fatalf("%d unused tokens live after the issues, want %d to %d", live, sure, maxLive)
+		}
 	}},
 
 	{name: "ConsumeTxCommit", tx: true, run: func(h *harness) {
@@ -494,7 +888,7 @@ var cases = []testCase{
 				h.Fatalf("ConsumeTx: %v", err)
 			}
 			done := make(chan error, 1)
-			go func() { done <- h.store.Consume(h.ctx, h.scope, d, []byte("outside")) }()
+			go func() { done <- h.store.Consume(h.ctx, h.scope, d, token.Spend{Result: []byte("outside")}) }()
 			select {
 			case err := <-done:
 				h.Fatalf("a Consume concurrent with an open ConsumeTx returned %v before the transaction ended", err)
@@ -519,7 +913,7 @@ var cases = []testCase{
 
 func (h *harness) consumeTx(tx *sql.Tx, scope, d string, result []byte) error {
 	h.Helper()
-	return h.store.(token.TxStore).ConsumeTx(h.ctx, tx, scope, d, result)
+	return h.store.(token.TxStore).ConsumeTx(h.ctx, tx, scope, d, token.Spend{Result: result})
 }
 
 func (h *harness) beginTx() *sql.Tx {

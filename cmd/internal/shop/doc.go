@@ -28,19 +28,27 @@
 //
 // A submit token (POST /tokens, or the hidden field of the checkout form)
 // is spent in the transaction that creates the order and records the
-// order's number: a second submission of it creates nothing and is led to
-// that order (303 on pages, 409 DUPLICATE_SUBMISSION naming it over the
-// API), and a refused submission rolls back with the token unspent. On
+// order's number and the fingerprint of the order request (sku, quantity,
+// coupon): a second submission of the same order with it creates nothing
+// and is led to that order (303 on pages, 409 DUPLICATE_SUBMISSION naming
+// it over the API) for a day after the first use, however long the form
+// was open; a different order under a spent token creates nothing and is
+// refused (an error page, or 422 TOKEN_REUSED); a refused submission
+// rolls back with the token unspent. On
 // POST /orders the Idempotency-Key comes first: a retry with the same key
 // replays its answer whatever its token. The token does not guard what a
 // client sends without one. Tokens are package token's, kept in the
-// shop's database (sqlstore's TokenStore, table idem_tokens; 30 minutes
-// from issue), so every shopd on the database honours every token and a
+// shop's database (sqlstore's TokenStore, table idem_tokens; an unused
+// token lives 30 minutes from issue, a used one 24 hours from its use; a
+// user keeps at most 20 unused tokens, the oldest going as new ones are
+// issued), so every shopd on the database honours every token and a
 // concurrent submission waits for the order's transaction; the close
 // job's passes sweep the expired ones.
 //
 // Pages identify the user by the uid cookie (SameSite=Lax, HttpOnly;
-// user 1 when a GET has none), the API by X-User-ID; a request carrying
+// user 1 when a GET has none — GET / then answers 303 to itself with the
+// cookie, and issues no token until the cookie comes back), the API by
+// X-User-ID; a request carrying
 // X-User-ID is always the API's. Form posts need the cookie and pass
 // net/http's CrossOriginProtection. Neither identity is authentication.
 //

@@ -32,6 +32,7 @@ const (
 	// Submit tokens (POST /orders with Submit-Token).
 	CodeInvalidToken        = "INVALID_TOKEN"        // 400
 	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
+	CodeTokenReused         = "TOKEN_REUSED"         // 422
 )
 
 // shopCodes are the codes whose problem type is the shop's own.
@@ -40,7 +41,7 @@ var shopCodes = map[string]bool{
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
 	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
 	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
-	CodeInvalidToken: true, CodeDuplicateSubmission: true,
+	CodeInvalidToken: true, CodeDuplicateSubmission: true, CodeTokenReused: true,
 }
 
 // problemError is a refusal the shop answers with a problem: the business

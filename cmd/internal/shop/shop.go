@@ -466,7 +466,7 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 			// The token first: a concurrent request with it waits here.
 			req.OrderNo = newOrderNo()
 			stage = "spend submit token"
-			if err := s.spendToken(ctx, tx, userFrom(ctx), submit, req.OrderNo); err != nil {
+			if err := s.spendToken(ctx, tx, userFrom(ctx), submit, req); err != nil {
 				return err
 			}
 		}

@@ -208,8 +208,18 @@ type checkoutPage struct {
 }
 
 // home serves GET /: ?uid=N signs in as user N (the cookie, then 303 to
-// /); otherwise the checkout page with a fresh submit token.
+// /); otherwise the checkout page with a fresh submit token. A visitor
+// without the cookie is signed in as user 1 (the cookie, then 303 to /)
+// and gets the page, and its token, on the redirect: a client that keeps
+// no cookies (a crawler, a script in a loop) gets no token, so anonymous
+// GETs cannot fill idem_tokens.
 func (s *Shop) home(w http.ResponseWriter, r *http.Request) {
+	if pageUserFrom(r) == 0 && !r.URL.Query().Has("uid") {
+		setUIDCookie(w, defaultPageUser)
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
 	if r.URL.Query().Has("uid") {
 		user := parseUserID(r.URL.Query().Get("uid"))
 		if user == 0 {
@@ -325,6 +335,11 @@ func (s *Shop) checkout(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.As(err, &dup):
 		http.Redirect(w, r, "/orders/"+dup.orderNo, http.StatusSeeOther)
+	case errors.As(err, &pe) && pe.code == CodeTokenReused:
+		// Not led to the first order: this is another one. The first is
+		// the user's own, listed on the page the link reloads.
+		s.errorPage(w, r, pe.status, "This form was already used",
+			"This form was already sent for a different order, so nothing was ordered now. Reload the page to start a new order; your first one is listed there.", "/")
 	case errors.As(err, &pe):
 		s.errorPage(w, r, pe.status, pe.title, pe.detail, "/")
 	case err != nil:
@@ -342,7 +357,7 @@ func (s *Shop) placeOrderWithToken(ctx context.Context, user int64, req orderReq
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		req := req
 		req.OrderNo = newOrderNo()
-		if err := s.spendToken(ctx, tx, user, tok, req.OrderNo); err != nil {
+		if err := s.spendToken(ctx, tx, user, tok, req); err != nil {
 			return err
 		}
 		var err error

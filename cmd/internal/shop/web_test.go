@@ -94,10 +94,12 @@ func TestCheckoutDoubleSubmitWithoutScripts(t *testing.T) {
 			t.Fatalf("second submission: %d Location %q, want 303 %q", second.Code, second.Header().Get("Location"), loc)
 		}
 		// The same token with another quantity (back, edit, resubmit):
-		// still the first order.
+		// another order, refused with a page that says so; not led to
+		// the first order, and nothing created.
 		form.Set("quantity", "5")
-		if third := page(s, "POST", "/checkout", 3, form); third.Code != http.StatusSeeOther || third.Header().Get("Location") != loc {
-			t.Fatalf("edited resubmission: %d Location %q, want 303 %q", third.Code, third.Header().Get("Location"), loc)
+		if third := page(s, "POST", "/checkout", 3, form); third.Code != http.StatusUnprocessableEntity ||
+			!strings.Contains(third.Body.String(), "already sent for a different order") || !strings.Contains(third.Body.String(), `href="/"`) {
+			t.Fatalf("edited resubmission: %d Location %q, want 422 and a page\n%s", third.Code, third.Header().Get("Location"), third.Body)
 		}
 		no := strings.TrimPrefix(loc, "/orders/")
 		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders"); n != 1 {
@@ -220,17 +222,21 @@ func TestCheckoutRefusals(t *testing.T) {
 }
 
 // The page identity: a visitor without the cookie is user 1 and gets a
-// SameSite=Lax, HttpOnly cookie; /?uid=N signs in as N.
+// SameSite=Lax, HttpOnly cookie, with a 303 back to / (the page comes
+// with the cookie); /?uid=N signs in as N.
 func TestPageIdentity(t *testing.T) {
 	t.Parallel()
 	s, _ := webShop(t, sqliteBackend)
 	rec := page(s, "GET", "/", 0, nil)
-	if rec.Code != 200 || !strings.Contains(rec.Body.String(), "user 1") {
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/" {
 		t.Fatalf("GET / without cookie: %d\n%s", rec.Code, rec.Body)
 	}
 	c := cookie(rec, "uid")
 	if c == nil || c.Value != "1" || c.SameSite != http.SameSiteLaxMode || !c.HttpOnly || c.Path != "/" {
 		t.Fatalf("cookie %+v", c)
+	}
+	if rec := page(s, "GET", "/", 1, nil); rec.Code != 200 || !strings.Contains(rec.Body.String(), "user 1") {
+		t.Fatalf("GET / with the cookie it got: %d\n%s", rec.Code, rec.Body)
 	}
 	rec = page(s, "GET", "/?uid=9", 0, nil)
 	if c := cookie(rec, "uid"); rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/" || c == nil || c.Value != "9" {
