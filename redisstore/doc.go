@@ -144,7 +144,9 @@
 // never stored; SCOPETAG a 64-bit hash of the scope), with the scope and,
 // once spent, the time of use, the result and the request's fingerprint;
 // and per scope a sorted set of its unused tokens by expiry,
-// PREFIX:tokens:{SCOPETAG}, in the same Cluster slot. Insert
+// PREFIX:tokens:{SCOPETAG}:SCOPE (SCOPE in unpadded base64url: two
+// scopes whose tags meet share a slot, never a set), in the same Cluster
+// slot. Insert
 // (token_insert.lua) writes the hash and its expiry, the server's now +
 // TTL, and adds it to the set, in one script; Consume (token_consume.lua)
 // checks the scope and that the token is unused, marks it used with its

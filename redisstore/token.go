@@ -18,7 +18,7 @@ import (
 // value of each field, mean the default.
 type TokenConfig struct {
 	// Prefix starts the name of every key the store writes
-	// ("PREFIX:token:{SCOPETAG}:DIGEST", "PREFIX:tokens:{SCOPETAG}"). It
+	// ("PREFIX:token:{SCOPETAG}:DIGEST", "PREFIX:tokens:{SCOPETAG}:SCOPE"). It
 	// may be a Store's prefix: token keys never meet record keys
 	// ("PREFIX:{…}"), nor Store.Sweep. It may not
 	// contain '{', '}', spaces or control characters, and is at most 64
@@ -45,7 +45,8 @@ var (
 // package token, one hash per token under PREFIX:token:{SCOPETAG}:DIGEST
 // (DIGEST is [token.Digest] of the ID, which is never stored; SCOPETAG a
 // 16-hex-digit hash of the scope), and per scope a sorted set of its
-// unused tokens, PREFIX:tokens:{SCOPETAG}, scored by expiry. Each
+// unused tokens, PREFIX:tokens:{SCOPETAG}:SCOPE (SCOPE in unpadded
+// base64url), scored by expiry. Each
 // operation is one Lua script, atomic on the server: Insert sets the
 // scope and the key's expiry (the server's now + TTL) and adds the token
 // to the set; Consume checks that the token exists, is of the caller's
@@ -162,7 +163,7 @@ func (s *TokenStore) Trim(ctx context.Context, scope string, keep int) (int, err
 		return 0, fmt.Errorf("redisstore: token trim: keep %d is negative", keep)
 	}
 	base := rediskey.Token(s.prefix, scope, "")
-	n, err := tokenTrimScript.Run(ctx, s.client, []string{rediskey.Tokens(s.prefix, scope)}, keep, base).Int64()
+	n, err := tokenTrimScript.Run(ctx, s.client, []string{rediskey.Tokens(s.prefix, scope)}, keep, base, scope).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: token trim: %w", err)
 	}

@@ -1,6 +1,6 @@
 -- token_insert.lua stores a new, unused token of package token.
 -- KEYS[1]: the token (PREFIX:token:{SCOPETAG}:DIGEST); KEYS[2]: the set of
--- the scope's unused tokens (PREFIX:tokens:{SCOPETAG}), same slot. ARGV:
+-- the scope's unused tokens (PREFIX:tokens:{SCOPETAG}:SCOPE), same slot. ARGV:
 -- scope, ttl (ms), digest.
 -- A token is a hash: s (its scope), then, once spent, u (when, unix ms on
 -- the server's clock), r (the result of the first use, absent for none)

@@ -149,7 +149,7 @@ func TestTokenTTL(t *testing.T) {
 	if before != tok.ExpiresAt.UnixMilli() {
 		t.Fatalf("key expires at %d, Issue said %d", before, tok.ExpiresAt.UnixMilli())
 	}
-	set := prefix + ":tokens:{" + rediskey.ScopeTag("user-1") + "}"
+	set := prefix + ":tokens:{" + rediskey.ScopeTag("user-1") + "}:dXNlci0x"
 	d, _ := token.Digest(tok.ID)
 	if score, err := c.ZScore(ctx, set, d).Result(); err != nil || int64(score) != before {
 		t.Fatalf("the scope's set scores the token %v, %v; want its expiry %d", score, err, before)

@@ -15,6 +15,8 @@ import (
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/storetest"
+	"github.com/idemkit/idem/token"
+	"github.com/idemkit/idem/token/tokentest"
 )
 
 // mysqlServer is the MySQL/MariaDB entry of servers.
@@ -239,8 +241,10 @@ func mysqlAcquireCases(t *testing.T, db *sql.DB, s *sqlstore.Store) {
 	}
 }
 
-// TestMySQLModeConformance runs the conformance suite, and Migrate, in a
-// database of its own under each session sql_mode of mysqlModes.
+// TestMySQLModeConformance runs the conformance suites of records and of
+// tokens (the fingerprint, the keep and the two-statement Trim), and
+// Migrate, in a database of its own under each session sql_mode of
+// mysqlModes.
 func TestMySQLModeConformance(t *testing.T) {
 	t.Parallel()
 	for _, m := range mysqlModes {
@@ -255,6 +259,11 @@ func TestMySQLModeConformance(t *testing.T) {
 				t.Fatalf("Migrate under %s: %v", m, err)
 			}
 			storetest.Run(t, func(*testing.T) idem.Store { return s }, storetest.Caps{
+				BeginTx:   func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
+				Precision: time.Millisecond,
+			})
+			ts := newTokenStore(t, db, sqlstore.MySQL)
+			tokentest.Run(t, func(*testing.T) token.Store { return ts }, tokentest.Caps{
 				BeginTx:   func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 				Precision: time.Millisecond,
 			})

@@ -11,17 +11,39 @@ import (
 	"github.com/idemkit/idem/sqlstore"
 )
 
+// migrationVersion is the version of the migration named name on d.
+func migrationVersion(t *testing.T, d sqlstore.Dialect, name string) int64 {
+	t.Helper()
+	for i, n := range sqlstore.MigrationNames(d) {
+		if strings.HasSuffix(n, "_"+name) {
+			return int64(i + 1)
+		}
+	}
+	t.Fatalf("%s: no migration %s", d, name)
+	return 0
+}
+
+// migratedBefore returns a database of the test's own, migrated as the
+// build before the migration named name left it.
+func migratedBefore(t *testing.T, srv server, name string) *sql.DB {
+	t.Helper()
+	db, _ := outboxDB(t, srv)
+	old, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := sqlstore.MigrateTo(t.Context(), old, migrationVersion(t, srv.dialect, name)-1); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
 // msgIDVersion is the version of the migration that adds
 // idem_outbox.msg_id on d.
 func msgIDVersion(t *testing.T, d sqlstore.Dialect) int64 {
 	t.Helper()
-	for i, n := range sqlstore.MigrationNames(d) {
-		if strings.HasSuffix(n, "_outbox_msg_id") {
-			return int64(i + 1)
-		}
-	}
-	t.Fatalf("%s: no migration outbox_msg_id", d)
-	return 0
+	return migrationVersion(t, d, "outbox_msg_id")
 }
 
 // claimAll claims, returns the IDs, and marks them sent if mark (else
@@ -55,15 +77,7 @@ func claimAll(t *testing.T, s *sqlstore.OutboxStore, mark bool) []string {
 func TestOutboxLegacyRows(t *testing.T) {
 	forDialects(t, func(t *testing.T, srv server) {
 		ctx := t.Context()
-		db, _ := outboxDB(t, srv)
-		old, err := sqlstore.New(db, &sqlstore.Config{Dialect: srv.dialect})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer old.Close()
-		if err := sqlstore.MigrateTo(ctx, old, msgIDVersion(t, srv.dialect)-1); err != nil {
-			t.Fatal(err)
-		}
+		db := migratedBefore(t, srv, "outbox_msg_id")
 		// The older build's insert.
 		if _, err := db.ExecContext(ctx, srv.rebind(`INSERT INTO idem_outbox (topic, msg_key, payload, created_at) VALUES (?, ?, ?, 1)`), "order.paid", "o-1", []byte("p")); err != nil {
 			t.Fatal(err)

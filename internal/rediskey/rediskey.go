@@ -50,9 +50,10 @@ func ValidatePrefix(pkg, p string) error {
 
 // ScopeTag returns the hash tag of a scope's submit tokens: the first 8
 // bytes of the SHA-256 of scope, in lowercase hex. Every key of one scope
-// shares it, and so a Redis Cluster slot; two scopes share one only if
-// their hashes meet (2^-64), and then only a slot and a set, never a
-// token (a token's hash holds its scope).
+// shares it, and so a Redis Cluster slot. Two scopes share one when their
+// hashes meet — among 2^32 scopes (a few billion users) some pair likely
+// does — and then share a slot only: each scope has a set of its own
+// (Tokens names the scope itself), and a token's hash holds its scope.
 func ScopeTag(scope string) string {
 	sum := sha256.Sum256([]byte(scope))
 	return hex.EncodeToString(sum[:8])
@@ -65,7 +66,8 @@ func Token(prefix, scope, digest string) string {
 }
 
 // Tokens returns the key of the set of scope's unused submit tokens under
-// prefix: PREFIX:tokens:{SCOPETAG}, in the slot of the scope's tokens.
+// prefix: PREFIX:tokens:{SCOPETAG}:B64(scope), in the slot of the scope's
+// tokens, and of this scope only, whatever other scope shares its tag.
 func Tokens(prefix, scope string) string {
-	return prefix + ":tokens:{" + ScopeTag(scope) + "}"
+	return prefix + ":tokens:{" + ScopeTag(scope) + "}:" + base64.RawURLEncoding.EncodeToString([]byte(scope))
 }

@@ -35,7 +35,7 @@ func TestTokenKeys(t *testing.T) {
 	d := strings.Repeat("ab", 32)
 	tok, set := Token("p", "user:1", d), Tokens("p", "user:1")
 	tag := "{" + ScopeTag("user:1") + "}"
-	if tok != "p:token:"+tag+":"+d || set != "p:tokens:"+tag || len(ScopeTag("x")) != 16 {
+	if tok != "p:token:"+tag+":"+d || set != "p:tokens:"+tag+":dXNlcjox" || len(ScopeTag("x")) != 16 {
 		t.Fatalf("keys %q, %q", tok, set)
 	}
 	// Braces in a scope never reach the hash tag.

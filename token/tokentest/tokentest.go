@@ -909,6 +909,48 @@ var cases = []testCase{
 			}
 		}
 	}},
+
+	{name: "ConsumeTxTrim", tx: true, run: func(h *harness) {
+		// A Trim that meets a token a transaction is spending (an order
+		// being placed) leaves it if the transaction commits: the
+		// committed use keeps its row, and a repeat of the submission is
+		// led to its result. If the transaction rolls back, the token is
+		// unused again, and the trim may take it.
+		for _, commit := range []bool{true, false} {
+			d := h.insert(longTTL)
+			newer := h.insert(longTTL + time.Second)
+			tx := h.beginTx()
+			if err := h.consumeTx(tx, h.scope, d, []byte("order")); err != nil {
+				h.Fatalf("ConsumeTx: %v", err)
+			}
+			type trimmed struct {
+				n   int
+				err error
+			}
+			done := make(chan trimmed, 1)
+			go func() {
+				n, err := h.store.Trim(h.ctx, h.scope, 0)
+				done <- trimmed{n, err}
+			}()
+			h.endTx(tx, commit)
+			got := <-done
+			if got.err != nil {
+				h.Fatalf("Trim beside a ConsumeTx (commit %v): %v", commit, got.err)
+			}
+			h.invalid(h.scope, newer, "an unused token trimmed by Trim(0)")
+			if commit {
+				h.used(h.scope, d, []byte("order"))
+				if got.n != 1 {
+					h.Fatalf("Trim(0) beside a committed ConsumeTx removed %d, want 1 (the unused token only)", got.n)
+				}
+				continue
+			}
+			// Rolled back: the trim took the token, or left it unused.
+			if err := h.consume(h.scope, d, []byte("after")); err != nil && !errors.Is(err, token.ErrInvalid) {
+				h.Fatalf("Consume after a rolled-back ConsumeTx and a Trim = %v, want nil or ErrInvalid", err)
+			}
+		}
+	}},
 }
 
 func (h *harness) consumeTx(tx *sql.Tx, scope, d string, result []byte) error {

@@ -2,7 +2,9 @@ package shop_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -130,6 +132,47 @@ func TestTokensBounded(t *testing.T) {
 			t.Fatalf("the newest token: %d\n%s", rec.Code, rec.Body)
 		}
 		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders WHERE user_id = 9"); n != 1 {
+			t.Fatalf("%d orders, want 1", n)
+		}
+	})
+}
+
+// The same order spelled another way — the form's fields in another
+// order, with spaces, "01" for 1, no coupon field for an empty one, or
+// POST /orders with the body's members reordered and spaced — is the
+// same request: led to the first order (303, or 409 naming it), not
+// refused as another one. One order.
+func TestTokenSameOrderSpelledOtherwise(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		s, db := webShop(t, b)
+		tok := formToken(t, s, 11)
+		first := page(s, "POST", "/checkout", 11, url.Values{"sku": {"SKU-1"}, "quantity": {"1"}, "coupon_id": {""}, "token": {tok}})
+		loc := first.Header().Get("Location")
+		if first.Code != http.StatusSeeOther || !strings.HasPrefix(loc, "/orders/ord_") {
+			t.Fatalf("first submission: %d\n%s", first.Code, first.Body)
+		}
+		for _, body := range []string{
+			"token=" + tok + "&quantity=1&sku=SKU-1&coupon_id=",
+			"sku=+SKU-1+&quantity=01&token=" + tok,
+			"coupon_id=%20&quantity=%091&sku=SKU-1&token=" + tok + "&extra=x",
+		} {
+			req := httptest.NewRequest("POST", "/checkout", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Accept", "text/html")
+			req.AddCookie(&http.Cookie{Name: "uid", Value: "11"})
+			rec := httptest.NewRecorder()
+			s.ServeHTTP(rec, req)
+			if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != loc {
+				t.Errorf("form %q: %d Location %q, want 303 %q\n%s", body, rec.Code, rec.Header().Get("Location"), loc, rec.Body)
+			}
+		}
+		for i, body := range []string{`{"quantity":1,"sku":"SKU-1"}`, ` { "sku" : "SKU-1" , "quantity" : 1 } `} {
+			rec := serve(s, "POST", "/orders", map[string]string{"X-User-ID": "11", "Idempotency-Key": fmt.Sprint("spelled-", i), "Submit-Token": tok}, body)
+			if rec.Code != http.StatusConflict || rec.Header().Get("Location") != loc {
+				t.Errorf("API %s: %d Location %q, want 409 %q\n%s", body, rec.Code, rec.Header().Get("Location"), loc, rec.Body)
+			}
+		}
+		if n := count(t, db, "SELECT COUNT(*) FROM shop_orders"); n != 1 {
 			t.Fatalf("%d orders, want 1", n)
 		}
 	})

@@ -68,6 +68,11 @@ const (
 	uidCookie = "uid"
 	// defaultPageUser is the identity of a page visitor without the cookie.
 	defaultPageUser = 1
+	// signedIn is the query of the redirect that follows setting the
+	// cookie: the visit that comes back with it and without the cookie
+	// is a browser that refuses cookies, told so instead of being sent
+	// round again.
+	signedIn = "signed_in"
 	// maxFormBytes bounds a form post's body.
 	maxFormBytes = 16 << 10
 	// recentOrders is how many of the user's orders the checkout page lists.
@@ -141,13 +146,15 @@ func pageOrAPI(page, api http.Handler) http.Handler {
 }
 
 // pageUserFrom parses the uid cookie; 0 when absent or not a positive
-// integer in canonical form.
+// integer in canonical form. Of several uid cookies (a parent domain's
+// beside the shop's own), the first that is a user counts.
 func pageUserFrom(r *http.Request) int64 {
-	c, err := r.Cookie(uidCookie)
-	if err != nil {
-		return 0
+	for _, c := range r.CookiesNamed(uidCookie) {
+		if id := parseUserID(c.Value); id != 0 {
+			return id
+		}
 	}
-	return parseUserID(c.Value)
+	return 0
 }
 
 func parseUserID(raw string) int64 {
@@ -208,26 +215,36 @@ type checkoutPage struct {
 }
 
 // home serves GET /: ?uid=N signs in as user N (the cookie, then 303 to
-// /); otherwise the checkout page with a fresh submit token. A visitor
-// without the cookie is signed in as user 1 (the cookie, then 303 to /)
-// and gets the page, and its token, on the redirect: a client that keeps
-// no cookies (a crawler, a script in a loop) gets no token, so anonymous
-// GETs cannot fill idem_tokens.
+// /?signed_in=1); otherwise the checkout page with a fresh submit token.
+// A visitor without the cookie is signed in as user 1 (the cookie, then
+// 303 to /?signed_in=1) and gets the page, and its token, on the
+// redirect: a client that keeps no cookies (a crawler, a script in a
+// loop) gets no token, so anonymous GETs cannot fill idem_tokens. A
+// browser that refuses cookies comes back from that redirect without
+// the cookie, and gets a page saying the shop needs it (400), not
+// another redirect: no loop.
 func (s *Shop) home(w http.ResponseWriter, r *http.Request) {
-	if pageUserFrom(r) == 0 && !r.URL.Query().Has("uid") {
-		setUIDCookie(w, defaultPageUser)
-		w.Header().Set("Cache-Control", "no-store")
-		http.Redirect(w, r, "/", http.StatusSeeOther)
-		return
-	}
-	if r.URL.Query().Has("uid") {
-		user := parseUserID(r.URL.Query().Get("uid"))
+	q := r.URL.Query()
+	if q.Has("uid") {
+		user := parseUserID(q.Get("uid"))
 		if user == 0 {
 			s.errorPage(w, r, http.StatusBadRequest, "Invalid user", "uid must be a positive integer, as in /?uid=2.", "/")
 			return
 		}
 		setUIDCookie(w, user)
-		http.Redirect(w, r, "/", http.StatusSeeOther)
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, "/?"+signedIn+"=1", http.StatusSeeOther)
+		return
+	}
+	if pageUserFrom(r) == 0 {
+		if q.Has(signedIn) {
+			s.errorPage(w, r, http.StatusBadRequest, "Cookies needed",
+				"The shop keeps who you are in a cookie, and your browser did not send it back. Allow cookies for this site, then open the shop again.", "/")
+			return
+		}
+		setUIDCookie(w, defaultPageUser)
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, "/?"+signedIn+"=1", http.StatusSeeOther)
 		return
 	}
 	s.pageAuthenticated(http.HandlerFunc(s.checkoutPage)).ServeHTTP(w, r)

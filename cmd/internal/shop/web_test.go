@@ -222,24 +222,24 @@ func TestCheckoutRefusals(t *testing.T) {
 }
 
 // The page identity: a visitor without the cookie is user 1 and gets a
-// SameSite=Lax, HttpOnly cookie, with a 303 back to / (the page comes
-// with the cookie); /?uid=N signs in as N.
+// SameSite=Lax, HttpOnly cookie, with a 303 back to /?signed_in=1 (the
+// page comes with the cookie); /?uid=N signs in as N.
 func TestPageIdentity(t *testing.T) {
 	t.Parallel()
 	s, _ := webShop(t, sqliteBackend)
 	rec := page(s, "GET", "/", 0, nil)
-	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/" {
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/?signed_in=1" {
 		t.Fatalf("GET / without cookie: %d\n%s", rec.Code, rec.Body)
 	}
 	c := cookie(rec, "uid")
 	if c == nil || c.Value != "1" || c.SameSite != http.SameSiteLaxMode || !c.HttpOnly || c.Path != "/" {
 		t.Fatalf("cookie %+v", c)
 	}
-	if rec := page(s, "GET", "/", 1, nil); rec.Code != 200 || !strings.Contains(rec.Body.String(), "user 1") {
+	if rec := page(s, "GET", "/?signed_in=1", 1, nil); rec.Code != 200 || !strings.Contains(rec.Body.String(), "user 1") {
 		t.Fatalf("GET / with the cookie it got: %d\n%s", rec.Code, rec.Body)
 	}
 	rec = page(s, "GET", "/?uid=9", 0, nil)
-	if c := cookie(rec, "uid"); rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/" || c == nil || c.Value != "9" {
+	if c := cookie(rec, "uid"); rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/?signed_in=1" || c == nil || c.Value != "9" {
 		t.Fatalf("/?uid=9: %d Location %q cookie %+v", rec.Code, rec.Header().Get("Location"), c)
 	}
 	if rec := page(s, "GET", "/", 9, nil); !strings.Contains(rec.Body.String(), "user 9") || cookie(rec, "uid") != nil {
