@@ -70,6 +70,12 @@ func (postgresDialect) readCommitted(level string) bool {
 	return level == "read committed" || level == "read uncommitted"
 }
 
+// serializationFailure: serialization_failure (40001), which PostgreSQL
+// raises only in a transaction at REPEATABLE READ or SERIALIZABLE.
+func (postgresDialect) serializationFailure(err error) bool {
+	return sqlState(err) == "40001"
+}
+
 // readCommitted are the options of every transaction the dialect begins:
 // each statement sees what committed before it started, whatever the
 // server's default_transaction_isolation.

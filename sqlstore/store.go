@@ -124,7 +124,7 @@ func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.St
 			return s.inReadCommitted(ctx, q, f)
 		}
 	}
-	return s.cache.run(ctx, tx, q.id, q.text, func(st *sql.Stmt) error {
+	err := s.cache.run(ctx, tx, q.id, q.text, func(st *sql.Stmt) error {
 		if st == nil {
 			var err error
 			if st, err = tx.PrepareContext(ctx, q.text); err != nil {
@@ -133,6 +133,10 @@ func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.St
 		}
 		return f(st)
 	})
+	if tx == nil && err != nil {
+		s.sawSerializationFailure(err)
+	}
+	return err
 }
 
 // isolationDefaulter is a dialect whose sessions may default to an
@@ -140,9 +144,29 @@ func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.St
 // run under (PostgreSQL's default_transaction_isolation). isolationQuery
 // returns one row, the session's default level as the server spells it;
 // readCommitted reports whether that level is READ COMMITTED or below.
+//
+// serializationFailure reports whether err is a serialisation failure,
+// which a single statement under autocommit meets only when its session
+// runs above READ COMMITTED.
 type isolationDefaulter interface {
 	isolationQuery() string
 	readCommitted(level string) bool
+	serializationFailure(err error) bool
+}
+
+// sawSerializationFailure switches the Store's own statements to READ
+// COMMITTED transactions of their own when err, the error of one of them
+// run alone, is a serialisation failure: its session runs above READ
+// COMMITTED although the probe saw READ COMMITTED (the database's or
+// role's default changed after the probe and new connections have it, or
+// a caller ran SET SESSION CHARACTERISTICS on a connection of the pool).
+// The statement was rolled back; the callers' retries (again, the
+// acquire loops) run it again, wrapped. The switch is never undone:
+// wrapping is right at every level, only a round trip dearer.
+func (s *Store) sawSerializationFailure(err error) {
+	if d, ok := s.d.(isolationDefaulter); ok && d.serializationFailure(err) {
+		s.own.Store(ownReadCommitted)
+	}
 }
 
 // ownInReadCommitted reports whether the Store's own statements run in a
@@ -150,9 +174,11 @@ type isolationDefaulter interface {
 // database default to a higher isolation level (asked once, on the
 // Store's first statement; an error is returned and asked again next
 // time). The default is a setting of the database, the role or the
-// connection string, the same on every connection of the pool; a session
-// changed by hand (SET SESSION CHARACTERISTICS on a connection the
-// caller took from the pool) is not seen.
+// connection string, the same on every connection of the pool. A session
+// that differs (the default changed after the probe, or SET SESSION
+// CHARACTERISTICS run on a connection of the pool) is found out by the
+// first serialisation failure of a statement run alone there, which
+// switches the Store to wrapping (see sawSerializationFailure).
 func (s *Store) ownInReadCommitted(ctx context.Context) (bool, error) {
 	switch s.own.Load() {
 	case ownAlone:
