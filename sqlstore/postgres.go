@@ -61,7 +61,7 @@ func (postgresDialect) retryable(err error) bool {
 // the connection string set it ("read committed", "repeatable read",
 // "serializable", "read uncommitted", which PostgreSQL runs as READ
 // COMMITTED). The Store's own statements run at READ COMMITTED whatever
-// it is (see Store.inReadCommitted).
+// it is (see ownStatements).
 func (postgresDialect) isolationQuery() string {
 	return "SELECT current_setting('default_transaction_isolation')"
 }
