@@ -84,6 +84,13 @@ func pgKey(name string) (int64, error) {
 // characters.
 const MaxMySQLLockName = 64
 
+// MaxMySQLLockNameBytes is the longest name GET_LOCK accepts, in bytes of
+// UTF-8 (the go-sql-driver/mysql connections' utf8mb4): 64 characters of
+// MySQL's three-byte utf8 system charset. MariaDB refuses a longer name
+// ("Identifier name ... is too long", 1059) even within 64 characters,
+// as 64 four-byte characters (emoji) are.
+const MaxMySQLLockNameBytes = 3 * MaxMySQLLockName
+
 // mysqlNoTimeout is GET_LOCK's timeout for a wait without limit, in
 // seconds: the year MySQL waits for a negative timeout (LONG_TIMEOUT).
 // MariaDB refuses a negative timeout (NULL, warning 1411).
@@ -103,7 +110,8 @@ const mysqlNoTimeout = 365 * 24 * 3600
 // it), or close conn, which ends the session and releases it. Use conn
 // for nothing that may close it meanwhile, and hand it back to the pool
 // only after release. GET_LOCK is reentrant in a session: each success
-// needs its own release. A name is 1 to 64 characters (MaxMySQLLockName);
+// needs its own release. A name is 1 to 64 characters (MaxMySQLLockName)
+// and at most 192 bytes of UTF-8 (MaxMySQLLockNameBytes);
 // locks are server-wide, so prefix names with the application's.
 //
 // Such a lock lasts as long as the session, not a lease: if the session
@@ -126,8 +134,8 @@ func MySQLTryGetLock(ctx context.Context, conn *sql.Conn, name string) (release 
 
 // mysqlGetLock runs GET_LOCK(name, secs) on conn.
 func mysqlGetLock(ctx context.Context, conn *sql.Conn, name string, secs int64) (func(context.Context) error, error) {
-	if name == "" || utf8.RuneCountInString(name) > MaxMySQLLockName || !utf8.ValidString(name) {
-		return nil, fmt.Errorf("%w: a MySQL lock name is 1 to %d characters of valid UTF-8", ErrInvalidName, MaxMySQLLockName)
+	if name == "" || utf8.RuneCountInString(name) > MaxMySQLLockName || len(name) > MaxMySQLLockNameBytes || !utf8.ValidString(name) {
+		return nil, fmt.Errorf("%w: a MySQL lock name is 1 to %d characters and at most %d bytes of valid UTF-8", ErrInvalidName, MaxMySQLLockName, MaxMySQLLockNameBytes)
 	}
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", name, secs).Scan(&got); err != nil {

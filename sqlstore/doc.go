@@ -212,7 +212,9 @@
 // transaction of the caller (autocommit); under the default READ
 // COMMITTED that is all it needs. If the sessions'
 // default_transaction_isolation is REPEATABLE READ or SERIALIZABLE (the
-// Store asks once, on its first statement), each of them runs instead in
+// Store asks once, on its first statement, and also switches when one
+// of its statements run alone meets a serialization failure: a session
+// whose default changed after it asked), each of them runs instead in
 // a transaction of its own begun at READ COMMITTED (a BEGIN and a COMMIT
 // more): they are written for READ COMMITTED, and SERIALIZABLE would
 // make acquires of distinct keys fail each other with serialization

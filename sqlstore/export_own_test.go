@@ -5,7 +5,7 @@ package sqlstore
 // its own statements run in READ COMMITTED transactions of their own
 // (known is false before its first statement).
 func OwnStatementsInReadCommitted(s *Store) (rc, known bool) {
-	switch s.own.Load() {
+	switch s.own.state.Load() {
 	case ownAlone:
 		return false, true
 	case ownReadCommitted:

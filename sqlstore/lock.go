@@ -49,10 +49,12 @@ const lockAcquireAttempts = 5
 // row (+1 on every acquisition) and survives release and expiry (release
 // clears the owner and keeps the row); the lease is counted on the
 // database's clock. Every operation is one statement, run again (at most
-// 5 times) after a deadlock or a serialisation failure, which PostgreSQL
-// reports when the sessions default to REPEATABLE READ or SERIALIZABLE
-// and the row changed while the statement waited for it. It is safe for
-// concurrent use, also by several processes sharing the database.
+// 5 times) after a deadlock or a serialisation failure. As the Store's
+// own statements, it runs in a READ COMMITTED transaction of its own
+// when the sessions default to REPEATABLE READ or SERIALIZABLE
+// (PostgreSQL), where acquires of distinct names would otherwise fail
+// each other with serialisation failures. It is safe for concurrent use,
+// also by several processes sharing the database.
 //
 // Lock names are compared byte for byte ("a", "A" and "a " are three
 // locks). The rows are never deleted: lock names should come from a
@@ -63,6 +65,7 @@ type LockBackend struct {
 	cfg     Config // a copy of NewLockBackend's
 	st      *lockStatements
 	cache   *stmtCache
+	own     *ownStatements
 	cleanup runtime.Cleanup
 }
 
@@ -81,6 +84,7 @@ func NewLockBackend(db *sql.DB, cfg *Config) (*LockBackend, error) {
 	}
 	c := *cfg
 	b := &LockBackend{db: db, d: c.Dialect, cfg: c, st: &c.Dialect.statements().lock, cache: newStmtCache(db, numLockQueries)}
+	b.own = newOwnStatements(db, c.Dialect, b.cache)
 	b.cleanup = runtime.AddCleanup(b, (*stmtCache).close, b.cache)
 	return b, nil
 }
@@ -105,10 +109,12 @@ func (b *LockBackend) Close() error {
 	return nil
 }
 
-// stmt returns statement i prepared on the database, preparing it on
-// first use.
-func (b *LockBackend) stmt(ctx context.Context, i int) (*sql.Stmt, error) {
-	return b.cache.prepared(ctx, i, b.st.query(i).text)
+// run runs f on statement i, alone or, when the sessions default to an
+// isolation level above READ COMMITTED, in a READ COMMITTED transaction
+// of its own (see ownStatements: distinct names would otherwise fail
+// each other under SERIALIZABLE).
+func (b *LockBackend) run(ctx context.Context, i int, f func(st *sql.Stmt) error) error {
+	return b.own.run(ctx, i, b.st.query(i).text, f)
 }
 
 // leaseMS is the lease the statements write for ttl: whole milliseconds
@@ -146,29 +152,24 @@ func (b *LockBackend) Acquire(ctx context.Context, name, owner string, ttl time.
 	if owner == "" || ttl <= 0 {
 		return 0, fmt.Errorf("sqlstore: lock acquire %q: empty owner or TTL %v", name, ttl)
 	}
-	st, err := b.stmt(ctx, lockAcquire)
-	if err != nil {
-		return 0, b.fail(ctx, op, name, err)
-	}
 	v := values{name: name, owner: owner, leaseMS: leaseMS(ttl)}
 	args := b.st.acquire.args(&v)
 	for attempt := 1; ; attempt++ {
 		var fence int64
-		if b.d.completeReturns() {
-			err = st.QueryRowContext(ctx, args...).Scan(&fence)
-			if errors.Is(err, sql.ErrNoRows) {
-				return 0, lock.ErrHeld
+		err := b.run(ctx, lockAcquire, func(st *sql.Stmt) error {
+			if b.d.completeReturns() {
+				return st.QueryRowContext(ctx, args...).Scan(&fence)
 			}
-		} else {
-			var res sql.Result
-			if res, err = st.ExecContext(ctx, args...); err == nil {
+			res, err := st.ExecContext(ctx, args...)
+			if err == nil {
 				fence, err = res.LastInsertId()
-				if err == nil && fence == 0 {
-					return 0, lock.ErrHeld
-				}
 			}
-		}
-		if err == nil {
+			return err
+		})
+		switch {
+		case errors.Is(err, sql.ErrNoRows), err == nil && fence == 0:
+			return 0, lock.ErrHeld
+		case err == nil:
 			return fence, nil
 		}
 		if !b.d.retryable(err) || attempt == lockAcquireAttempts || ctx.Err() != nil {
@@ -203,18 +204,20 @@ func (b *LockBackend) update(ctx context.Context, op string, i int, v values) er
 	if owner := v.owner; owner == "" || v.fence < 1 {
 		return lock.ErrNotHeld
 	}
-	st, err := b.stmt(ctx, i)
-	if err != nil {
-		return b.fail(ctx, op, v.name, err)
-	}
 	args := b.st.query(i).args(&v)
-	var res sql.Result
+	var (
+		res sql.Result
+		err error
+	)
 	for attempt := 1; ; attempt++ {
-		// A serialisation failure (PostgreSQL, when the sessions default
-		// to REPEATABLE READ or SERIALIZABLE and the row changed while the
-		// statement waited for it) or a deadlock rolled the statement
-		// back: a new snapshot sees the row as the change left it.
-		if res, err = st.ExecContext(ctx, args...); err == nil {
+		// A serialisation failure (PostgreSQL, not expected: the
+		// statement runs at READ COMMITTED whatever the sessions' default,
+		// see ownStatements) or a deadlock rolled the statement back: a
+		// new snapshot sees the row as the change left it.
+		if err = b.run(ctx, i, func(st *sql.Stmt) (err error) {
+			res, err = st.ExecContext(ctx, args...)
+			return err
+		}); err == nil {
 			break
 		}
 		if !b.d.retryable(err) || attempt == lockAcquireAttempts || ctx.Err() != nil {

@@ -61,13 +61,19 @@ func (postgresDialect) retryable(err error) bool {
 // the connection string set it ("read committed", "repeatable read",
 // "serializable", "read uncommitted", which PostgreSQL runs as READ
 // COMMITTED). The Store's own statements run at READ COMMITTED whatever
-// it is (see Store.inReadCommitted).
+// it is (see ownStatements).
 func (postgresDialect) isolationQuery() string {
 	return "SELECT current_setting('default_transaction_isolation')"
 }
 
 func (postgresDialect) readCommitted(level string) bool {
 	return level == "read committed" || level == "read uncommitted"
+}
+
+// serializationFailure: serialization_failure (40001), which PostgreSQL
+// raises only in a transaction at REPEATABLE READ or SERIALIZABLE.
+func (postgresDialect) serializationFailure(err error) bool {
+	return sqlState(err) == "40001"
 }
 
 // readCommitted are the options of every transaction the dialect begins:

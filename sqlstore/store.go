@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -35,18 +34,11 @@ type Store struct {
 	log     *slog.Logger
 	cache   *stmtCache
 	cleanup runtime.Cleanup
-	// own says how the Store runs its own statements (outside a caller's
-	// transaction): ownUnknown until the first one, then ownAlone or
-	// ownReadCommitted (see run).
-	own atomic.Int32
+	// own runs the Store's own statements (outside a caller's
+	// transaction): alone, or in READ COMMITTED transactions of their own
+	// (see run).
+	own *ownStatements
 }
-
-// The values of Store.own.
-const (
-	ownUnknown int32 = iota
-	ownAlone
-	ownReadCommitted
-)
 
 // ErrClosed is returned by every method of a Store after Close.
 var ErrClosed = errors.New("sqlstore: store closed")
@@ -71,6 +63,7 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{db: db, d: cfg.Dialect, st: cfg.Dialect.statements(), log: log, cache: newStmtCache(db, numQueries)}
+	s.own = newOwnStatements(db, cfg.Dialect, s.cache)
 	// A Store that is never closed closes its statements once it is
 	// garbage.
 	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
@@ -114,116 +107,12 @@ func (s *Store) prepared(ctx context.Context, q *query) (*sql.Stmt, error) {
 // Outside a transaction (tx nil), q runs on its own, under autocommit,
 // unless the sessions of the Store's database default to an isolation
 // level above READ COMMITTED: q then runs in a transaction of its own
-// begun at READ COMMITTED (see inReadCommitted).
+// begun at READ COMMITTED (see ownStatements).
 func (s *Store) run(ctx context.Context, tx *sql.Tx, q *query, f func(st *sql.Stmt) error) error {
 	if tx == nil {
-		switch rc, err := s.ownInReadCommitted(ctx); {
-		case err != nil:
-			return err
-		case rc:
-			return s.inReadCommitted(ctx, q, f)
-		}
+		return s.own.run(ctx, q.id, q.text, f)
 	}
-	return s.cache.run(ctx, tx, q.id, q.text, func(st *sql.Stmt) error {
-		if st == nil {
-			var err error
-			if st, err = tx.PrepareContext(ctx, q.text); err != nil {
-				return err
-			}
-		}
-		return f(st)
-	})
-}
-
-// isolationDefaulter is a dialect whose sessions may default to an
-// isolation level above READ COMMITTED that its single statements would
-// run under (PostgreSQL's default_transaction_isolation). isolationQuery
-// returns one row, the session's default level as the server spells it;
-// readCommitted reports whether that level is READ COMMITTED or below.
-type isolationDefaulter interface {
-	isolationQuery() string
-	readCommitted(level string) bool
-}
-
-// ownInReadCommitted reports whether the Store's own statements run in a
-// READ COMMITTED transaction of their own: whether the sessions of its
-// database default to a higher isolation level (asked once, on the
-// Store's first statement; an error is returned and asked again next
-// time). The default is a setting of the database, the role or the
-// connection string, the same on every connection of the pool; a session
-// changed by hand (SET SESSION CHARACTERISTICS on a connection the
-// caller took from the pool) is not seen.
-func (s *Store) ownInReadCommitted(ctx context.Context) (bool, error) {
-	switch s.own.Load() {
-	case ownAlone:
-		return false, nil
-	case ownReadCommitted:
-		return true, nil
-	}
-	d, ok := s.d.(isolationDefaulter)
-	if !ok {
-		s.own.Store(ownAlone)
-		return false, nil
-	}
-	var level string
-	if err := s.db.QueryRowContext(ctx, d.isolationQuery()).Scan(&level); err != nil {
-		return false, fmt.Errorf("read the default isolation level: %w", err)
-	}
-	if d.readCommitted(level) {
-		s.own.Store(ownAlone)
-		return false, nil
-	}
-	s.own.Store(ownReadCommitted)
-	return true, nil
-}
-
-// inReadCommitted runs f on q in a transaction of its own begun at READ
-// COMMITTED, and commits it if q succeeded (or returned no row, as a
-// statement under autocommit would commit), on a database whose sessions
-// default to REPEATABLE READ or SERIALIZABLE. That costs a BEGIN and a
-// COMMIT more than autocommit, on that path only.
-//
-// Each of the Store's statements is one statement, written and tested
-// for READ COMMITTED: the record row is the unit of concurrency. A
-// statement locks the record's row (or inserts it, the primary key
-// deciding between concurrent inserts) and its WHERE clause checks owner
-// and fence on the row as it is once the lock is held; nothing it does
-// relies on a snapshot older than the statement. A higher level adds
-// nothing to such a statement but failures for rows it does not touch:
-// under SERIALIZABLE, PostgreSQL records what the acquire statement
-// read, a key absent from idem_records_pkey, as a predicate lock on the
-// index page that would hold it, and every other key's insert into that
-// page is a read-write conflict; two acquires of different keys that
-// each read the page before the other inserts abort one of them with a
-// serialisation failure (40001), again and again under load, until
-// Acquire gives up ("key still contended"). Under REPEATABLE READ, a
-// statement that waited for a concurrent change of its row fails where
-// READ COMMITTED would read the row again.
-//
-// Only the Store's own statements run so. A statement in the caller's
-// transaction (CompleteTx, and its read of the record) runs at the
-// caller's isolation, and must: it commits or rolls back with the
-// caller's effect, and the caller's serialisation failures (40001, which
-// CompleteTx explains) stay the caller's to handle.
-func (s *Store) inReadCommitted(ctx context.Context, q *query, f func(st *sql.Stmt) error) error {
-	// Prepare q before the transaction takes its connection (see
-	// stmtCache.prepared).
-	if _, err := s.prepared(ctx, q); err != nil {
-		return err
-	}
-	tx, err := s.db.BeginTx(ctx, readCommitted)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	err = s.run(ctx, tx, q, f)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	if cerr := tx.Commit(); cerr != nil {
-		return cerr
-	}
-	return err
+	return runInTx(ctx, s.cache, tx, q.id, q.text, f)
 }
 
 func (s *Store) exec(ctx context.Context, tx *sql.Tx, q *query, v *values) (sql.Result, error) {
@@ -379,7 +268,7 @@ func (s *Store) acquireOneStatement(ctx context.Context, req idem.AcquireRequest
 		if attempt > 0 && s.d.retryable(err) {
 			// A deadlock, or a serialisation failure (not expected: the
 			// statement runs at READ COMMITTED whatever the sessions'
-			// default, see inReadCommitted): let the other caller commit,
+			// default, see ownStatements): let the other caller commit,
 			// and do not all come back at once. Each attempt is a
 			// statement, and a transaction, of its own: it has a new
 			// snapshot.
