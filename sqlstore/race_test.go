@@ -147,10 +147,10 @@ func TestGuardCompleteTxWithWatchdog(t *testing.T) {
 	// disk (120 ms lost up to 21 of 30 legitimately under the race
 	// detector, 400 ms up to 20 when other test processes shared the two
 	// cores, now that the watchdog gives a lease up at its end even while
-	// a renewal waits for the connection), and short enough that a
-	// completion stalled Lease/3 behind each renewal (30 × 333 ms) would
-	// lose most of them.
-	const lease = time.Second
+	// a renewal waits for the connection; 1 s still lost 14 of 30 once, on
+	// a loaded machine), and short enough that a completion stalled
+	// Lease/3 behind each renewal (30 × 1 s) would lose most of them.
+	const lease = 3 * time.Second
 	g, err := idem.NewGuard(s, &idem.GuardConfig{Lease: lease})
 	if err != nil {
 		t.Fatal(err)

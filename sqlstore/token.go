@@ -137,12 +137,14 @@ func (t *TokenStore) Consume(ctx context.Context, scope, digest string, sp token
 // spends the token itself if tx rolls back. tx may belong to another
 // *sql.DB on the same database.
 //
-// Under REPEATABLE READ or SERIALIZABLE on PostgreSQL, a token spent by
-// another transaction after tx's snapshot fails with a serialisation
-// failure (SQLSTATE 40001) rather than token.ErrUsed; and under
-// SERIALIZABLE, tx's Commit itself may fail with one when a Consume of the
-// same token, run SERIALIZABLE too (the session's default), waited for tx.
-// Either way tx spent nothing: roll it back and run it again. On SQLite, begin tx with sqlite.Open's settings (IMMEDIATE):
+// When tx runs at REPEATABLE READ or SERIALIZABLE on PostgreSQL, a token
+// spent by another transaction after tx's snapshot fails with a
+// serialisation failure (SQLSTATE 40001) rather than token.ErrUsed, and a
+// SERIALIZABLE tx's Commit may fail with one. Either way tx spent nothing:
+// roll it back and run it again (sqlstore.Retryable reports these errors).
+// The TokenStore's own statements (Insert, Consume, Trim, Sweep) run at
+// READ COMMITTED whatever the session's default (see the package doc).
+// On SQLite, begin tx with sqlite.Open's settings (IMMEDIATE):
 // a deferred transaction that has read before may fail to take the write
 // lock.
 func (t *TokenStore) ConsumeTx(ctx context.Context, tx *sql.Tx, scope, digest string, sp token.Spend) error {
