@@ -46,9 +46,12 @@ func tokenBench(b *testing.B, srv server) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	scope := randomName("bench-")
+	// The bare rows go under a scope of their own: they never expire, so
+	// in the tokens' scope they would count as its newest unused tokens
+	// and Issue's trim (Config.MaxLive) would remove the real ones.
+	scope, bareScope := randomName("bench-"), randomName("bench-bare-")
 	b.Cleanup(func() {
-		_, _ = db.ExecContext(context.Background(), srv.rebind(`DELETE FROM idem_tokens WHERE scope = ?`), scope)
+		_, _ = db.ExecContext(context.Background(), srv.rebind(`DELETE FROM idem_tokens WHERE scope LIKE 'bench-%'`))
 	})
 	prepare := func(q string) *sql.Stmt {
 		st, err := db.PrepareContext(ctx, srv.rebind(q))
@@ -63,7 +66,7 @@ func tokenBench(b *testing.B, srv server) {
 	bareSelect := prepare(`SELECT used_at, result FROM idem_tokens WHERE digest = ?`)
 	insertRow := func() string {
 		d := fmt.Sprintf("%016x%048x", time.Now().UnixNano(), throughput.Next())
-		if _, err := bareInsert.ExecContext(ctx, d, scope); err != nil {
+		if _, err := bareInsert.ExecContext(ctx, d, bareScope); err != nil {
 			b.Fatal(err)
 		}
 		return d
@@ -77,7 +80,25 @@ func tokenBench(b *testing.B, srv server) {
 	}
 	result := []byte("order-0123456789")
 
+	// issue: a scope below Config.MaxLive (a fresh one each time), where
+	// the trim after the insert removes nothing; issue-at-cap: one scope
+	// holding MaxLive unused tokens, where each trim removes the oldest.
+	var fresh int
 	b.Run("issue", func(b *testing.B) {
+		m := benchpair.Run(b,
+			benchpair.Func{Name: "insert", F: func() { insertRow() }},
+			benchpair.Func{Name: "issue", F: func() {
+				fresh++
+				if _, err := toks.Issue(ctx, fmt.Sprintf("%s-%d", scope, fresh)); err != nil {
+					b.Fatal(err)
+				}
+			}})
+		benchpair.Ratio(b, "issue-x-insert", m[1], m[0])
+	})
+	b.Run("issue-at-cap", func(b *testing.B) {
+		for range token.DefaultMaxLive {
+			issue()
+		}
 		m := benchpair.Run(b,
 			benchpair.Func{Name: "insert", F: func() { insertRow() }},
 			benchpair.Func{Name: "issue", F: func() { issue() }})
