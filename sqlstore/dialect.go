@@ -38,8 +38,11 @@ type Dialect interface {
 	statements() *statements
 	// migrations returns migrations/NAME/*.sql in version order.
 	migrations() []migration
-	// beginWrite begins the transaction of Acquire, whose first statement
-	// writes (the upsert). It must not fail half way on a lock upgrade.
+	// beginWrite begins the transactions the package begins itself to
+	// write: Acquire's, whose first statement writes (the upsert), Sweep's,
+	// an inbox Claim's (whose first statement is a locking read) and a
+	// SQLite outbox batch's marks. It must not fail half way on a lock
+	// upgrade. On PostgreSQL and MySQL they are READ COMMITTED.
 	beginWrite(ctx context.Context, db *sql.DB) (*sql.Tx, error)
 	// beginSchema begins the transaction of Migrate, holding the lock that
 	// serialises migrations across processes from its start (before the

@@ -602,7 +602,13 @@
 // ones by the end of their lease (never one whose lease is live), found
 // through an index on updated_at (SKIP LOCKED on PostgreSQL). Keep transactions that hold a
 // record short: a duplicate delivery waits for them up to the server's
-// lock timeout.
+// lock timeout. As the Store's, the InboxStore's statements outside the
+// caller's transaction run at READ COMMITTED whatever PostgreSQL's
+// default_transaction_isolation (alone, or each in a READ COMMITTED
+// transaction of its own), and Claim's own transaction begins at READ
+// COMMITTED, so that claims and finishes of distinct messages never fail
+// each other with serialization failures; ClaimTx, FinishTx and ReviveTx
+// run at the caller's level.
 //
 // For operators, List reads the records of one status (dead messages,
 // failed ones waiting for their redelivery, processing ones whose
@@ -610,4 +616,12 @@
 // a dead record failed with no attempt counted, so that the message,
 // published again with its ID, is handled again (ReviveTx does it in the
 // transaction that writes the message again to an outbox).
+//
+// # Outbox
+//
+// [OutboxStore] is an [outbox.Store] in idem_outbox (see its doc for how
+// a batch holds its rows); a batch's transaction begins at READ
+// COMMITTED, and Sweep and Backlog run at READ COMMITTED whatever
+// PostgreSQL's default_transaction_isolation, as the Store's statements
+// do, while Add runs in the caller's transaction at the caller's level.
 package sqlstore

@@ -66,9 +66,11 @@ const inboxAttempts = 8
 // if the record exists). A claim of a known message reads its row under a
 // row lock (SELECT … FOR UPDATE; on SQLite, the write transaction's lock)
 // and, when it takes the record over, updates it: in the caller's
-// transaction for ClaimTx, in a transaction of its own for Claim. Finish,
-// Fail and Extend are one conditional UPDATE each, on the fence. Times
-// are the database's.
+// transaction for ClaimTx, in a READ COMMITTED transaction of its own
+// for Claim. Finish, Fail and Extend are one conditional UPDATE each, on
+// the fence. Times are the database's. The statements outside the
+// caller's transaction run at READ COMMITTED too, whatever the sessions'
+// default (see ownStatements).
 //
 // ClaimTx is meant for a transaction at READ COMMITTED (the default of
 // PostgreSQL; MySQL's REPEATABLE READ works too, since its locking reads
@@ -83,6 +85,7 @@ type InboxStore struct {
 	cfg     Config // a copy of NewInboxStore's
 	st      *inboxStatements
 	cache   *stmtCache
+	own     *ownStatements
 	cleanup runtime.Cleanup
 }
 
@@ -100,6 +103,7 @@ func NewInboxStore(db *sql.DB, cfg *Config) (*InboxStore, error) {
 	}
 	c := *cfg
 	s := &InboxStore{db: db, d: c.Dialect, cfg: c, st: &c.Dialect.statements().inbox, cache: newStmtCache(db, numInboxQueries)}
+	s.own = newOwnStatements(db, c.Dialect, s.cache)
 	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
 }
@@ -149,10 +153,21 @@ func (s *InboxStore) Close() error {
 // pool while holding a transaction (SQLite's only connection may be
 // tx's); f runs the text on tx (pgx prepares it once per connection by
 // itself). Migrate and every call outside a transaction fill the cache.
+//
+// Outside a transaction (tx nil), the statement runs on its own, under
+// autocommit, unless the sessions of the InboxStore's database default
+// to an isolation level above READ COMMITTED: it then runs in a
+// transaction of its own begun at READ COMMITTED (see ownStatements;
+// claims and finishes of distinct messages would otherwise fail each
+// other under SERIALIZABLE).
 func (s *InboxStore) run(ctx context.Context, tx *sql.Tx, i int, v *values, f func(st *sql.Stmt, args []any) error) error {
 	q := s.st.query(i)
 	args := q.args(v)
-	return s.cache.run(ctx, tx, i, q.text, func(st *sql.Stmt) error { return f(st, args) })
+	g := func(st *sql.Stmt) error { return f(st, args) }
+	if tx == nil {
+		return s.own.run(ctx, i, q.text, g)
+	}
+	return s.cache.run(ctx, tx, i, q.text, g)
 }
 
 func (s *InboxStore) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sql.Result, error) {
@@ -283,7 +298,9 @@ func (s *InboxStore) claim(ctx context.Context, tx *sql.Tx, group, id string, le
 	if tx != nil {
 		return s.decide(ctx, tx, &v, maxAttempts)
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	// Claim's own transaction: READ COMMITTED whatever the sessions'
+	// default (on PostgreSQL and MySQL; SQLite's as sqlite.Open sets it).
+	tx, err := s.d.beginWrite(ctx, s.db)
 	if err != nil {
 		return inbox.Claim{}, err
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,22 +23,9 @@ import (
 // completed. On PostgreSQL above READ COMMITTED the store runs its own
 // statements at READ COMMITTED, and only there.
 func TestDistinctKeysUnderIsolationDefault(t *testing.T) {
-	for _, c := range []struct {
-		name    string
-		dialect sqlstore.Dialect
-		open    func(t *testing.T) *sql.DB
-		// wrapped: the store's own statements run in READ COMMITTED
-		// transactions of their own; otherwise alone, in one round trip.
-		wrapped bool
-	}{
-		{"postgres/read committed", sqlstore.PostgreSQL, pgAt("read committed"), false},
-		{"postgres/repeatable read", sqlstore.PostgreSQL, pgAt("repeatable read"), true},
-		{"postgres/serializable", sqlstore.PostgreSQL, pgAt("serializable"), true},
-		{"mysql/REPEATABLE-READ", sqlstore.MySQL, myAt("REPEATABLE-READ"), false},
-		{"mysql/READ-COMMITTED", sqlstore.MySQL, myAt("READ-COMMITTED"), false},
-		{"mysql/SERIALIZABLE", sqlstore.MySQL, myAt("SERIALIZABLE"), false},
-		{"sqlite", sqlstore.SQLite, func(t *testing.T) *sql.DB { db, _ := setup(t); return db }, false},
-	} {
+	for _, c := range append(isolationDefaults[:len(isolationDefaults):len(isolationDefaults)], isolationDefault{
+		"sqlite", sqlstore.SQLite, func(t *testing.T) *sql.DB { db, _ := setup(t); return db }, false,
+	}) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db := c.open(t)
@@ -53,9 +38,8 @@ func TestDistinctKeysUnderIsolationDefault(t *testing.T) {
 				t.Fatal(err)
 			}
 			distinctKeys(t, s, "iso")
-			if rc, known := sqlstore.OwnStatementsInReadCommitted(s); !known || rc != c.wrapped {
-				t.Fatalf("own statements in READ COMMITTED transactions = %v (known %v), want %v", rc, known, c.wrapped)
-			}
+			rc, known := sqlstore.OwnStatementsInReadCommitted(s)
+			checkWrapped(t, rc, known, c.wrapped)
 		})
 	}
 }
@@ -75,30 +59,13 @@ func distinctKeys(t *testing.T, s *sqlstore.Store, scope string) {
 	t.Helper()
 	const workers, perWorker = 24, 8
 	ctx := t.Context()
-	errs := make(chan error, workers*perWorker)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for w := range workers {
-		wg.Go(func() {
-			<-start
-			for i := range perWorker {
-				key := fmt.Sprintf("k-%02d-%02d", w, i)
-				if err := acquireComplete(ctx, s, scope, key); err != nil {
-					errs <- fmt.Errorf("%s: %w", key, err)
-				}
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	var failed []string
-	for err := range errs {
-		failed = append(failed, err.Error())
-	}
-	if len(failed) > 0 {
-		t.Fatalf("%d of %d distinct keys failed:\n%s", len(failed), workers*perWorker, strings.Join(failed, "\n"))
-	}
+	concurrently(t, workers, perWorker, "distinct keys", func(w, i int) error {
+		key := fmt.Sprintf("k-%02d-%02d", w, i)
+		if err := acquireComplete(ctx, s, scope, key); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		return nil
+	})
 	for w := range workers {
 		for i := range perWorker {
 			key := fmt.Sprintf("k-%02d-%02d", w, i)

@@ -94,7 +94,8 @@ type OutboxConfig struct {
 
 // OutboxStore is an [outbox.Store] over database/sql: the messages of package outbox in the table idem_outbox,
 // which Migrate creates. Add writes a message in the caller's
-// transaction. It is safe for concurrent use, also by several processes
+// transaction. Sweep and Backlog run at READ COMMITTED whatever the
+// sessions' default (see ownStatements), as do the batches. It is safe for concurrent use, also by several processes
 // sharing the database.
 //
 // A batch (Claim) is a READ COMMITTED transaction on PostgreSQL and
@@ -120,6 +121,7 @@ type OutboxStore struct {
 	cfg     OutboxConfig
 	locks   *LockBackend // SQLite
 	cache   *stmtCache
+	own     *ownStatements
 	cleanup runtime.Cleanup
 }
 
@@ -153,6 +155,7 @@ func NewOutboxStore(db *sql.DB, cfg *OutboxConfig) (*OutboxStore, error) {
 		return nil, fmt.Errorf("sqlstore: NewOutboxStore: IDPrefix %q: %w", c.IDPrefix, err)
 	}
 	s := &OutboxStore{db: db, d: c.Dialect, st: &c.Dialect.statements().outbox, cfg: c, cache: newStmtCache(db, numOutboxQueries)}
+	s.own = newOwnStatements(db, c.Dialect, s.cache)
 	if _, ok := c.Dialect.(sqliteDialect); ok {
 		b, err := NewLockBackend(db, &Config{Dialect: c.Dialect})
 		if err != nil {
@@ -307,7 +310,7 @@ func (s *OutboxStore) claimTx(ctx context.Context, limit int) (*outboxBatch, err
 	deadline := time.Now().Add(s.cfg.Lease)
 	txCtx, cancelTx := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	stop := context.AfterFunc(ctx, cancelTx)
-	tx, err := s.db.BeginTx(txCtx, readCommitted)
+	tx, err := s.d.beginWrite(txCtx, s.db) // READ COMMITTED
 	if err != nil {
 		stop()
 		cancelTx()
@@ -403,17 +406,19 @@ func (s *OutboxStore) Sweep(ctx context.Context, retention time.Duration, limit 
 	if limit <= 0 || retention < 0 {
 		return 0, fmt.Errorf("sqlstore: outbox sweep: limit %d, retention %v", limit, retention)
 	}
-	st, err := s.stmt(ctx, nil, outboxSweep)
-	if err != nil {
-		return 0, s.fail(ctx, op, err)
-	}
-	v := values{retentionMS: retention.Milliseconds(), limit: int64(limit)}
-	var n int64
+	args := s.st.sweep.args(&values{retentionMS: retention.Milliseconds(), limit: int64(limit)})
+	var (
+		n   int64
+		err error
+	)
 	for attempt := range maxAcquireAttempts {
-		var res sql.Result
-		if res, err = st.ExecContext(ctx, s.st.sweep.args(&v)...); err == nil {
-			n, err = res.RowsAffected()
-		}
+		err = s.own.run(ctx, outboxSweep, s.st.sweep.text, func(st *sql.Stmt) error {
+			res, err := st.ExecContext(ctx, args...)
+			if err == nil {
+				n, err = res.RowsAffected()
+			}
+			return err
+		})
 		if err == nil || !s.d.retryable(err) {
 			break
 		}
@@ -433,17 +438,16 @@ func (s *OutboxStore) Sweep(ctx context.Context, retention time.Duration, limit 
 // index entry: a backlog of millions of rows takes a while to count.
 func (s *OutboxStore) Backlog(ctx context.Context) (outbox.Backlog, error) {
 	const op = "backlog"
-	st, err := s.stmt(ctx, nil, outboxBacklog)
-	if err != nil {
-		return outbox.Backlog{}, s.fail(ctx, op, err)
-	}
 	var (
 		n       int64
 		oldest  sql.NullInt64
 		nowMS   int64
 		backlog outbox.Backlog
 	)
-	if err := st.QueryRowContext(ctx).Scan(&n, &oldest, &nowMS); err != nil {
+	err := s.own.run(ctx, outboxBacklog, s.st.backlog.text, func(st *sql.Stmt) error {
+		return st.QueryRowContext(ctx).Scan(&n, &oldest, &nowMS)
+	})
+	if err != nil {
 		return outbox.Backlog{}, s.fail(ctx, op, err)
 	}
 	if n > 0 && oldest.Valid {
@@ -516,7 +520,7 @@ func (b *outboxBatch) MarkSent(ctx context.Context, ids []string) error {
 	}
 	// SQLite: the marks, in one transaction, each under the lease.
 	defer s.locks.Release(context.WithoutCancel(ctx), OutboxRelayLock, b.owner, b.fence) //nolint:errcheck // ErrNotHeld once the lease ended
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, err := s.d.beginWrite(ctx, s.db)
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}

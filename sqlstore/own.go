@@ -9,7 +9,8 @@ import (
 )
 
 // ownStatements runs the statements that a value of the package (Store,
-// LockBackend) runs outside any transaction of the caller's: on their
+// LockBackend, InboxStore, OutboxStore) runs outside any transaction of
+// the caller's: on their
 // own, under autocommit, unless the sessions of its database default to
 // an isolation level above READ COMMITTED; each then runs in a
 // transaction of its own begun at READ COMMITTED. That costs a BEGIN and
@@ -34,7 +35,8 @@ import (
 // where READ COMMITTED would read the row again.
 //
 // Only such statements run so. A statement in the caller's transaction
-// (Store.CompleteTx, and its read of the record) runs at the caller's
+// (Store.CompleteTx, and its read of the record; InboxStore.ClaimTx,
+// FinishTx and ReviveTx; OutboxStore.Add) runs at the caller's
 // isolation, and must: it commits or rolls back with the caller's
 // effect, and the caller's serialisation failures (40001, which
 // CompleteTx explains) stay the caller's to handle.
