@@ -10,7 +10,9 @@ import (
 )
 
 // TestTokenQueryPlans pins that every statement on idem_tokens finds its
-// rows by the primary key or idem_tokens_expires_at, never by a scan.
+// rows by the primary key or an index, never by a scan, and that Trim
+// walks the partial index of unused tokens (a scope's used tokens cost it
+// nothing).
 func TestTokenQueryPlans(t *testing.T) {
 	t.Parallel()
 	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
@@ -24,7 +26,7 @@ func TestTokenQueryPlans(t *testing.T) {
 	}
 	st := SQLite.statements()
 	v := &values{scope: "s", digest: strings.Repeat("a", 64), result: []byte("r"), ttlMS: 1, limit: 10}
-	for _, q := range []*query{st.tokenConsume, st.tokenSelect, st.tokenSweep} {
+	for _, q := range []*query{st.tokenConsume, st.tokenSelect, st.tokenSweep, st.tokenTrim} {
 		rows, err := db.QueryContext(t.Context(), "EXPLAIN QUERY PLAN "+q.text, q.args(v)...)
 		if err != nil {
 			t.Fatalf("%s: %v", q.name, err)
@@ -45,6 +47,9 @@ func TestTokenQueryPlans(t *testing.T) {
 		}
 		if q == st.tokenSweep && !strings.Contains(text, "idem_tokens_expires_at") {
 			t.Errorf("token_sweep does not use idem_tokens_expires_at: %s", text)
+		}
+		if q == st.tokenTrim && !strings.Contains(text, "idem_tokens_scope_expires_at") {
+			t.Errorf("token_trim does not use idem_tokens_scope_expires_at: %s", text)
 		}
 		t.Logf("%s: %s", q.name, text)
 	}
