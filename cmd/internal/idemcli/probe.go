@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
@@ -30,16 +29,38 @@ idem probe checks that an API honours the Idempotency-Key header. It sends
 the request you describe as curl would (-X, -H, -d) with fresh keys, the way
 a retrying client does: concurrent duplicates, sequential retries, the key
 reused with another body, keys missing, malformed, overlong, quoted or
-spelled in another case. Each check is reported pass, fail or n/a (not
-applicable), with what the API answered and where the expectation comes
-from. Flags may come before or after the URL.
+spelled in another case. Each check is reported pass, fail, warning or
+n/a (not applicable), with what the API answered and where the expectation
+comes from. Flags may come before or after the URL.
+
+Checks are graded in two. The core is the draft's MUST and SHOULD
+(draft-ietf-httpapi-idempotency-key-header-07): a duplicate executes once
+(§2.6), a retry gets the first answer again (§2.6), the key reused with
+another payload is refused with 422 (§2.2, §2.7), concurrent duplicates
+do not execute twice (§2.7), a malformed or missing key is refused with
+400 (§2.1, §2.7, §5). A replay is recognised by its answer, the first
+answer again; the draft defines no marker header, and a payload's
+fingerprint may be a checksum of its raw bytes (§2.4). A profile is a house
+style on top of the core:
+
+  stripe       replays marked Idempotent-Replayed: true, 409 to concurrent
+               duplicates, a fingerprint insensitive to JSON member order
+  strict-keys  a bare key names the key its quoted form does (the draft's
+               value is a quoted sf-string, §2.1); empty and non-UTF-8
+               keys refused with 400
+
+Every profile's checks run and are reported; only -profile makes them
+decide the exit status. A warning is an answer the draft allows but that
+weakens the protection (a lenient key validation): it fails nothing.
 
 The request given must be one the API accepts (2xx) and executes: give its
 authentication and identity with -H and its body with -d. With -effect-url
 and -effect-json-path the probe also reads a count the request moves (the
 caller's orders, say) before and after each check, and fails a check whose
-effect moved otherwise than once per key executed: answers alone cannot
-tell ten executions from one when they carry the same bytes. The count must
+effect moved otherwise than the answers show (a 2xx answer is an execution
+unless it repeats an earlier answer under its key or is marked a replay):
+answers alone cannot tell ten executions from one when they carry the same
+bytes. The count must
 move for nobody else while the probe runs: give it a user of its own.
 
 Against shopd (cmd/shopd), as user 42:
@@ -52,7 +73,7 @@ Against shopd (cmd/shopd), as user 42:
 Keys are "probe-", a run id, "-" and 128 random bits in hex (47 bytes):
 runs never meet each other's records.
 
-Checks, in the order they run. "draft §N" is a section of
+Checks, core first, then each profile's. "draft §N" is a section of
 draft-ietf-httpapi-idempotency-key-header-07; "Stripe" is Stripe's documented
 practice for idempotent requests (stripe.com/docs/api/idempotent_requests).
 `
@@ -68,23 +89,38 @@ are, like curl --data-binary) or @- for standard input. With a body and no
 Content-Type among the -H headers, the probe sends application/json for a
 JSON body and application/x-www-form-urlencoded otherwise (curl's default).
 
-Output: a table on standard output (and a progress bar on standard error
-when it is a terminal and the run lasts over a second); -json prints the
-report as JSON instead: {url, method, key_header, run_id, concurrency,
-checks: [{id, title, status: "pass"|"fail"|"n/a", reason, source, requests,
-executions, effect_delta}], effect: {url, path, before, after, expected},
-requests, passed, failed, not_applicable, ok, duration_ms}.
+Output: the checks on standard output, core first, then each profile, in
+lines of at most 80 columns (and a progress bar on standard error when it
+is a terminal and the run lasts over a second); -json prints the report as
+JSON instead: {url, method, key_header, run_id, concurrency, checks: [{id,
+title, grade: "core"|"profile", profile, status: "pass"|"fail"|"n/a"|
+"warning", reason, source, requests, executions, effect_delta}], effect:
+{url, path, before, after, expected}, requests, passed, failed,
+not_applicable, warnings, core_ok, profiles: [{name, required, ok,
+failed}], ok, duration_ms}.
 
-Exit status: 0 when every applicable check passed; 1 when a check failed or
+Exit status: 0 when the core passed (a profile's failures are reported
+with a note unless -profile requires it); 1 when a core check failed or
 the probe could not run (the API did not accept the first request, the
-effect could not be read); 2 for bad flags or arguments.`
+effect could not be read); 2 for bad flags or arguments; 3 when the core
+passed but a profile that -profile requires failed.`
 
 func probeHelp() string {
 	var b strings.Builder
 	b.WriteString(probeIntro)
-	for _, c := range probe.Checks {
-		fmt.Fprintf(&b, "\n  %s (%s)\n", c.ID, c.Source)
-		b.WriteString(wrap(strings.ToUpper(c.Title[:1])+c.Title[1:]+". "+c.Explain, "      ", 78))
+	for _, profile := range append([]string{""}, probe.Profiles...) {
+		if profile == "" {
+			b.WriteString("\nCore checks:\n")
+		} else {
+			fmt.Fprintf(&b, "\nChecks of the profile %s:\n", profile)
+		}
+		for _, c := range probe.Checks {
+			if c.Profile != profile {
+				continue
+			}
+			fmt.Fprintf(&b, "\n  %s (%s)\n", c.ID, c.Source)
+			b.WriteString(wrap(strings.ToUpper(c.Title[:1])+c.Title[1:]+". "+c.Explain, "      ", 78))
+		}
 	}
 	b.WriteString(probeOutro)
 	return b.String()
@@ -124,6 +160,7 @@ type probeOptions struct {
 	n, maxKey                        int
 	timeout                          time.Duration
 	jsonOut, insecure                bool
+	profiles                         string
 	effectURL, effectPath            string
 	set                              map[string]bool
 }
@@ -138,6 +175,7 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	fs.StringVar(&o.keyHeader, "header", probe.DefaultKeyHeader, "`NAME` of the key's request header")
 	fs.IntVar(&o.maxKey, "max-key", probe.DefaultMaxKeyLen, "longest key in bytes the API takes; the overlong check sends one byte more")
 	fs.DurationVar(&o.timeout, "timeout", probe.DefaultTimeout, "bound of each request")
+	fs.StringVar(&o.profiles, "profile", "", "`NAMES` of profiles to require, comma-separated: "+strings.Join(probe.Profiles, ", "))
 	fs.BoolVar(&o.jsonOut, "json", false, "print the report as JSON (for CI) instead of a table")
 	fs.StringVar(&o.effectURL, "effect-url", "", "`URL` whose JSON answer (to GET) holds a count the request moves, read before and after each check")
 	fs.StringVar(&o.effectPath, "effect-json-path", "", "`PATH` of the count in -effect-url's answer: count, data.total, orders.# (an array's length)")
@@ -186,6 +224,11 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 		EffectURL:   o.effectURL,
 		EffectPath:  o.effectPath,
 		Insecure:    o.insecure,
+	}
+	for _, name := range strings.Split(o.profiles, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			cfg.Profiles = append(cfg.Profiles, name)
+		}
 	}
 	var err error
 	if cfg.Header, err = parseHeaders("-H", o.headers); err != nil {
@@ -281,6 +324,7 @@ var configFlags = map[string]string{
 	"EffectURL":    "-effect-url",
 	"EffectPath":   "-effect-json-path",
 	"EffectHeader": "-effect-header",
+	"Profiles":     "-profile",
 }
 
 func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
@@ -300,11 +344,18 @@ func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
 	} else {
 		printReport(e.stdout, rep)
 	}
-	if !rep.OK {
+	switch {
+	case !rep.CoreOK:
 		return exitFail
+	case !rep.OK:
+		return exitProfile
 	}
 	return exitOK
 }
+
+// exitProfile is idem probe's exit status when the core passed but a
+// required profile failed.
+const exitProfile = 3
 
 // explainProbeError names the flag behind err and the fix.
 func explainProbeError(cfg *probe.Config, err error) error {
@@ -326,24 +377,53 @@ func explainProbeError(cfg *probe.Config, err error) error {
 	return err
 }
 
+// reportWidth is the width of printReport's lines.
+const reportWidth = 80
+
 func printReport(w io.Writer, rep *probe.Report) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECK\tRESULT\tSOURCE\tDETAIL")
-	for _, r := range rep.Checks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.ID, r.Status, r.Source, r.Reason)
+	group := func(title string, pick func(r *probe.Result) bool) {
+		fmt.Fprintln(w, title)
+		for i := range rep.Checks {
+			r := &rep.Checks[i]
+			if !pick(r) {
+				continue
+			}
+			fmt.Fprintf(w, "  %-7s %-21s %s\n", r.Status, r.ID, r.Source)
+			b := wrap(r.Reason, "          ", reportWidth)
+			io.WriteString(w, b)
+		}
 	}
-	tw.Flush()
+	group("CORE (the draft's MUST and SHOULD)", func(r *probe.Result) bool { return r.Grade == probe.Core })
+	for _, pr := range rep.Profiles {
+		how := "not required; -profile " + pr.Name + " requires it"
+		if pr.Required {
+			how = "required"
+		}
+		fmt.Fprintln(w)
+		group("PROFILE "+pr.Name+" ("+how+")", func(r *probe.Result) bool { return r.Profile == pr.Name })
+	}
 	verdict := "PASS"
-	if !rep.OK {
+	if !rep.CoreOK {
 		verdict = "FAIL"
 	}
-	fmt.Fprintf(w, "\n%s: %d passed, %d failed, %d not applicable; %s %s, %d requests in %v, keys probe-%s-…\n",
-		verdict, rep.Passed, rep.Failed, rep.NA, rep.Method, rep.URL, rep.Requests,
-		(time.Duration(rep.DurationMS) * time.Millisecond).Round(time.Millisecond), rep.RunID)
-	if rep.OK && rep.Effect == nil {
-		fmt.Fprintln(w, "This PASS reads answers only: without -effect-url the probe cannot tell an API that runs a\n"+
-			"retry again and answers it as a replay from one that runs it once. Give -effect-url and\n"+
-			"-effect-json-path (a count the request moves) to check the effect itself.")
+	fmt.Fprintf(w, "\n%s: core %s; %d passed, %d failed, %d warnings, %d n/a\n",
+		verdict, map[bool]string{true: "passed", false: "failed"}[rep.CoreOK], rep.Passed, rep.Failed, rep.Warnings, rep.NA)
+	for _, pr := range rep.Profiles {
+		switch {
+		case pr.OK:
+		case pr.Required:
+			fmt.Fprintf(w, "PROFILE FAIL: %s (required): %s\n", pr.Name, strings.Join(pr.Failed, ", "))
+		default:
+			io.WriteString(w, wrap(fmt.Sprintf("Note: the API differs from profile %s (%s); the draft allows it, and the exit status ignores it without -profile %s.",
+				pr.Name, strings.Join(pr.Failed, ", "), pr.Name), "", reportWidth))
+		}
+	}
+	io.WriteString(w, wrap(fmt.Sprintf("%s %s, %d requests in %v, keys probe-%s-…", rep.Method, rep.URL, rep.Requests,
+		(time.Duration(rep.DurationMS)*time.Millisecond).Round(time.Millisecond), rep.RunID), "", reportWidth))
+	if rep.CoreOK && rep.Effect == nil {
+		io.WriteString(w, wrap("This PASS reads answers only: without -effect-url the probe cannot tell an API that runs a "+
+			"retry again and answers it as a replay from one that runs it once. Give -effect-url and "+
+			"-effect-json-path (a count the request moves) to check the effect itself.", "", reportWidth))
 	}
 }
 

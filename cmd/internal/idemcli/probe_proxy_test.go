@@ -27,8 +27,12 @@ func TestProbeThroughProxy(t *testing.T) {
 			if r.code != 0 {
 				t.Fatalf("exit %d, stderr %q; stdout:\n%s", r.code, r.stderr, r.stdout)
 			}
-			if want := fmt.Sprintf("PASS: %d passed, 0 failed, 0 not applicable", len(probe.Checks)); !strings.Contains(r.stdout, want) {
-				t.Fatalf("want %q; stdout:\n%s", want, r.stdout)
+			// Every check passes, but concurrent-409 may warn: whether
+			// a duplicate arrives while the first runs is scheduling's.
+			warnings := strings.Count(r.stdout, "  warning ")
+			want := fmt.Sprintf("PASS: core passed; %d passed, 0 failed, %d warnings, 0 n/a\n", len(probe.Checks)-warnings, warnings)
+			if !strings.Contains(r.stdout, want) || warnings > 1 || warnings == 1 && !strings.Contains(r.stdout, "  warning concurrent-409 ") {
+				t.Fatalf("want %q, at most concurrent-409 warned; stdout:\n%s", want, r.stdout)
 			}
 			if created.Load() != 8 {
 				t.Errorf("the API created %d items, want 8 (one per key executed)", created.Load())

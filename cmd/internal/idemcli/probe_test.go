@@ -9,10 +9,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
 	"github.com/idemkit/idem/idemhttp"
@@ -88,14 +90,15 @@ func TestProbePasses(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; stdout:\n%s", r.code, r.stderr, r.stdout)
 	}
 	for _, c := range probe.Checks {
-		if !strings.Contains(r.stdout, "\n"+c.ID+" ") {
+		if !strings.Contains(r.stdout, " "+c.ID+" ") {
 			t.Errorf("no row for %s:\n%s", c.ID, r.stdout)
 		}
 	}
-	if strings.Contains(r.stdout, " fail ") || strings.Contains(r.stdout, " n/a ") ||
-		!strings.Contains(r.stdout, fmt.Sprintf("PASS: %d passed, 0 failed, 0 not applicable", len(probe.Checks))) {
+	if strings.Contains(r.stdout, "  fail ") || strings.Contains(r.stdout, "  n/a ") ||
+		!strings.Contains(r.stdout, "\nPASS: core passed; ") || strings.Contains(r.stdout, "Note:") {
 		t.Errorf("stdout:\n%s", r.stdout)
 	}
+	checkWidth(t, r.stdout)
 	if created.Load() != 8 {
 		t.Errorf("the handler created %d items, want 8 (one per key executed)", created.Load())
 	}
@@ -127,6 +130,7 @@ func TestProbeJSON(t *testing.T) {
 				RunID       string `json:"run_id"`
 				Checks      []struct {
 					ID, Title, Status, Reason, Source string
+					Grade, Profile                    string
 					Requests, Executions              int
 					EffectDelta                       *int64 `json:"effect_delta"`
 				} `json:"checks"`
@@ -134,9 +138,15 @@ func TestProbeJSON(t *testing.T) {
 					URL, Path               string
 					Before, After, Expected int64
 				} `json:"effect"`
-				Requests, Passed, Failed int
-				NA                       int  `json:"not_applicable"`
-				OK                       bool `json:"ok"`
+				Requests, Passed, Failed, Warnings int
+				NA                                 int  `json:"not_applicable"`
+				CoreOK                             bool `json:"core_ok"`
+				Profiles                           []struct {
+					Name         string
+					Required, OK bool
+					Failed       []string
+				} `json:"profiles"`
+				OK bool `json:"ok"`
 			}
 			dec := json.NewDecoder(strings.NewReader(r.stdout))
 			dec.DisallowUnknownFields()
@@ -145,12 +155,13 @@ func TestProbeJSON(t *testing.T) {
 			}
 			if rep.URL != base+"/items" || rep.Method != "POST" || rep.KeyHeader != "Idempotency-Key" || rep.Concurrency != 10 || rep.RunID == "" || len(rep.Checks) != len(probe.Checks) ||
 				rep.Effect == nil || rep.Effect.After != created.Load() || rep.Effect.Path != "count" || rep.OK != (c.code == 0) ||
-				rep.Passed+rep.Failed+rep.NA != len(rep.Checks) || (rep.Failed == 0) != rep.OK {
+				rep.Passed+rep.Failed+rep.NA+rep.Warnings != len(rep.Checks) || rep.CoreOK != rep.OK || len(rep.Profiles) != len(probe.Profiles) {
 				t.Fatalf("report %+v", rep)
 			}
 			for i, ch := range rep.Checks {
 				if ch.ID != probe.Checks[i].ID || ch.Title == "" || ch.Reason == "" || ch.Source == "" ||
-					(ch.Status != "pass" && ch.Status != "fail" && ch.Status != "n/a") || ch.EffectDelta == nil {
+					ch.Grade != probe.Checks[i].Grade() || ch.Profile != probe.Checks[i].Profile ||
+					(ch.Status != "pass" && ch.Status != "fail" && ch.Status != "n/a" && ch.Status != "warning") || ch.EffectDelta == nil {
 					t.Errorf("check %d: %+v", i, ch)
 				}
 				if ch.ID == "concurrent" && (ch.Status == "fail") != c.unguarded {
@@ -167,7 +178,7 @@ func TestProbeTableFails(t *testing.T) {
 	t.Parallel()
 	base, _ := api(t, true)
 	r := runIdem(t, "", "probe", "-d", `{"name":"pen","qty":2}`, base+"/items")
-	if r.code != 1 || !strings.Contains(r.stdout, "\nFAIL: ") || !strings.Contains(r.stdout, "concurrent      fail") {
+	if r.code != 1 || !strings.Contains(r.stdout, "\nFAIL: core failed") || !strings.Contains(r.stdout, "  fail    concurrent ") {
 		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 }
@@ -255,7 +266,7 @@ func TestProbeHelp(t *testing.T) {
 			t.Errorf("help lacks check %s (%s)", c.ID, c.Source)
 		}
 	}
-	for _, f := range []string{"-X", "-H", "-d", "-d4xx", "-n", "-header", "-max-key", "-timeout", "-json", "-effect-url", "-effect-json-path", "-effect-header", "-k", "-insecure"} {
+	for _, f := range []string{"-profile", "-X", "-H", "-d", "-d4xx", "-n", "-header", "-max-key", "-timeout", "-json", "-effect-url", "-effect-json-path", "-effect-header", "-k", "-insecure"} {
 		if !strings.Contains(r.stdout, "\n  "+f+" ") && !strings.Contains(r.stdout, "\n  "+f+"\n") && !strings.Contains(r.stdout, "\n  "+f+"\t") {
 			t.Errorf("help lacks flag %s", f)
 		}
@@ -322,5 +333,98 @@ func TestProbeInsecure(t *testing.T) {
 		if r.code != 0 || created.Load()-before != 8 {
 			t.Errorf("%s: exit %d, %d created; stdout:\n%s\nstderr:\n%s", flag, r.code, created.Load()-before, r.stdout, r.stderr)
 		}
+	}
+}
+
+// checkWidth fails the test for a line of out over 80 columns.
+func checkWidth(t *testing.T, out string) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Errorf("a line of %d columns: %q", n, line)
+		}
+	}
+}
+
+// renameMarker serves h with its Idempotent-Replayed header renamed
+// X-Idempotent-Replayed: an API the draft's core holds, and the stripe
+// profile does not.
+func renameMarker(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(&renamingWriter{ResponseWriter: w}, r)
+	})
+}
+
+type renamingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *renamingWriter) WriteHeader(status int) {
+	if !w.wrote {
+		w.wrote = true
+		if v := w.Header().Get("Idempotent-Replayed"); v != "" {
+			w.Header().Del("Idempotent-Replayed")
+			w.Header().Set("X-Idempotent-Replayed", v)
+		}
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *renamingWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// TestProbeProfiles: an API that marks replays X-Idempotent-Replayed
+// holds the core and differs from the stripe profile: exit 0 with a note
+// without -profile, 3 with -profile stripe (the failed check named), 0
+// with -profile strict-keys; an unknown profile is a usage error.
+func TestProbeProfiles(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	srv := httptest.NewServer(renameMarker(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	}))))
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		profile string
+		code    int
+		want    string
+	}{
+		{"", 0, "Note: the API differs from profile stripe (replay-marker)"},
+		{"stripe", 3, "PROFILE FAIL: stripe (required): replay-marker"},
+		{" strict-keys ", 0, "PROFILE strict-keys (required)"},
+		{"stripe,strict-keys", 3, "PROFILE FAIL: stripe (required): replay-marker"},
+		{"nope", 2, "-profile: \"nope\" is not a profile"},
+	} {
+		args := []string{"probe", "-d", `{"name":"pen"}`, srv.URL}
+		if c.profile != "" {
+			args = append(args, "-profile", c.profile)
+		}
+		r := runIdem(t, "", args...)
+		if r.code != c.code || !strings.Contains(r.stdout+r.stderr, c.want) {
+			t.Errorf("-profile %q: exit %d, want %d and %q; stdout:\n%s\nstderr: %s", c.profile, r.code, c.code, c.want, r.stdout, r.stderr)
+		}
+		if c.code != 2 && (!strings.Contains(r.stdout, "PASS: core passed") || !strings.Contains(r.stdout, "  fail    replay-marker ")) {
+			t.Errorf("-profile %q: stdout:\n%s", c.profile, r.stdout)
+		}
+		checkWidth(t, r.stdout)
+	}
+	// -json: the same grades, and exit 3 under -profile stripe.
+	r := runIdem(t, "", "probe", "-json", "-profile", "stripe", "-d", `{"name":"pen"}`, srv.URL)
+	var rep probe.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 3 || !rep.CoreOK || rep.OK ||
+		len(rep.Profiles) != 2 || rep.Profiles[0].Name != "stripe" || !rep.Profiles[0].Required || rep.Profiles[0].OK ||
+		!slices.Equal(rep.Profiles[0].Failed, []string{"replay-marker"}) || !rep.Profiles[1].OK {
+		t.Errorf("-json -profile stripe: exit %d, %v, report %+v", r.code, err, rep)
 	}
 }

@@ -20,31 +20,69 @@ type Info struct {
 	Source string
 	// Explain says what the check sends and what passes, for idem help probe.
 	Explain string
+	// Profile names the check's profile (of Profiles); "" makes it a core
+	// check, one of the draft's MUST and SHOULD.
+	Profile string
 
 	run func(ctx context.Context, c *check) (Status, string, error)
 }
 
-// Checks are the checks, in the order they run and are reported.
+// Grade returns Core, or Profile for a check of a profile.
+func (i *Info) Grade() string {
+	if i.Profile == "" {
+		return Core
+	}
+	return Profile
+}
+
+func (i *Info) result() Result {
+	return Result{ID: i.ID, Title: i.Title, Source: i.Source, Grade: i.Grade(), Profile: i.Profile}
+}
+
+// Checks are the checks, in the order they run and are reported. A
+// profile's check that judges a core check's answers follows it and sends
+// nothing of its own.
 var Checks = []Info{
 	{
 		ID:     "retry-replay",
-		Title:  "sequential retries replay the first answer, marked as replays",
-		Source: "draft §2.6; Stripe",
+		Title:  "sequential retries replay the first answer",
+		Source: "draft §2.6",
 		Explain: "Sends the request with a fresh key, then retries it twice, one after the other. " +
-			"Each retry must get the first answer again byte for byte (status, Content-Type, Location, body) " +
-			"with Idempotent-Replayed: true, so that a client can tell a replay from a new execution. " +
+			"Each retry must get the first answer again byte for byte (status, Content-Type, Location, body): " +
+			"that is how a replay is recognised. A marker header (Idempotent-Replayed, Idempotency-Replayed, " +
+			"X-Idempotent-Replayed, X-Idempotency-Replayed) is reported, not required: the draft defines none. " +
 			"A retry answered 409 is retried after its Retry-After (at most 8 times). " +
 			"The first request must be answered 2xx: if it is not, the probe stops and says what it got.",
 		run: checkRetryReplay,
 	},
 	{
+		ID:      "replay-marker",
+		Profile: "stripe",
+		Title:   "replays are marked Idempotent-Replayed: true",
+		Source:  "Stripe",
+		Explain: "Judges the replays of retry-replay and stored-4xx (it sends nothing): each must carry " +
+			"Idempotent-Replayed: true, Stripe's marker, so that a client can tell a replay from a new " +
+			"execution without comparing bodies. Not applicable when no answer was a replay.",
+		run: checkReplayMarker,
+	},
+	{
 		ID:     "concurrent",
-		Title:  "N concurrent requests with one key execute once; the others replay or get 409",
+		Title:  "N concurrent requests with one key execute once",
 		Source: "draft §2.6, §2.7",
 		Explain: "Sends -n requests with one fresh key at once. Exactly one may execute; every other one must " +
-			"be a replay of its answer (marked, or the same bytes) or 409 Conflict. Unmarked 2xx answers with " +
+			"be a replay of its answer (the same bytes, or marked) or 409 Conflict. Unmarked 2xx answers with " +
 			"different bodies are executions of their own.",
 		run: checkConcurrent,
+	},
+	{
+		ID:      "concurrent-409",
+		Profile: "stripe",
+		Title:   "concurrent duplicates get 409, not a wait",
+		Source:  "Stripe; draft §2.7",
+		Explain: "Judges the concurrent check's answers (it sends nothing): Stripe answers a duplicate that " +
+			"arrives while the first runs with 409. A warning when none got 409 (the API waits and replays, " +
+			"which the probe cannot tell from the first ending before the others arrived).",
+		run: checkConcurrent409,
 	},
 	{
 		ID:     "mismatch-422",
@@ -65,12 +103,14 @@ var Checks = []Info{
 		run: checkAfterMismatch,
 	},
 	{
-		ID:     "reordered-json",
-		Title:  "the same JSON with its members reordered is the same request",
-		Source: "draft §2.4",
+		ID:      "reordered-json",
+		Profile: "stripe",
+		Title:   "the same JSON with its members reordered is the same request",
+		Source:  "Stripe; draft §2.4",
 		Explain: "Sends a JSON object body with a fresh key, then its members in reverse order under the same " +
-			"key: that is the same request (a fingerprint over the payload's fields), so it must replay the " +
-			"first answer, not 422. Not applicable when the body is not a JSON object of two members or more.",
+			"key: to a fingerprint over the payload's fields that is the same request, so it must replay the " +
+			"first answer, not 422. The draft allows a checksum of the raw payload too (§2.4): a core API may " +
+			"fail this. Not applicable when the body is not a JSON object of two members or more.",
 		run: checkReordered,
 	},
 	{
@@ -91,11 +131,21 @@ var Checks = []Info{
 	},
 	{
 		ID:     "quoted-key",
-		Title:  "an RFC 8941 quoted key equals its bare form",
+		Title:  "a quoted key (the draft's syntax) is de-duplicated with itself",
 		Source: "draft §2.1; RFC 8941 §3.3.3",
-		Explain: "Sends a fresh key bare (as Stripe's clients do), then the same key as an sf-string (\"key\", " +
-			"the draft's syntax): the second must replay the first, neither refused nor executed again.",
+		Explain: "Sends a fresh key as an sf-string (\"key\", the draft's syntax) twice: the first must " +
+			"execute, the second replay it, neither refused.",
 		run: checkQuoted,
+	},
+	{
+		ID:      "bare-key",
+		Profile: "strict-keys",
+		Title:   "a bare key names the key its quoted form does",
+		Source:  "draft §2.1; Stripe",
+		Explain: "After quoted-key, sends its key bare (key, as Stripe's clients do): it must replay the " +
+			"quoted key's answer. The draft's value is an sf-string, so a bare key is the server's leniency; " +
+			"taking it as another key, or refusing it, is reported here.",
+		run: checkBare,
 	},
 	{
 		ID:     "missing-key",
@@ -109,9 +159,19 @@ var Checks = []Info{
 		ID:     "malformed-key",
 		Title:  "a malformed key is refused with 400",
 		Source: "draft §2.1, §5",
-		Explain: "Sends three malformed keys: an empty value, a value that is not UTF-8, and one with a tab inside " +
-			"(a control character). Each must be 400: the draft asks servers to validate keys before any lookup.",
+		Explain: "Sends three malformed keys: one with a tab inside (a control character, never an sf-string), " +
+			"an empty value and a value that is not UTF-8. The first must be 400. The other two taken is a " +
+			"warning (a lenient validation, not an idempotency failure).",
 		run: checkMalformed,
+	},
+	{
+		ID:      "strict-key-validation",
+		Profile: "strict-keys",
+		Title:   "empty and non-UTF-8 keys are refused with 400",
+		Source:  "draft §2.1, §5",
+		Explain: "Judges malformed-key's answers to the empty and the non-UTF-8 key (it sends nothing): " +
+			"each must have been 400.",
+		run: checkStrictKeys,
 	},
 	{
 		ID:     "overlong-key",
@@ -162,15 +222,33 @@ func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
 	}
 	for i := 1; i <= 2; i++ {
 		a := c.settle(ctx, c.keyed(key))
-		switch {
-		case !first.same(a):
+		if !first.same(a) {
 			return Fail, fmt.Sprintf("retry %d got %s; the first answer was %s", i, a, first), nil
-		case !a.replayed():
-			return Fail, fmt.Sprintf("retry %d repeated the first answer (%s) without %s: true, so a client cannot tell a replay from a new execution",
-				i, statusText(a.status), ReplayedHeader), nil
+		}
+		c.p.replays = append(c.p.replays, a)
+	}
+	return Pass, fmt.Sprintf("2 retries got the first answer (%s) byte for byte, %s",
+		statusText(first.status), markerText(c.p.replays[len(c.p.replays)-1])), nil
+}
+
+// markerText says how a replay was marked, for a reason.
+func markerText(a *answer) string {
+	if name, value := a.marker(); name != "" {
+		return "marked " + name + ": " + value
+	}
+	return "with no marker header"
+}
+
+func checkReplayMarker(ctx context.Context, c *check) (Status, string, error) {
+	if len(c.p.replays) == 0 {
+		return NotApplicable, "no answer was a replay", nil
+	}
+	for _, a := range c.p.replays {
+		if !a.stripeMarked() {
+			return Fail, fmt.Sprintf("a replay (%s) came %s, not %s: true", statusText(a.status), markerText(a), ReplayedHeader), nil
 		}
 	}
-	return Pass, fmt.Sprintf("2 retries got the first answer (%s) byte for byte, marked %s: true", statusText(first.status), ReplayedHeader), nil
+	return Pass, fmt.Sprintf("%d replays marked %s: true", len(c.p.replays), ReplayedHeader), nil
 }
 
 func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
@@ -178,6 +256,7 @@ func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
 	key := c.p.newKey()
 	c.p.concurrentKey = key
 	answers := make([]*answer, n)
+	defer func() { c.p.concurrent = answers }()
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range n {
@@ -231,12 +310,28 @@ func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, fmt.Sprintf("request %d was marked a replay but got %s; the execution's answer was %s", i+1, a, executions[0]), nil
 		}
 	}
-	how := fmt.Sprintf("%d marked %s", marked, ReplayedHeader)
+	how := fmt.Sprintf("%d marked", marked)
 	if unmarked > 0 {
 		how += fmt.Sprintf(", %d unmarked with its bytes", unmarked)
 	}
 	return Pass, fmt.Sprintf("%d requests with one key: 1 executed (%s), %d replayed (%s), %d got 409",
 		n, statusText(executions[0].status), marked+unmarked, how, conflicts), nil
+}
+
+func checkConcurrent409(ctx context.Context, c *check) (Status, string, error) {
+	if len(c.p.concurrent) == 0 {
+		return NotApplicable, "the concurrent check sent nothing", nil
+	}
+	conflicts := 0
+	for _, a := range c.p.concurrent {
+		if a.err == nil && a.status == http.StatusConflict {
+			conflicts++
+		}
+	}
+	if conflicts == 0 {
+		return Warning, fmt.Sprintf("none of %d duplicates got 409: the API waits and replays, or the first ended before the others came", len(c.p.concurrent)-1), nil
+	}
+	return Pass, fmt.Sprintf("%d of %d duplicates got 409", conflicts, len(c.p.concurrent)-1), nil
 }
 
 func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
@@ -333,20 +428,36 @@ func checkHeaderCase(ctx context.Context, c *check) (Status, string, error) {
 
 func checkQuoted(ctx context.Context, c *check) (Status, string, error) {
 	key := c.p.newKey()
-	first := c.settle(ctx, c.keyed(key))
-	if !first.ok() {
-		return Fail, "the first request with a fresh key got " + first.String(), nil
-	}
 	rq := c.keyed(key)
 	rq.keyValue = `"` + key + `"`
-	a := c.settle(ctx, rq)
+	first := c.settle(ctx, rq)
 	switch {
-	case first.same(a):
-		return Pass, "the quoted key got the bare key's answer (" + statusText(a.status) + ") again", nil
-	case a.err == nil && a.status == http.StatusBadRequest:
-		return Fail, "the quoted key was refused: " + a.String() + "; the draft's syntax is an RFC 8941 string", nil
+	case first.err == nil && first.status == http.StatusBadRequest:
+		return Fail, "the quoted key was refused: " + first.String() + "; the draft's syntax is an RFC 8941 string", nil
+	case !first.ok():
+		return Fail, "the quoted key, fresh, got " + first.String(), nil
+	}
+	a := c.settle(ctx, rq)
+	if !first.same(a) {
+		return Fail, "the quoted key sent again got " + a.String() + "; its first answer was " + first.String() + ": the quoted key names no record", nil
+	}
+	c.p.quoted = &quotedState{key: key, first: first}
+	return Pass, "the quoted key executed (" + statusText(first.status) + "), sent again it replayed", nil
+}
+
+func checkBare(ctx context.Context, c *check) (Status, string, error) {
+	st := c.p.quoted
+	if st == nil {
+		return NotApplicable, "quoted-key did not pass", nil
+	}
+	a := c.settle(ctx, c.keyed(st.key))
+	switch {
+	case st.first.same(a):
+		return Pass, "the bare key got the quoted key's answer (" + statusText(a.status) + "): one key", nil
+	case a.ok():
+		return Fail, "the bare key got " + a.String() + "; the quoted key got " + st.first.String() + ": the API takes the quotes as part of the key (the draft allows it)", nil
 	default:
-		return Fail, "the quoted key got " + a.String() + "; the bare key got " + first.String() + ": the quotes were taken as part of the key", nil
+		return Fail, "the bare key got " + a.String() + ": the API takes only the draft's quoted form", nil
 	}
 }
 
@@ -363,28 +474,46 @@ func checkMissing(ctx context.Context, c *check) (Status, string, error) {
 }
 
 // malformedKeys are the malformed keys: what they are, and their value.
+// The first is never an sf-string: it must be refused; the others are
+// refused only by a strict validation.
 var malformedKeys = []struct{ what, value string }{
+	{"a key with a tab inside", "probe-\tkey"},
 	{"an empty key", ""},
 	{"a key that is not UTF-8", "probe-\xff\xfe-not-utf8"},
-	{"a key with a tab inside", "probe-\tkey"},
 }
 
 func checkMalformed(ctx context.Context, c *check) (Status, string, error) {
-	var bad []string
-	for _, m := range malformedKeys {
+	var bad, lenient []string
+	for i, m := range malformedKeys {
 		value := m.value
 		if value != "" {
 			value += "-" + randomHex(8)
 		}
 		a := c.send(ctx, request{body: c.p.cfg.Body, keyName: c.p.cfg.KeyHeader, keyValue: value, key: value})
-		if a.err != nil || a.status != http.StatusBadRequest {
+		if a.err == nil && a.status == http.StatusBadRequest {
+			continue
+		}
+		if i == 0 {
 			bad = append(bad, m.what+" got "+a.String())
+		} else {
+			lenient = append(lenient, m.what+" got "+a.String())
 		}
 	}
+	c.p.lenient = lenient
 	if len(bad) > 0 {
-		return Fail, strings.Join(bad, "; "), nil
+		return Fail, strings.Join(append(bad, lenient...), "; "), nil
 	}
-	return Pass, fmt.Sprintf("%d malformed keys (empty, not UTF-8, a tab inside) each got 400", len(malformedKeys)), nil
+	if len(lenient) > 0 {
+		return Warning, "a key with a tab got 400, but " + strings.Join(lenient, "; ") + ": a lenient validation", nil
+	}
+	return Pass, fmt.Sprintf("%d malformed keys (a tab inside, empty, not UTF-8) each got 400", len(malformedKeys)), nil
+}
+
+func checkStrictKeys(ctx context.Context, c *check) (Status, string, error) {
+	if len(c.p.lenient) > 0 {
+		return Fail, strings.Join(c.p.lenient, "; "), nil
+	}
+	return Pass, "the empty and the non-UTF-8 key each got 400", nil
 }
 
 func checkOverlong(ctx context.Context, c *check) (Status, string, error) {
@@ -424,10 +553,25 @@ func checkStored4xx(ctx context.Context, c *check) (Status, string, error) {
 	switch {
 	case !first.same(a):
 		return Fail, "the retry got " + a.String() + "; the first answer was " + first.String(), nil
+	case !a.replayed() && c.p.marksReplays():
+		return Fail, "the retry got the same " + statusText(a.status) + " unmarked where the API marks its replays: the refusal was not stored (the request ran again)", nil
 	case !a.replayed():
-		return Fail, "the retry got the same " + statusText(a.status) + " without " + ReplayedHeader + ": true: the refusal was not stored (the request ran again) or its replay is not marked", nil
+		c.p.replays = append(c.p.replays, a)
+		return Warning, "the retry got the same " + statusText(a.status) + ", unmarked (as every replay of the API): a stored refusal cannot be told from the request refused again", nil
 	}
-	return Pass, "the retry got the stored " + statusText(a.status) + " byte for byte, marked " + ReplayedHeader + ": true", nil
+	c.p.replays = append(c.p.replays, a)
+	return Pass, "the retry got the stored " + statusText(a.status) + " byte for byte, " + markerText(a), nil
+}
+
+// marksReplays reports whether an answer judged a replay so far carried a
+// marker.
+func (p *prober) marksReplays() bool {
+	for _, a := range p.replays {
+		if a.replayed() {
+			return true
+		}
+	}
+	return false
 }
 
 func checkGet(ctx context.Context, c *check) (Status, string, error) {

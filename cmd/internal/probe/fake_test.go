@@ -19,19 +19,24 @@ import (
 // knobs break one behaviour each of fakeAPI; the zero value is an API that
 // behaves as the draft and Stripe say.
 type knobs struct {
-	noIdempotency  bool // every request executes; keys are ignored
-	noReplayHeader bool // replays carry no Idempotent-Replayed
-	ignoreBody     bool // a key replays its first answer whatever the body (no 422)
-	rawFingerprint bool // bodies compared byte for byte (reordered JSON is a mismatch)
-	poisonAfter422 bool // after a mismatch, the key answers 422 for good
-	missing500     bool // a request without a key gets 500
-	acceptOverlong bool // keys up to 1024 bytes are taken
-	interceptGET   bool // GET requests are guarded too
-	caseSensitive  bool // the key header is read only as spelled Idempotency-Key
-	quotedLiteral  bool // a quoted key is taken with its quotes
-	no4xxStore     bool // a 4xx answer is not stored: the retry runs again
-	races          bool // lookup and insert are not atomic: concurrent duplicates both execute
-	reexecutes     bool // a retry executes again, and answers the first answer, marked replayed
+	noIdempotency  bool   // every request executes; keys are ignored
+	noReplayHeader bool   // replays carry no Idempotent-Replayed
+	ignoreBody     bool   // a key replays its first answer whatever the body (no 422)
+	rawFingerprint bool   // bodies compared byte for byte (reordered JSON is a mismatch)
+	poisonAfter422 bool   // after a mismatch, the key answers 422 for good
+	missing500     bool   // a request without a key gets 500
+	acceptOverlong bool   // keys up to 1024 bytes are taken
+	interceptGET   bool   // GET requests are guarded too
+	caseSensitive  bool   // the key header is read only as spelled Idempotency-Key
+	quotedLiteral  bool   // a quoted key is taken with its quotes
+	no4xxStore     bool   // a 4xx answer is not stored: the retry runs again
+	races          bool   // lookup and insert are not atomic: concurrent duplicates both execute
+	reexecutes     bool   // a retry executes again, and answers the first answer, marked replayed
+	markerName     string // replays are marked under this name instead of Idempotent-Replayed
+	quotedRefused  bool   // a quoted key is refused with 400
+	quotedIgnored  bool   // a quoted key is ignored: the request runs unguarded
+	lenientKeys    bool   // empty and non-UTF-8 keys are taken
+	waitReplay     bool   // a duplicate in flight waits for the first and replays its answer
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -48,6 +53,7 @@ type fakeAPI struct {
 }
 
 type fakeRecord struct {
+	ended  chan struct{} // closed when the first request ended
 	fp     string
 	done   bool
 	status int
@@ -93,7 +99,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if f.k.noIdempotency {
 		status, out := f.execute(r.Method, body)
-		writeJSON(w, status, out, false)
+		writeJSON(w, status, out, "")
 		return
 	}
 	values := r.Header.Values("Idempotency-Key")
@@ -102,12 +108,21 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "no key", http.StatusInternalServerError)
 			return
 		}
-		writeJSON(w, http.StatusBadRequest, []byte(`{"code":"MISSING_KEY"}`), false)
+		writeJSON(w, http.StatusBadRequest, []byte(`{"code":"MISSING_KEY"}`), "")
+		return
+	}
+	if v := values[0]; len(v) >= 2 && v[0] == '"' && (f.k.quotedRefused || f.k.quotedIgnored) {
+		if f.k.quotedRefused {
+			writeJSON(w, http.StatusBadRequest, []byte(`{"code":"INVALID_KEY"}`), "")
+			return
+		}
+		status, out := f.execute(r.Method, body)
+		writeJSON(w, status, out, "")
 		return
 	}
 	key, ok := f.parseKey(values[0])
 	if len(values) > 1 || !ok {
-		writeJSON(w, http.StatusBadRequest, []byte(`{"code":"INVALID_KEY"}`), false)
+		writeJSON(w, http.StatusBadRequest, []byte(`{"code":"INVALID_KEY"}`), "")
 		return
 	}
 	fp := r.Method + " " + f.fingerprint(body)
@@ -139,7 +154,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case rec == nil:
-		rec = &fakeRecord{fp: fp}
+		rec = &fakeRecord{fp: fp, ended: make(chan struct{})}
 		f.records[key] = rec
 		f.mu.Unlock()
 		status, out := f.execute(r.Method, body)
@@ -149,28 +164,36 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			rec.done, rec.status, rec.body = true, status, out
 		}
+		close(rec.ended)
 		f.mu.Unlock()
-		writeJSON(w, status, out, false)
+		writeJSON(w, status, out, "")
 	case f.poisoned[key]:
 		f.mu.Unlock()
-		writeJSON(w, http.StatusUnprocessableEntity, []byte(`{"code":"KEY_MISMATCH"}`), false)
+		writeJSON(w, http.StatusUnprocessableEntity, []byte(`{"code":"KEY_MISMATCH"}`), "")
 	case rec.fp != fp && !f.k.ignoreBody:
 		if f.k.poisonAfter422 {
 			f.poisoned[key] = true
 		}
 		f.mu.Unlock()
-		writeJSON(w, http.StatusUnprocessableEntity, []byte(`{"code":"KEY_MISMATCH"}`), false)
+		writeJSON(w, http.StatusUnprocessableEntity, []byte(`{"code":"KEY_MISMATCH"}`), "")
+	case !rec.done && f.k.waitReplay:
+		f.mu.Unlock()
+		<-rec.ended
+		f.mu.Lock()
+		status, out := rec.status, rec.body
+		f.mu.Unlock()
+		writeJSON(w, status, out, f.marker())
 	case !rec.done:
 		f.mu.Unlock()
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusConflict, []byte(`{"code":"PROCESSING"}`), false)
+		writeJSON(w, http.StatusConflict, []byte(`{"code":"PROCESSING"}`), "")
 	default:
 		status, out := rec.status, rec.body
 		f.mu.Unlock()
 		if f.k.reexecutes {
 			f.execute(r.Method, body)
 		}
-		writeJSON(w, status, out, !f.k.noReplayHeader)
+		writeJSON(w, status, out, f.marker())
 	}
 }
 
@@ -193,7 +216,7 @@ func (f *fakeAPI) answerCount(w http.ResponseWriter) {
 	f.mu.Lock()
 	n := f.count
 	f.mu.Unlock()
-	writeJSON(w, http.StatusOK, []byte(fmt.Sprintf(`{"count":%d}`, n)), false)
+	writeJSON(w, http.StatusOK, []byte(fmt.Sprintf(`{"count":%d}`, n)), "")
 }
 
 func (f *fakeAPI) parseKey(v string) (string, bool) {
@@ -204,7 +227,8 @@ func (f *fakeAPI) parseKey(v string) (string, bool) {
 	if f.k.acceptOverlong {
 		max = 1024
 	}
-	if v == "" || len(v) > max || !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+	if len(v) > max || strings.ContainsFunc(v, unicode.IsControl) ||
+		(!f.k.lenientKeys && (v == "" || !utf8.ValidString(v))) {
 		return "", false
 	}
 	return v, true
@@ -220,10 +244,23 @@ func (f *fakeAPI) fingerprint(body []byte) string {
 	return string(b)
 }
 
-func writeJSON(w http.ResponseWriter, status int, body []byte, replayed bool) {
+// marker is the name of the header that marks a replay; "" for none.
+func (f *fakeAPI) marker() string {
+	switch {
+	case f.k.noReplayHeader:
+		return ""
+	case f.k.markerName != "":
+		return f.k.markerName
+	}
+	return "Idempotent-Replayed"
+}
+
+// writeJSON writes an answer, marked a replay under the header marker
+// unless it is "".
+func writeJSON(w http.ResponseWriter, status int, body []byte, marker string) {
 	w.Header().Set("Content-Type", "application/json")
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
+	if marker != "" {
+		w.Header().Set(marker, "true")
 	}
 	w.WriteHeader(status)
 	w.Write(body)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,8 +35,22 @@ const (
 )
 
 // ReplayedHeader ("true") is the response header that marks a replay, as
-// Stripe and idemhttp send it.
+// Stripe and idemhttp send it. The draft defines no marker: the core
+// checks recognise a replay by its answer (the first answer again) and
+// report a marker under any of ReplayedHeaders; the stripe profile
+// requires this one.
 const ReplayedHeader = "Idempotent-Replayed"
+
+// ReplayedHeaders are the names under which implementations mark a replay
+// (with the value "true"), ReplayedHeader first.
+var ReplayedHeaders = []string{ReplayedHeader, "Idempotency-Replayed", "X-Idempotent-Replayed", "X-Idempotency-Replayed"}
+
+// Profiles are the profiles a check may belong to besides the core: stripe
+// (Stripe's practice: the Idempotent-Replayed marker, 409 to concurrent
+// duplicates, a fingerprint insensitive to the order of JSON members) and
+// strict-keys (a bare key is the key its quoted form names; empty and
+// non-UTF-8 keys are refused).
+var Profiles = []string{"stripe", "strict-keys"}
 
 // maxAnswer is the largest response body the probe reads; more is an error.
 const maxAnswer = 16 << 20
@@ -87,6 +102,10 @@ type Config struct {
 	// (which follows no redirect). A Client's Timeout and redirect policy
 	// are its own.
 	Client *http.Client
+	// Profiles names the profiles (of Profiles) the caller requires: a
+	// failed check of one makes Report.OK false. Checks of every profile
+	// run and are reported whether required or not.
+	Profiles []string
 	// Progress, when not nil, is called after each request with the
 	// number of requests sent and the number planned (which retries after
 	// 409 can pass: done may exceed total). Calls are serialised.
@@ -143,6 +162,20 @@ const (
 	Pass          Status = "pass"
 	Fail          Status = "fail"
 	NotApplicable Status = "n/a"
+	// Warning is an answer the draft allows but that weakens the
+	// protection (a lenient key validation, a replay a client cannot tell
+	// from an execution): reported, never failed.
+	Warning Status = "warning"
+)
+
+// Grades of a check.
+const (
+	// Core checks are the draft's MUST and SHOULD: they decide whether
+	// the API is idempotent.
+	Core = "core"
+	// Profile checks are a house style (Result.Profile names it): they
+	// fail only the profile.
+	Profile = "profile"
 )
 
 // Result is the outcome of one check.
@@ -151,7 +184,11 @@ type Result struct {
 	ID string `json:"id"`
 	// Title says what the check expects.
 	Title string `json:"title"`
-	// Status is pass, fail or n/a.
+	// Grade is Core or Profile.
+	Grade string `json:"grade"`
+	// Profile names the check's profile (of Profiles); "" for core.
+	Profile string `json:"profile,omitempty"`
+	// Status is pass, fail, n/a or warning.
 	Status Status `json:"status"`
 	// Reason says what the API answered, and why that passes, fails or
 	// does not apply.
@@ -160,8 +197,10 @@ type Result struct {
 	Source string `json:"source"`
 	// Requests is the number of requests the check sent.
 	Requests int `json:"requests"`
-	// Executions is the number of executions the answers show (distinct
-	// keys answered 2xx, and keyless requests answered 2xx).
+	// Executions is the number of executions the answers show: a 2xx
+	// answer is one unless it repeats, byte for byte, an earlier answer
+	// under its key or is marked a replay (keyless 2xx answers are one
+	// each).
 	Executions int `json:"executions"`
 	// EffectDelta is how much the effect's count moved during the check;
 	// nil without Config.EffectURL.
@@ -190,9 +229,25 @@ type Report struct {
 	Passed      int      `json:"passed"`
 	Failed      int      `json:"failed"`
 	NA          int      `json:"not_applicable"`
-	// OK is true when no check failed.
+	Warnings    int      `json:"warnings"`
+	// CoreOK is true when no core check failed: the API holds the draft.
+	CoreOK bool `json:"core_ok"`
+	// Profiles is the outcome of each profile, in the order of Profiles.
+	Profiles []ProfileResult `json:"profiles"`
+	// OK is true when CoreOK is and no required profile failed.
 	OK         bool  `json:"ok"`
 	DurationMS int64 `json:"duration_ms"`
+}
+
+// ProfileResult is the outcome of a profile's checks.
+type ProfileResult struct {
+	Name string `json:"name"`
+	// Required is true when Config.Profiles names it.
+	Required bool `json:"required"`
+	// OK is true when none of its checks failed.
+	OK bool `json:"ok"`
+	// Failed are the IDs of its checks that failed.
+	Failed []string `json:"failed,omitempty"`
 }
 
 // Run probes the API that cfg describes and returns the report. Its error
@@ -252,6 +307,11 @@ func (c *Config) normalize() error {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
+	}
+	for _, name := range c.Profiles {
+		if !slices.Contains(Profiles, name) {
+			return &ConfigError{Field: "Profiles", Msg: fmt.Sprintf("%q is not a profile; give %s", name, strings.Join(Profiles, ", "))}
+		}
 	}
 	if c.Timeout < 0 {
 		return &ConfigError{Field: "Timeout", Msg: "negative; give a positive duration (30s)"}
@@ -334,15 +394,25 @@ type prober struct {
 	path   Path
 
 	mu        sync.Mutex
-	executed  map[string]bool // keys an answer showed executed
+	seen      map[string][]*answer // per key, the answers counted as executions
 	sent      int
 	planned   int
 	effectOn  bool
 	lastCount int64
 
-	// State shared between checks.
+	// State shared between checks: a profile check judges the answers a
+	// core check got.
 	concurrentKey string
+	concurrent    []*answer
+	replays       []*answer // answers that repeated a first answer (retries, the stored 4xx)
 	mismatch      *mismatchState
+	quoted        *quotedState
+	lenient       []string // malformed keys taken: what they were and what they got
+}
+
+type quotedState struct {
+	key   string // unquoted
+	first *answer
 }
 
 type mismatchState struct {
@@ -352,7 +422,7 @@ type mismatchState struct {
 }
 
 func newProber(c *Config) (*prober, error) {
-	p := &prober{cfg: c, client: c.Client, runID: randomHex(4), executed: map[string]bool{}, effectOn: c.EffectURL != ""}
+	p := &prober{cfg: c, client: c.Client, runID: randomHex(4), seen: map[string][]*answer{}, effectOn: c.EffectURL != ""}
 	if p.effectOn {
 		p.path, _ = ParsePath(c.EffectPath)
 	}
@@ -370,7 +440,7 @@ func newProber(c *Config) (*prober, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	p.planned = 3 + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + len(malformedKeys) + 1 + 2 + 3
+	p.planned = 3 + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 3
 	return p, nil
 }
 
@@ -398,8 +468,9 @@ type request struct {
 	// keyName and keyValue are the key's header as sent; keyName ""
 	// sends no key.
 	keyName, keyValue string
-	// key is the key as the API should read it (keyValue unquoted): the
-	// executions are counted by it. "" counts each 2xx answer as one.
+	// key names the record the answers belong to: a 2xx answer is an
+	// execution unless it repeats an earlier one under key or is marked a
+	// replay. "" counts each 2xx answer as one.
 	key string
 	// get marks a GET: its answers count no execution.
 	get bool
@@ -414,7 +485,30 @@ type answer struct {
 }
 
 func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
+
+// replayed reports whether a is marked a replay under any of
+// ReplayedHeaders.
 func (a *answer) replayed() bool {
+	name, value := a.marker()
+	return name != "" && strings.EqualFold(value, "true")
+}
+
+// marker returns the first of ReplayedHeaders that a carries, and its
+// value; "" when none.
+func (a *answer) marker() (name, value string) {
+	if a.err != nil {
+		return "", ""
+	}
+	for _, h := range ReplayedHeaders {
+		if v := a.header.Values(h); len(v) > 0 {
+			return h, v[0]
+		}
+	}
+	return "", ""
+}
+
+// stripeMarked reports whether a carries Idempotent-Replayed: true.
+func (a *answer) stripeMarked() bool {
 	return a.err == nil && strings.EqualFold(a.header.Get(ReplayedHeader), "true")
 }
 
@@ -434,8 +528,8 @@ func (a *answer) String() string {
 		return "no answer (" + a.err.Error() + ")"
 	}
 	s := statusText(a.status)
-	if a.replayed() {
-		s += " marked " + ReplayedHeader
+	if name, value := a.marker(); name != "" {
+		s += " marked " + name + ": " + value
 	}
 	if len(a.body) > 0 {
 		s += " " + excerpt(a.body)
@@ -489,11 +583,7 @@ func (c *check) send(ctx context.Context, rq request) *answer {
 	c.requests++
 	if a.ok() && !rq.get {
 		p.mu.Lock()
-		switch {
-		case rq.key == "":
-			c.executions++
-		case !p.executed[rq.key]:
-			p.executed[rq.key] = true
+		if p.isExecution(rq.key, a) {
 			c.executions++
 		}
 		p.mu.Unlock()
@@ -531,6 +621,26 @@ func (c *check) settle(ctx context.Context, rq request) *answer {
 // key header's own spelling.
 func (c *check) keyed(key string) request {
 	return request{body: c.p.cfg.Body, keyName: c.p.cfg.KeyHeader, keyValue: key, key: key}
+}
+
+// isExecution reports whether a, a 2xx answer under key, shows an
+// execution: it is not marked a replay and repeats no answer counted under
+// key before (answers with ids of their own are executions of their own,
+// even under one key). Keyless answers are one each. p.mu is held.
+func (p *prober) isExecution(key string, a *answer) bool {
+	if key == "" {
+		return true
+	}
+	if a.replayed() {
+		return false
+	}
+	for _, b := range p.seen[key] {
+		if b.same(a) {
+			return false
+		}
+	}
+	p.seen[key] = append(p.seen[key], a)
+	return true
 }
 
 func (p *prober) headerFor(rq request) http.Header {
@@ -630,8 +740,8 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 			// A check cut short by the context is no verdict.
 			return nil, err
 		}
-		r := Result{ID: info.ID, Title: info.Title, Source: info.Source, Status: status, Reason: reason,
-			Requests: c.requests, Executions: c.executions}
+		r := info.result()
+		r.Status, r.Reason, r.Requests, r.Executions = status, reason, c.requests, c.executions
 		if p.effectOn {
 			n, err := p.count(ctx)
 			if err != nil {
@@ -646,14 +756,14 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 					but = "; and"
 				}
 				r.Status = Fail
-				r.Reason += fmt.Sprintf("%s the effect moved by %d where the answers show %d execution(s)", but, d, c.executions)
+				r.Reason += fmt.Sprintf("%s the effect moved by %d where the answers show %s", but, d, executionsText(c.executions))
 			}
 		}
 		executions += int64(c.executions)
 		rep.Requests += c.requests
 		rep.Checks = append(rep.Checks, r)
 	}
-	eff := Result{ID: effectInfo.ID, Title: effectInfo.Title, Source: effectInfo.Source}
+	eff := effectInfo.result()
 	if p.effectOn {
 		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: executions}
 		moved := p.lastCount - before
@@ -664,24 +774,60 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d: once per key executed (%d)", p.path, p.cfg.EffectURL, before, p.lastCount, executions)
 		} else {
 			eff.Status = Fail
-			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %d execution(s)", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executions)
+			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %s", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executionsText(int(executions)))
 		}
 	} else {
 		eff.Status = NotApplicable
 		eff.Reason = "no effect to read: give -effect-url and -effect-json-path (a count the request moves) to tell executions from replays by the data, not by the answers alone"
 	}
 	rep.Checks = append(rep.Checks, eff)
+	rep.grade(p.cfg.Profiles)
+	rep.DurationMS = time.Since(start).Milliseconds()
+	return rep, nil
+}
+
+// grade counts the outcomes and grades the core and each profile.
+func (rep *Report) grade(required []string) {
+	rep.CoreOK = true
+	profiles := map[string]*ProfileResult{}
+	rep.Profiles = nil
+	for _, name := range Profiles {
+		rep.Profiles = append(rep.Profiles, ProfileResult{Name: name, Required: slices.Contains(required, name), OK: true})
+	}
+	for i := range rep.Profiles {
+		profiles[rep.Profiles[i].Name] = &rep.Profiles[i]
+	}
+	rep.OK = true
 	for _, r := range rep.Checks {
 		switch r.Status {
 		case Pass:
 			rep.Passed++
 		case Fail:
 			rep.Failed++
+		case Warning:
+			rep.Warnings++
 		default:
 			rep.NA++
 		}
+		if r.Status != Fail {
+			continue
+		}
+		if r.Grade == Core {
+			rep.CoreOK, rep.OK = false, false
+			continue
+		}
+		pr := profiles[r.Profile]
+		pr.OK = false
+		pr.Failed = append(pr.Failed, r.ID)
+		if pr.Required {
+			rep.OK = false
+		}
 	}
-	rep.OK = rep.Failed == 0
-	rep.DurationMS = time.Since(start).Milliseconds()
-	return rep, nil
+}
+
+func executionsText(n int) string {
+	if n == 1 {
+		return "1 execution"
+	}
+	return strconv.Itoa(n) + " executions"
 }

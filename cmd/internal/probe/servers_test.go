@@ -2,20 +2,25 @@ package probe_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/probe"
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/idemhttp"
@@ -67,6 +72,103 @@ func TestIdemhttpPasses(t *testing.T) {
 	}
 	if rep.Effect.After != created.Load() || rep.Effect.Expected != created.Load()-rep.Effect.Before || created.Load() != 8 {
 		t.Errorf("effect %+v; the handler created %d, want 8", rep.Effect, created.Load())
+	}
+}
+
+// idemhttpAPI serves the handler of TestIdemhttpPasses's kind (POST /api
+// creates, a body with "refuse" is 400, GET /count counts) behind
+// idemhttp's middleware with cfg (its Store set here), its answers passed
+// through rewrite when not nil.
+func idemhttpAPI(t *testing.T, cfg idemhttp.Config, rewrite func(h http.Header)) (string, *atomic.Int64) {
+	t.Helper()
+	cfg.Store = memstore.New(nil)
+	mw, err := idemhttp.New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	var api http.Handler = mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), "refuse") {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, "REFUSED", "Refused", "no such item")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	}))
+	if rewrite != nil {
+		inner := api
+		api = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rec := httptest.NewRecorder()
+			inner.ServeHTTP(rec, r)
+			rewrite(rec.Header())
+			maps.Copy(w.Header(), rec.Header())
+			w.WriteHeader(rec.Code)
+			w.Write(rec.Body.Bytes())
+		})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /api", api)
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"count":%d}`, created.Load())
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL, &created
+}
+
+// TestIdemhttpAlternatives probes idemhttp's middleware made to follow an
+// alternative the draft allows: replays marked under another name, not
+// marked at all, a fingerprint over the raw body. Ground truth: each holds
+// the core (CoreOK, every core check passes or warns) and fails exactly
+// the stripe profile's check it departs from; the effect agrees.
+func TestIdemhttpAlternatives(t *testing.T) {
+	t.Parallel()
+	rename := func(to string) func(h http.Header) {
+		return func(h http.Header) {
+			if v := h.Get(probe.ReplayedHeader); v != "" {
+				h.Del(probe.ReplayedHeader)
+				if to != "" {
+					h.Set(to, v)
+				}
+			}
+		}
+	}
+	raw := func(r *http.Request, body []byte) (idem.Fingerprint, error) {
+		sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\n"), body...))
+		return idem.Fingerprint(hex.EncodeToString(sum[:])), nil
+	}
+	for _, c := range []struct {
+		name    string
+		cfg     idemhttp.Config
+		rewrite func(h http.Header)
+		failed  []string
+		warned  []string // besides concurrent-409, which scheduling decides
+	}{
+		{"marker X-Idempotent-Replayed", idemhttp.Config{}, rename("X-Idempotent-Replayed"), []string{"replay-marker"}, nil},
+		{"marker Idempotency-Replayed", idemhttp.Config{}, rename("Idempotency-Replayed"), []string{"replay-marker"}, nil},
+		{"no marker", idemhttp.Config{}, rename(""), []string{"replay-marker"}, []string{"stored-4xx"}},
+		{"raw-body fingerprint", idemhttp.Config{Fingerprint: raw}, nil, []string{"reordered-json"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			base, created := idemhttpAPI(t, c.cfg, c.rewrite)
+			rep := run(t, fakeConfig(base))
+			warned := slices.DeleteFunc(statuses(rep, probe.Warning), func(id string) bool { return id == "concurrent-409" })
+			if failed, na := statuses(rep, probe.Fail), statuses(rep, probe.NotApplicable); !slices.Equal(failed, c.failed) ||
+				len(na) != 0 || !slices.Equal(warned, c.warned) || !rep.CoreOK || !rep.OK {
+				logReport(t, rep)
+				t.Fatalf("failed %q, n/a %q, warned %q, core OK %v; want failed %q, warned %q, core OK", failed, na, warned, rep.CoreOK, c.failed, c.warned)
+			}
+			for _, r := range rep.Checks {
+				if slices.Contains(c.failed, r.ID) && r.Grade != probe.Profile {
+					t.Errorf("%s failed as %s; want a profile's check", r.ID, r.Grade)
+				}
+			}
+			if rep.Effect.After != created.Load() || rep.Effect.Expected != created.Load() || created.Load() != 8 {
+				t.Errorf("effect %+v; the handler created %d, want 8", rep.Effect, created.Load())
+			}
+		})
 	}
 }
 
