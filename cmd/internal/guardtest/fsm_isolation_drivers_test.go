@@ -45,50 +45,59 @@ func TestTransitionRace90Drivers(t *testing.T) {
 			t.Parallel()
 			db, tb := fsmSchema(t, s)
 			db.SetMaxOpenConns(16)
-			ctx := context.Background()
 			for id := int64(1); id <= 3; id++ {
-				addOrder(t, db, s.dialect, id, "WAIT_PAY", 1)
-				const n = 90
-				errs := make([]error, n)
-				results := make([]fsm.Result, n)
-				targets := make([]fsm.State, n)
-				start := make(chan struct{})
-				var wg sync.WaitGroup
-				for i := range n {
-					targets[i] = "PAID"
-					if i%2 == 1 {
-						targets[i] = "CANCELLED"
-					}
-					wg.Go(func() {
-						<-start
-						results[i], errs[i] = tb.Transition(ctx, db, id, targets[i])
-					})
-				}
-				close(start)
-				wg.Wait()
-				final := readOrder(t, db, s.dialect, id)
-				made := 0
-				for i := range n {
-					var illegal *fsm.IllegalTransitionError
-					switch {
-					case errs[i] == nil && !results[i].AlreadyApplied:
-						made++
-					case errs[i] == nil:
-						if targets[i] != final.Status {
-							t.Errorf("order %d, caller %d: AlreadyApplied to %s, the order is %s", id, i, targets[i], final.Status)
-						}
-					case errors.As(errs[i], &illegal):
-						if !illegal.CurrentKnown || illegal.Current != final.Status || illegal.Target != targets[i] || targets[i] == final.Status {
-							t.Errorf("order %d, caller %d: %+v, the order is %s", id, i, illegal, final.Status)
-						}
-					default:
-						t.Errorf("order %d, caller %d (%s): %v", id, i, targets[i], errs[i])
-					}
-				}
-				if made != 1 || final.Version != 2 {
-					t.Errorf("order %d: %d made the transition, it is %+v; want 1, version 2", id, made, final)
-				}
+				payCancelRace(t, db, tb, s.dialect, id, 90)
 			}
 		})
+	}
+}
+
+// payCancelRace adds order id, waiting for payment, and races n callers on
+// it through db, half paying and half cancelling. Exactly one makes the
+// transition; every caller with the winner's target is told
+// AlreadyApplied, and every other gets an IllegalTransitionError whose
+// Current is the winner's state, known.
+func payCancelRace(t *testing.T, db *sql.DB, tb *fsm.Table, d dialect, id int64, n int) {
+	t.Helper()
+	ctx := context.Background()
+	addOrder(t, db, d, id, "WAIT_PAY", 1)
+	errs := make([]error, n)
+	results := make([]fsm.Result, n)
+	targets := make([]fsm.State, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		targets[i] = "PAID"
+		if i%2 == 1 {
+			targets[i] = "CANCELLED"
+		}
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = tb.Transition(ctx, db, id, targets[i])
+		})
+	}
+	close(start)
+	wg.Wait()
+	final := readOrder(t, db, d, id)
+	made := 0
+	for i := range n {
+		var illegal *fsm.IllegalTransitionError
+		switch {
+		case errs[i] == nil && !results[i].AlreadyApplied:
+			made++
+		case errs[i] == nil:
+			if targets[i] != final.Status {
+				t.Errorf("order %d, caller %d: AlreadyApplied to %s, the order is %s", id, i, targets[i], final.Status)
+			}
+		case errors.As(errs[i], &illegal):
+			if !illegal.CurrentKnown || illegal.Current != final.Status || illegal.Target != targets[i] || targets[i] == final.Status {
+				t.Errorf("order %d, caller %d: %+v, the order is %s", id, i, illegal, final.Status)
+			}
+		default:
+			t.Errorf("order %d, caller %d (%s): %v", id, i, targets[i], errs[i])
+		}
+	}
+	if made != 1 || final.Version != 2 {
+		t.Errorf("order %d: %d made the transition, it is %+v; want 1, version 2", id, made, final)
 	}
 }
