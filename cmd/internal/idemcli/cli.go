@@ -4,11 +4,13 @@ package idemcli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -27,6 +29,9 @@ type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
+	// jsonErrors makes fail print the error as JSON on stdout too (a
+	// command's -json).
+	jsonErrors bool
 }
 
 // command is one subcommand of idem.
@@ -55,6 +60,43 @@ func register(name string, c *command) {
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
+
+// kindError is an error with a kind, for -json: {"kind": …}.
+type kindError struct {
+	kind string
+	err  error
+}
+
+func (e *kindError) Error() string { return e.err.Error() }
+func (e *kindError) Unwrap() error { return e.err }
+
+// errorKind returns err's kind for -json: "usage" for a usageError, the
+// kind of a kindError, else "error".
+func errorKind(err error) string {
+	var u *usageError
+	var k *kindError
+	switch {
+	case errors.As(err, &u):
+		return "usage"
+	case errors.As(err, &k):
+		return k.kind
+	}
+	return "error"
+}
+
+// writeJSONError prints err as {"ok": false, "error": {kind, message}}.
+func writeJSONError(w io.Writer, err error) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	type jsonError struct {
+		Kind    string `json:"kind"`
+		Message string `json:"message"`
+	}
+	_ = enc.Encode(struct {
+		OK    bool      `json:"ok"`
+		Error jsonError `json:"error"`
+	}{Error: jsonError{Kind: errorKind(err), Message: err.Error()}})
+}
 
 // usagef returns a usageError; its text names the flag and the fix.
 func usagef(format string, args ...any) error {
@@ -86,7 +128,11 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			printHelp(stdout, name, c)
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "idem %s: %v; run 'idem help %s'\n", name, err, name)
+		err = usagef("%v; run 'idem help %s'", err, name)
+		if f := fs.Lookup("json"); f != nil && f.Value.String() == "true" {
+			writeJSONError(stdout, err)
+		}
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 		return exitUsage
 	}
 	return run(&env{ctx: ctx, args: fs.Args(), stdin: stdin, stdout: stdout, stderr: stderr})
@@ -95,6 +141,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 // fail reports err from command name and returns its exit status: 2 for a
 // usageError, 1 otherwise.
 func fail(e *env, name string, err error) int {
+	if e.jsonErrors {
+		writeJSONError(e.stdout, err)
+	}
 	fmt.Fprintf(e.stderr, "idem %s: %v\n", name, err)
 	var u *usageError
 	if errors.As(err, &u) {
@@ -145,9 +194,32 @@ func printHelp(w io.Writer, name string, c *command) {
 	if has {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Flags:")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
+		printFlags(w, fs)
 	}
+}
+
+// helpWidth is the width of help's lines.
+const helpWidth = 80
+
+// printFlags prints fs's flags as flag.PrintDefaults does (the name and
+// the argument's name, then the usage and the default), the usage wrapped
+// in lines of at most helpWidth columns.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		fmt.Fprintln(w, line)
+		if def := f.DefValue; def != "" && def != "0" && def != "0s" && def != "false" {
+			if fmt.Sprintf("%T", f.Value) == "*flag.stringValue" {
+				def = strconv.Quote(def)
+			}
+			usage += " (default " + def + ")"
+		}
+		io.WriteString(w, wrap(usage, "        ", helpWidth))
+	})
 }
 
 // validHeaderName reports whether s is an HTTP field name (an RFC 9110

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
 )
@@ -43,15 +44,27 @@ answer again; the draft defines no marker header, and a payload's
 fingerprint may be a checksum of its raw bytes (§2.4). A profile is a house
 style on top of the core:
 
-  stripe       replays marked Idempotent-Replayed: true, 409 to concurrent
-               duplicates, a fingerprint insensitive to JSON member order
-  strict-keys  a bare key names the key its quoted form does (the draft's
-               value is a quoted sf-string, §2.1); empty and non-UTF-8
-               keys refused with 400
+  stripe           replays marked Idempotent-Replayed: true, 409 to
+                   concurrent duplicates, a fingerprint insensitive to
+                   JSON member order
+  strict-keys      a bare key names the key its quoted form does (the
+                   draft's value is a quoted sf-string, §2.1); empty and
+                   non-UTF-8 keys refused with 400
+  retry-safe       a 5xx is not kept, so a retry runs again; a 409 says
+                   when to retry (Retry-After)
+  problem-details  the refusals of a key (400, 409, 422) are RFC 9457
+                   problem details
 
 Every profile's checks run and are reported; only -profile makes them
 decide the exit status. A warning is an answer the draft allows but that
-weakens the protection (a lenient key validation): it fails nothing.
+weakens the protection (a lenient key validation, a key space shared
+between callers): it fails nothing.
+
+Some checks need to be told more about the API: -require-key (keys are
+required: a keyless request must be refused), -H2 (a second caller, whose
+requests must never get the first caller's answers), -d4xx and -d5xx
+(bodies the API refuses, and fails), -retention (how long keys are kept:
+the run then lasts that long). Without them those checks are n/a.
 
 The request given must be one the API accepts (2xx) and executes: give its
 authentication and identity with -H and its body with -d. With -effect-url
@@ -63,15 +76,17 @@ answers alone cannot tell ten executions from one when they carry the same
 bytes. The count must
 move for nobody else while the probe runs: give it a user of its own.
 
-Against shopd (cmd/shopd), as user 42:
+Against shopd (cmd/shopd), as user 42, with user 43 as the second caller:
 
-  idem probe -H 'X-User-ID: 42' -d '{"sku":"BOOK-1","quantity":1}' \
+  idem probe -H 'X-User-ID: 42' -H2 'X-User-ID: 43' -require-key \
+    -d '{"sku":"BOOK-1","quantity":1}' \
     -d4xx '{"sku":"NO-SUCH-SKU","quantity":1}' \
-    -effect-url 'http://127.0.0.1:8080/orders?limit=500' -effect-json-path 'orders.#' \
+    -effect-url 'http://127.0.0.1:8080/orders?limit=500' \
+    -effect-json-path 'orders.#' \
     http://127.0.0.1:8080/orders
 
-Keys are "probe-", a run id, "-" and 128 random bits in hex (47 bytes):
-runs never meet each other's records.
+Keys are version 4 UUIDs whose first group is the run's id (36 bytes, the
+form most APIs take): runs never meet each other's records.
 
 Checks, core first, then each profile's. "draft §N" is a section of
 draft-ietf-httpapi-idempotency-key-header-07; "Stripe" is Stripe's documented
@@ -89,15 +104,22 @@ are, like curl --data-binary) or @- for standard input. With a body and no
 Content-Type among the -H headers, the probe sends application/json for a
 JSON body and application/x-www-form-urlencoded otherwise (curl's default).
 
+-H2 takes 'Name: value' like -H (repeatable): each replaces the -H header
+of that name for the second caller, and the -effect-header (or -H) one
+for the second caller's reads of the effect.
+
 Output: the checks on standard output, core first, then each profile, in
 lines of at most 80 columns (and a progress bar on standard error when it
 is a terminal and the run lasts over a second); -json prints the report as
 JSON instead: {url, method, key_header, run_id, concurrency, checks: [{id,
 title, grade: "core"|"profile", profile, status: "pass"|"fail"|"n/a"|
-"warning", reason, source, requests, executions, effect_delta}], effect:
-{url, path, before, after, expected}, requests, passed, failed,
-not_applicable, warnings, core_ok, profiles: [{name, required, ok,
-failed}], ok, duration_ms}.
+"warning", reason, source, requests, executions, other_executions,
+effect_delta}], effect: {url, path, before, after, expected}, requests,
+passed, failed, not_applicable, warnings, core_ok, profiles: [{name,
+required, ok, failed}], ok, duration_ms}. When the probe cannot run, -json
+prints {ok: false, error: {kind, message}} (kind: usage, not_accepted,
+no_answer, effect, interrupted or error) with the exit status below, and
+the message on standard error too.
 
 Exit status: 0 when the core passed (a profile's failures are reported
 with a note unless -profile requires it); 1 when a core check failed or
@@ -130,18 +152,21 @@ func probeHelp() string {
 // indent.
 func wrap(text, indent string, width int) string {
 	var b strings.Builder
-	line := indent
+	line, cols, start := indent, utf8.RuneCountInString(indent), utf8.RuneCountInString(indent)
 	for _, w := range strings.Fields(text) {
-		if len(line) > len(indent) && len(line)+1+len(w) > width {
+		n := utf8.RuneCountInString(w)
+		if cols > start && cols+1+n > width {
 			b.WriteString(line + "\n")
-			line = indent
+			line, cols = indent, start
 		}
-		if len(line) > len(indent) {
+		if cols > start {
 			line += " "
+			cols++
 		}
 		line += w
+		cols += n
 	}
-	if len(line) > len(indent) {
+	if cols > start {
 		b.WriteString(line + "\n")
 	}
 	return b.String()
@@ -155,14 +180,14 @@ func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
 
 // probeOptions are idem probe's flags.
 type probeOptions struct {
-	method, data, data4xx, keyHeader string
-	headers, effectHeaders           headerFlags
-	n, maxKey                        int
-	timeout                          time.Duration
-	jsonOut, insecure                bool
-	profiles                         string
-	effectURL, effectPath            string
-	set                              map[string]bool
+	method, data, data4xx, data5xx, keyHeader string
+	headers, headers2, effectHeaders          headerFlags
+	n, maxKey                                 int
+	timeout, retention                        time.Duration
+	jsonOut, insecure, requireKey             bool
+	profiles                                  string
+	effectURL, effectPath                     string
+	set                                       map[string]bool
 }
 
 func probeFlags(fs *flag.FlagSet) func(*env) int {
@@ -171,6 +196,10 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	fs.Var(&o.headers, "H", "request header `'Name: value'`, sent with every request (repeatable): authentication, identity, Content-Type")
 	fs.StringVar(&o.data, "d", "", "request body: `DATA`, @FILE or @- (standard input); a request the API accepts and executes")
 	fs.StringVar(&o.data4xx, "d4xx", "", "a body the API refuses with a 4xx other than 409 (`DATA`, @FILE or @-), for the stored-4xx check (none: n/a)")
+	fs.StringVar(&o.data5xx, "d5xx", "", "a body the API answers with a 5xx (`DATA`, @FILE or @-), for the released-5xx check (none: n/a)")
+	fs.Var(&o.headers2, "H2", "header `'Name: value'` of a second caller, replacing the -H header of that name (repeatable), for the scoped-keys check (none: n/a)")
+	fs.BoolVar(&o.requireKey, "require-key", false, "the API requires a key: a request without one must be refused with 400 (without: n/a when it runs)")
+	fs.DurationVar(&o.retention, "retention", 0, "how long the API keeps a key (24h), for the expiry check: the run lasts that long (0: n/a)")
 	fs.IntVar(&o.n, "n", probe.DefaultConcurrency, "concurrent requests with one key (2 to 1000)")
 	fs.StringVar(&o.keyHeader, "header", probe.DefaultKeyHeader, "`NAME` of the key's request header")
 	fs.IntVar(&o.maxKey, "max-key", probe.DefaultMaxKeyLen, "longest key in bytes the API takes; the overlong check sends one byte more")
@@ -183,6 +212,7 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	fs.BoolVar(&o.insecure, "k", false, "do not verify the server's TLS certificate (same as -insecure)")
 	fs.BoolVar(&o.insecure, "insecure", false, "do not verify the server's TLS certificate")
 	return func(e *env) int {
+		e.jsonErrors = o.jsonOut
 		cfg, err := o.config(fs, e)
 		if err != nil {
 			return fail(e, "probe", err)
@@ -224,6 +254,8 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 		EffectURL:   o.effectURL,
 		EffectPath:  o.effectPath,
 		Insecure:    o.insecure,
+		KeyRequired: o.requireKey,
+		Retention:   o.retention,
 	}
 	for _, name := range strings.Split(o.profiles, ",") {
 		if name = strings.TrimSpace(name); name != "" {
@@ -233,6 +265,11 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 	var err error
 	if cfg.Header, err = parseHeaders("-H", o.headers); err != nil {
 		return nil, err
+	}
+	if len(o.headers2) > 0 {
+		if cfg.OtherHeader, err = parseHeaders("-H2", o.headers2); err != nil {
+			return nil, err
+		}
 	}
 	if len(o.effectHeaders) > 0 {
 		if cfg.EffectHeader, err = parseHeaders("-effect-header", o.effectHeaders); err != nil {
@@ -247,6 +284,11 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 	}
 	if o.set["d4xx"] {
 		if cfg.RefusedBody, err = readData("-d4xx", o.data4xx, e.stdin, &stdinUsed); err != nil {
+			return nil, err
+		}
+	}
+	if o.set["d5xx"] {
+		if cfg.ServerErrorBody, err = readData("-d5xx", o.data5xx, e.stdin, &stdinUsed); err != nil {
 			return nil, err
 		}
 	}
@@ -325,6 +367,8 @@ var configFlags = map[string]string{
 	"EffectPath":   "-effect-json-path",
 	"EffectHeader": "-effect-header",
 	"Profiles":     "-profile",
+	"OtherHeader":  "-H2",
+	"Retention":    "-retention",
 }
 
 func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
@@ -339,6 +383,7 @@ func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
+			e.jsonErrors = false // standard output is what failed
 			return fail(e, "probe", err)
 		}
 	} else {
@@ -357,7 +402,8 @@ func runProbe(e *env, cfg *probe.Config, jsonOut bool) int {
 // required profile failed.
 const exitProfile = 3
 
-// explainProbeError names the flag behind err and the fix.
+// explainProbeError names the flag behind err and the fix, and says its
+// kind for -json.
 func explainProbeError(cfg *probe.Config, err error) error {
 	var ce *probe.ConfigError
 	var na *probe.NotAcceptedError
@@ -366,13 +412,13 @@ func explainProbeError(cfg *probe.Config, err error) error {
 	case errors.As(err, &ce):
 		return usagef("%s: %s", configFlags[ce.Field], ce.Msg)
 	case errors.As(err, &na) && na.Err != nil:
-		return fmt.Errorf("%s %s: %v; check the URL and that the server is up (-timeout bounds each request)", cfg.Method, cfg.URL, err)
+		return &kindError{"no_answer", fmt.Errorf("%s %s: %w; check the URL and that the server is up (-timeout bounds each request)", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &na):
-		return fmt.Errorf("%s %s: %v; the checks need a request the API accepts (2xx): give its headers with -H (authentication, identity, Content-Type) and its body with -d", cfg.Method, cfg.URL, err)
+		return &kindError{"not_accepted", fmt.Errorf("%s %s: %w; the checks need a request the API accepts (2xx): give its headers with -H (authentication, identity, Content-Type) and its body with -d", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &ee):
-		return fmt.Errorf("-effect-url: %v; give -effect-url a URL that answers GET with JSON holding the count at -effect-json-path (and -effect-header when it needs headers other than -H)", err)
+		return &kindError{"effect", fmt.Errorf("-effect-url: %w; give -effect-url a URL that answers GET with JSON holding the count at -effect-json-path (and -effect-header when it needs headers other than -H)", err)}
 	case errors.Is(err, context.Canceled):
-		return errors.New("interrupted; no verdict")
+		return &kindError{"interrupted", errors.New("interrupted; no verdict")}
 	}
 	return err
 }
@@ -418,7 +464,7 @@ func printReport(w io.Writer, rep *probe.Report) {
 				pr.Name, strings.Join(pr.Failed, ", "), pr.Name), "", reportWidth))
 		}
 	}
-	io.WriteString(w, wrap(fmt.Sprintf("%s %s, %d requests in %v, keys probe-%s-…", rep.Method, rep.URL, rep.Requests,
+	io.WriteString(w, wrap(fmt.Sprintf("%s %s, %d requests in %v, keys %s-…", rep.Method, rep.URL, rep.Requests,
 		(time.Duration(rep.DurationMS)*time.Millisecond).Round(time.Millisecond), rep.RunID), "", reportWidth))
 	if rep.CoreOK && rep.Effect == nil {
 		io.WriteString(w, wrap("This PASS reads answers only: without -effect-url the probe cannot tell an API that runs a "+

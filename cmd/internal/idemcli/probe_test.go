@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -21,9 +22,9 @@ import (
 	"github.com/idemkit/idem/memstore"
 )
 
-// api serves POST /items (guarded by idemhttp on memstore unless
-// unguarded) that counts what it creates (a body holding "refuse" is 400),
-// and GET /count.
+// api serves POST /items (guarded by idemhttp on memstore, keys scoped to
+// the X-Tenant header, unless unguarded) that counts what it creates (a
+// body holding "refuse" is 400, one holding "fail" 502), and GET /count.
 func api(t *testing.T, unguarded bool) (string, *atomic.Int64) {
 	t.Helper()
 	var created atomic.Int64
@@ -34,12 +35,18 @@ func api(t *testing.T, unguarded bool) (string, *atomic.Int64) {
 			idemhttp.WriteProblem(w, http.StatusBadRequest, "REFUSED", "Refused", "no")
 			return
 		}
+		if strings.Contains(buf.String(), "fail") {
+			idemhttp.WriteProblem(w, http.StatusBadGateway, "UPSTREAM", "Upstream failed", "not now")
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
 	}))
 	if !unguarded {
-		mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+		mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil), Scope: func(r *http.Request) (string, error) {
+			return "tenant:" + r.Header.Get("X-Tenant"), nil
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,9 +80,11 @@ func runIdem(t *testing.T, stdin string, args ...string) result {
 
 // TestProbePasses runs idem probe against idemhttp with the body from a
 // file, the refused body from standard input, flags on both sides of the
-// URL and the effect read with headers of its own: exit 0, a table with
-// every check passed, nothing on standard error (not a terminal), and the
-// handler created one item per key executed.
+// URL, a second caller, a failing body, keys required, and the effect read
+// with headers of its own: exit 0, a table with every check passed but
+// those that need what this API does not have (a cookie, a retention; a
+// 409 that scheduling decides), nothing on standard error (not a
+// terminal), and the handler created one item per execution.
 func TestProbePasses(t *testing.T) {
 	t.Parallel()
 	base, created := api(t, false)
@@ -85,7 +94,8 @@ func TestProbePasses(t *testing.T) {
 	}
 	r := runIdem(t, `{"name":"refuse","qty":1}`, "probe", "-d", "@"+body, "-d4xx", "@-", "-n", "5",
 		base+"/items",
-		"-H", "X-Tenant: a", "-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t")
+		"-H", "X-Tenant: a", "-H2", "X-Tenant: b", "-d5xx", `{"name":"fail"}`, "-require-key",
+		"-effect-url", base+"/count", "-effect-json-path", "count", "-effect-header", "X-Token: t")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("exit %d, stderr %q; stdout:\n%s", r.code, r.stderr, r.stdout)
 	}
@@ -94,13 +104,19 @@ func TestProbePasses(t *testing.T) {
 			t.Errorf("no row for %s:\n%s", c.ID, r.stdout)
 		}
 	}
-	if strings.Contains(r.stdout, "  fail ") || strings.Contains(r.stdout, "  n/a ") ||
-		!strings.Contains(r.stdout, "\nPASS: core passed; ") || strings.Contains(r.stdout, "Note:") {
+	na := regexp.MustCompile(`(?m)^  n/a     (\S+) `).FindAllStringSubmatch(r.stdout, -1)
+	for _, m := range na {
+		if m[1] != "expiry" && m[1] != "private-headers" && m[1] != "retry-after" {
+			t.Errorf("%s n/a", m[1])
+		}
+	}
+	if strings.Contains(r.stdout, "  fail ") || !strings.Contains(r.stdout, "\nPASS: core passed; ") || strings.Contains(r.stdout, "Note:") {
 		t.Errorf("stdout:\n%s", r.stdout)
 	}
 	checkWidth(t, r.stdout)
-	if created.Load() != 8 {
-		t.Errorf("the handler created %d items, want 8 (one per key executed)", created.Load())
+	// 11 executions of the first caller, 2 of the second.
+	if created.Load() != 13 {
+		t.Errorf("the handler created %d items, want 13 (one per execution)", created.Load())
 	}
 }
 
@@ -216,6 +232,13 @@ func TestProbeUsageErrors(t *testing.T) {
 		{[]string{"-effect-header", "X-Token: t", u}, "-effect-header without -effect-url"},
 		{[]string{"-effect-url", counting.URL, "-effect-json-path", "a..b", u}, "-effect-json-path:"},
 		{[]string{"ftp://example.com/"}, "URL:"},
+		{[]string{"-H2", "NoColon", u}, "-H2"},
+		{[]string{"-H2", "Idempotency-Key: k", u}, "-H2: holds Idempotency-Key"},
+		{[]string{"-H", "X-User: 1", "-H2", "X-User: 1", u}, "-H2: names no header"},
+		{[]string{"-d5xx", "@", u}, "-d5xx @"},
+		{[]string{"-d", "@-", "-d5xx", "@-", u}, "-d5xx @-"},
+		{[]string{"-retention", "-1s", u}, "-retention: negative"},
+		{[]string{"-retention", "10ms", u}, "-retention: 10ms is too short"},
 		{[]string{u, "-nope"}, "-nope"},
 		{[]string{"-nope", u}, "-nope"},
 	} {
@@ -255,6 +278,47 @@ func TestProbeRunErrors(t *testing.T) {
 	}
 }
 
+// TestProbeJSONErrors: with -json, a probe that cannot run prints {ok:
+// false, error: {kind, message}} on standard output (and the message on
+// standard error), with the exit status of the error.
+func TestProbeJSONErrors(t *testing.T) {
+	t.Parallel()
+	base, created := api(t, false)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, c := range []struct {
+		args []string
+		code int
+		kind string
+		want string
+	}{
+		{[]string{"-json", "-n", "1", base + "/items"}, 2, "usage", "-n:"},
+		{[]string{"-json", "-nope", base + "/items"}, 2, "usage", "-nope"},
+		{[]string{"-json", base + "/items", "-nope"}, 2, "usage", "-nope"},
+		{[]string{"-json", "-d", `{"name":"refuse"}`, base + "/items"}, 1, "not_accepted", "400 Bad Request"},
+		{[]string{"-json", "-d", `{"name":"pen"}`, closed.URL + "/items"}, 1, "no_answer", "got no answer"},
+		{[]string{"-json", "-d", `{"name":"pen"}`, "-effect-url", base + "/count", "-effect-json-path", "count", base + "/items"}, 1, "effect", "401"},
+	} {
+		r := runIdem(t, "", append([]string{"probe"}, c.args...)...)
+		var out struct {
+			OK    *bool `json:"ok"`
+			Error struct {
+				Kind    string `json:"kind"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		dec := json.NewDecoder(strings.NewReader(r.stdout))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&out); err != nil || r.code != c.code || out.OK == nil || *out.OK || out.Error.Kind != c.kind ||
+			!strings.Contains(out.Error.Message, c.want) || !strings.Contains(r.stderr, out.Error.Message) {
+			t.Errorf("idem probe %q: exit %d, %v, stdout %s, stderr %q; want exit %d, kind %s, %q", c.args, r.code, err, r.stdout, r.stderr, c.code, c.kind, c.want)
+		}
+	}
+	if created.Load() != 0 {
+		t.Errorf("%d created", created.Load())
+	}
+}
+
 func TestProbeHelp(t *testing.T) {
 	t.Parallel()
 	r := runIdem(t, "", "help", "probe")
@@ -266,7 +330,8 @@ func TestProbeHelp(t *testing.T) {
 			t.Errorf("help lacks check %s (%s)", c.ID, c.Source)
 		}
 	}
-	for _, f := range []string{"-profile", "-X", "-H", "-d", "-d4xx", "-n", "-header", "-max-key", "-timeout", "-json", "-effect-url", "-effect-json-path", "-effect-header", "-k", "-insecure"} {
+	checkWidth(t, r.stdout)
+	for _, f := range []string{"-profile", "-X", "-H", "-H2", "-d", "-d4xx", "-d5xx", "-require-key", "-retention", "-n", "-header", "-max-key", "-timeout", "-json", "-effect-url", "-effect-json-path", "-effect-header", "-k", "-insecure"} {
 		if !strings.Contains(r.stdout, "\n  "+f+" ") && !strings.Contains(r.stdout, "\n  "+f+"\n") && !strings.Contains(r.stdout, "\n  "+f+"\t") {
 			t.Errorf("help lacks flag %s", f)
 		}
@@ -330,7 +395,7 @@ func TestProbeInsecure(t *testing.T) {
 	for _, flag := range []string{"-k", "-insecure"} {
 		before := created.Load()
 		r = runIdem(t, "", "probe", flag, "-d", `{"a":1,"b":2}`, srv.URL)
-		if r.code != 0 || created.Load()-before != 8 {
+		if r.code != 0 || created.Load()-before != 9 {
 			t.Errorf("%s: exit %d, %d created; stdout:\n%s\nstderr:\n%s", flag, r.code, created.Load()-before, r.stdout, r.stderr)
 		}
 	}
@@ -423,8 +488,8 @@ func TestProbeProfiles(t *testing.T) {
 	r := runIdem(t, "", "probe", "-json", "-profile", "stripe", "-d", `{"name":"pen"}`, srv.URL)
 	var rep probe.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 3 || !rep.CoreOK || rep.OK ||
-		len(rep.Profiles) != 2 || rep.Profiles[0].Name != "stripe" || !rep.Profiles[0].Required || rep.Profiles[0].OK ||
-		!slices.Equal(rep.Profiles[0].Failed, []string{"replay-marker"}) || !rep.Profiles[1].OK {
+		len(rep.Profiles) != len(probe.Profiles) || rep.Profiles[0].Name != "stripe" || !rep.Profiles[0].Required || rep.Profiles[0].OK ||
+		!slices.Equal(rep.Profiles[0].Failed, []string{"replay-marker"}) || !rep.Profiles[1].OK || !rep.Profiles[2].OK || !rep.Profiles[3].OK {
 		t.Errorf("-json -profile stripe: exit %d, %v, report %+v", r.code, err, rep)
 	}
 }

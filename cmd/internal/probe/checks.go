@@ -1,11 +1,14 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Info describes a check.
@@ -25,6 +28,9 @@ type Info struct {
 	Profile string
 
 	run func(ctx context.Context, c *check) (Status, string, error)
+	// start, when not nil, sends the check's first requests right after
+	// the first check (a check that spans the run: expiry).
+	start func(ctx context.Context, c *check) error
 }
 
 // Grade returns Core, or Profile for a check of a profile.
@@ -83,6 +89,27 @@ var Checks = []Info{
 			"arrives while the first runs with 409. A warning when none got 409 (the API waits and replays, " +
 			"which the probe cannot tell from the first ending before the others arrived).",
 		run: checkConcurrent409,
+	},
+	{
+		ID:     "concurrent-mismatch",
+		Title:  "another body while the first runs is refused, not executed",
+		Source: "draft §2.6, §2.7",
+		Explain: "Sends -n requests with one fresh key at once, half with the body and half with another body " +
+			"(as the mismatch check makes it). One request executes; the others with its body must replay it or " +
+			"get 409, and those with the other body must get 409 or 422: never executed, never given the other " +
+			"body's answer.",
+		run: checkConcurrentMismatch,
+	},
+	{
+		ID:      "retry-after",
+		Profile: "retry-safe",
+		Title:   "a 409 to a request in flight carries Retry-After",
+		Source:  "RFC 9110 §10.2.3; idem",
+		Explain: "Judges the 409s of the concurrent checks (it sends nothing): each must carry Retry-After " +
+			"(seconds or a date), so that a client knows when the first request may be done; the value is " +
+			"reported against the time the executing request took. Not applicable when no request got 409 " +
+			"(the API waited and replayed, or the first ended before the others came).",
+		run: checkRetryAfter,
 	},
 	{
 		ID:     "mismatch-422",
@@ -151,8 +178,9 @@ var Checks = []Info{
 		ID:     "missing-key",
 		Title:  "a request without a key is refused with 400 where a key is required",
 		Source: "draft §2.7",
-		Explain: "Sends the request without the key header: 400 passes; 2xx makes the check not applicable " +
-			"(the API runs keyless requests unguarded, and says so); anything else fails.",
+		Explain: "Sends the request without the key header: 400 passes. 2xx fails with -require-key (the API " +
+			"documents the key as required) and is not applicable without it (the API runs keyless requests " +
+			"unguarded: a client that forgets the key gets no protection); anything else fails.",
 		run: checkMissing,
 	},
 	{
@@ -192,25 +220,86 @@ var Checks = []Info{
 		run: checkStored4xx,
 	},
 	{
+		ID:      "released-5xx",
+		Profile: "retry-safe",
+		Title:   "a 5xx is not kept: the retry runs again",
+		Source:  "idem; AWS Powertools; draft §2.6",
+		Explain: "Sends the -d5xx body (one the API answers with a 5xx: a provider that fails, say) with a fresh " +
+			"key twice, then the accepted body under the same key: the record of the failure must have been " +
+			"let go, so the accepted body executes (2xx). A 422 or the 5xx again means the failure is kept for " +
+			"the record's lifetime, and a client that retries as told never gets through. The draft lets an API " +
+			"replay an error (§2.6), and Stripe keeps its 500s: a profile, not the core. Not applicable " +
+			"without -d5xx.",
+		run: checkReleased5xx,
+	},
+	{
+		ID:     "scoped-keys",
+		Title:  "one caller's key never replays another caller's answer",
+		Source: "draft §2.2, §6; Stripe",
+		Explain: "With -H2 (the headers of a second caller), sends a fresh key as the first caller, then the same " +
+			"key and body as the second: the second must not get the first's answer (replayed, or the same bytes " +
+			"where answers carry ids, or an effect that did not move for the second caller); it executes on its " +
+			"own, and each caller's retry replays its own answer. A 409 or 422 to the second caller is a warning " +
+			"(the key space is shared: nothing leaks, but one caller can block another's key). The second " +
+			"caller is checked first with a key of its own. Not applicable without -H2.",
+		run: checkScoped,
+	},
+	{
 		ID:     "get-untouched",
 		Title:  "a GET carrying a key is not intercepted",
 		Source: "draft §1; Stripe",
-		Explain: "Sends GET to the URL twice with a fresh key, then once with the concurrent check's key: GET is " +
-			"idempotent and keys do not apply to it, so no answer may be a replay, a 409 or a 422 (whatever " +
-			"else the URL answers to GET, 405 included, passes).",
+		Explain: "Sends GET to the URL twice with a fresh key, then with the concurrent check's key to the URL " +
+			"and elsewhere (the -effect-url, or / on the URL's host): GET is idempotent and keys do not apply to " +
+			"it, so no answer may be a replay, a 409, a 422, or the concurrent request's answer (whatever else a " +
+			"URL answers to GET, 405 included, passes).",
 		run: checkGet,
+	},
+	{
+		ID:     "private-headers",
+		Title:  "a replay never carries the first answer's Set-Cookie",
+		Source: "RFC 6265 §8; RFC 9111 §3.1",
+		Explain: "Judges every replay of the run (it sends nothing): a Set-Cookie (or Authentication-Info) that " +
+			"an execution's answer set, and that not every execution sets alike, belongs to that answer's " +
+			"caller: a replay that carries it hands one caller's session to whoever retries. Not applicable when " +
+			"no answer set one.",
+		run: checkPrivateHeaders,
+	},
+	{
+		ID:      "problem-bodies",
+		Profile: "problem-details",
+		Title:   "refusals of the key are problem details (RFC 9457)",
+		Source:  "draft §2.7; RFC 9457",
+		Explain: "Judges the 400s, 409s and 422s that refused a key in the other checks (it sends nothing): each " +
+			"must be application/problem+json, a JSON object whose status (when present) is the answer's and " +
+			"whose type, title and detail (when present) are strings. The draft's examples are problem details " +
+			"and it asks for a link to the documentation, which type is. Not applicable when no key was refused.",
+		run: checkProblemDetails,
+	},
+	{
+		ID:     "expiry",
+		Title:  "a key executes again after the retention",
+		Source: "draft §2.3",
+		Explain: "With -retention (how long the API documents that it keeps a key), sends a fresh key after the " +
+			"first check, again at four fifths of the retention (it must still replay: a record that expires " +
+			"early lets a late retry execute twice), and after the retention and a second (it must execute " +
+			"again: the key is free, and its record gone). The run lasts at least the retention. Not applicable " +
+			"without -retention.",
+		run:   checkExpiry,
+		start: startExpiry,
 	},
 	effectInfo,
 }
 
 var effectInfo = Info{
 	ID:     "effect",
-	Title:  "the effect moved exactly once per key executed",
+	Title:  "the effect moved exactly once per execution",
 	Source: "payment teams' practice",
 	Explain: "With -effect-url and -effect-json-path, reads the count before the first check and after each " +
 		"one: over the run, and in every check, it must move by exactly the number of executions the answers " +
-		"show (distinct keys answered 2xx, and keyless requests answered 2xx). A check whose answers look right " +
-		"but whose effect moved otherwise fails too. Not applicable without them.",
+		"show (a 2xx answer is one unless it repeats an earlier answer under its key or is marked a replay). " +
+		"A check whose answers look right but whose effect moved otherwise fails too. The second caller's " +
+		"executions may move it or not (a count of every caller's effects, or of the first caller's). Not " +
+		"applicable without them.",
 }
 
 func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
@@ -277,6 +366,7 @@ func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
 			bad = append(bad, fmt.Sprintf("request %d: %s", i+1, a))
 		case a.status == http.StatusConflict:
 			conflicts++
+			c.p.noteInFlight("a duplicate sent while the first ran", a)
 		case a.replayed():
 			marked++
 		case a.ok():
@@ -310,12 +400,61 @@ func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, fmt.Sprintf("request %d was marked a replay but got %s; the execution's answer was %s", i+1, a, executions[0]), nil
 		}
 	}
+	c.p.execTime = executions[0].took
 	how := fmt.Sprintf("%d marked", marked)
 	if unmarked > 0 {
 		how += fmt.Sprintf(", %d unmarked with its bytes", unmarked)
 	}
-	return Pass, fmt.Sprintf("%d requests with one key: 1 executed (%s), %d replayed (%s), %d got 409",
-		n, statusText(executions[0].status), marked+unmarked, how, conflicts), nil
+	reason := fmt.Sprintf("%d requests with one key: 1 executed (%s, in %v), %d replayed (%s), %d got 409",
+		n, statusText(executions[0].status), roundTook(executions[0].took), marked+unmarked, how, conflicts)
+	if conflicts > 0 {
+		reason += " (" + retryAfterText(answers) + ")"
+	}
+	return Pass, reason, nil
+}
+
+// noteInFlight keeps a 409 to a request sent while the key's first ran,
+// for retry-after and problem-details.
+func (p *prober) noteInFlight(what string, a *answer) {
+	p.mu.Lock()
+	p.inFlight = append(p.inFlight, a)
+	p.mu.Unlock()
+	p.noteRefusal(what, a)
+}
+
+// roundTook rounds a request's time for a reason.
+func roundTook(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
+
+// retryAfterText says what Retry-After the 409s among answers carried.
+func retryAfterText(answers []*answer) string {
+	values := map[string]int{}
+	var order []string
+	for _, a := range answers {
+		if a.err != nil || a.status != http.StatusConflict {
+			continue
+		}
+		v := a.header.Get("Retry-After")
+		if v == "" {
+			v = "none"
+		}
+		if values[v] == 0 {
+			order = append(order, v)
+		}
+		values[v]++
+	}
+	parts := make([]string, 0, len(order))
+	for _, v := range order {
+		parts = append(parts, fmt.Sprintf("%d with %s", values[v], v))
+	}
+	return "Retry-After: " + strings.Join(parts, ", ")
 }
 
 func checkConcurrent409(ctx context.Context, c *check) (Status, string, error) {
@@ -347,6 +486,7 @@ func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
 	a := c.settle(ctx, rq)
 	switch {
 	case a.err == nil && a.status == http.StatusUnprocessableEntity:
+		c.p.noteRefusal("the key with another body", a)
 		st.got422 = true
 		return Pass, "the key with another body got 422", nil
 	case a.replayed() || first.same(a):
@@ -465,7 +605,10 @@ func checkMissing(ctx context.Context, c *check) (Status, string, error) {
 	a := c.send(ctx, request{body: c.p.cfg.Body})
 	switch {
 	case a.err == nil && a.status == http.StatusBadRequest:
+		c.p.noteRefusal("a request without a key", a)
 		return Pass, "a request without " + c.p.cfg.KeyHeader + " got 400", nil
+	case a.ok() && c.p.cfg.KeyRequired:
+		return Fail, "a request without " + c.p.cfg.KeyHeader + " got " + statusText(a.status) + " and ran unguarded, where the key is required (-require-key): a client that forgets it gets no protection", nil
 	case a.ok():
 		return NotApplicable, "a request without " + c.p.cfg.KeyHeader + " got " + statusText(a.status) + ": the API runs keyless requests unguarded (a client that forgets the key gets no protection)", nil
 	default:
@@ -491,6 +634,7 @@ func checkMalformed(ctx context.Context, c *check) (Status, string, error) {
 		}
 		a := c.send(ctx, request{body: c.p.cfg.Body, keyName: c.p.cfg.KeyHeader, keyValue: value, key: value})
 		if a.err == nil && a.status == http.StatusBadRequest {
+			c.p.noteRefusal(m.what, a)
 			continue
 		}
 		if i == 0 {
@@ -525,6 +669,7 @@ func checkOverlong(ctx context.Context, c *check) (Status, string, error) {
 	key = key[:n]
 	a := c.send(ctx, c.keyed(key))
 	if a.err == nil && a.status == http.StatusBadRequest {
+		c.p.noteRefusal("an overlong key", a)
 		return Pass, fmt.Sprintf("a key of %d bytes got 400", n), nil
 	}
 	return Fail, fmt.Sprintf("a key of %d bytes (over the %d that -max-key says) got %s", n, n-1, a), nil
@@ -577,27 +722,48 @@ func (p *prober) marksReplays() bool {
 func checkGet(ctx context.Context, c *check) (Status, string, error) {
 	key := c.p.newKey()
 	get := request{method: http.MethodGet, keyName: c.p.cfg.KeyHeader, keyValue: key, key: key, get: true}
-	var answers []*answer
-	answers = append(answers, c.send(ctx, get), c.send(ctx, get))
-	if c.p.concurrentKey != "" {
-		get.keyValue, get.key = c.p.concurrentKey, c.p.concurrentKey
-		answers = append(answers, c.send(ctx, get))
+	type sent struct {
+		what string
+		a    *answer
 	}
-	for i, a := range answers {
-		what := fmt.Sprintf("GET %d with a fresh key", i+1)
-		if i == 2 {
-			what = "GET with the key of the concurrent check's " + c.p.cfg.Method
+	answers := []sent{{"GET with a fresh key", c.send(ctx, get)}, {"GET with that key again", c.send(ctx, get)}}
+	var post *answer // the concurrent check's execution
+	if k := c.p.concurrentKey; k != "" {
+		c.p.mu.Lock()
+		if e := c.p.seen[k]; len(e) > 0 {
+			post = e[0]
 		}
+		c.p.mu.Unlock()
+		get.keyValue, get.key = k, k
+		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, get)})
+		get.url = c.p.elsewhere()
+		answers = append(answers, sent{"GET " + get.url + " with that key", c.send(ctx, get)})
+	}
+	for _, s := range answers {
+		a := s.a
 		switch {
 		case a.err != nil:
-			return Fail, what + " got " + a.String(), nil
+			return Fail, s.what + " got " + a.String(), nil
 		case a.replayed():
-			return Fail, what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
+			return Fail, s.what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
 		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
-			return Fail, what + " got " + a.String() + ": GET requests are intercepted", nil
+			return Fail, s.what + " got " + a.String() + ": GET requests are intercepted", nil
+		case post != nil && len(post.body) > 0 && a.status == post.status && bytes.Equal(a.body, post.body):
+			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "): GET requests are served from the key's record", nil
 		}
 	}
-	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409 or 422", statusText(answers[0].status)), nil
+	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409, 422 or a %s's answer, on the URL and elsewhere", statusText(answers[0].a.status), c.p.cfg.Method), nil
+}
+
+// elsewhere returns a URL other than the probed one for a GET: the
+// effect's URL, or / on the probed URL's host.
+func (p *prober) elsewhere() string {
+	if p.cfg.EffectURL != "" {
+		return p.cfg.EffectURL
+	}
+	u, _ := url.Parse(p.cfg.URL) // parsed by normalize
+	u.Path, u.RawPath, u.RawQuery, u.Fragment = "/", "", "", ""
+	return u.String()
 }
 
 func first3(s []string) []string {

@@ -45,12 +45,18 @@ const ReplayedHeader = "Idempotent-Replayed"
 // (with the value "true"), ReplayedHeader first.
 var ReplayedHeaders = []string{ReplayedHeader, "Idempotency-Replayed", "X-Idempotent-Replayed", "X-Idempotency-Replayed"}
 
-// Profiles are the profiles a check may belong to besides the core: stripe
-// (Stripe's practice: the Idempotent-Replayed marker, 409 to concurrent
-// duplicates, a fingerprint insensitive to the order of JSON members) and
-// strict-keys (a bare key is the key its quoted form names; empty and
-// non-UTF-8 keys are refused).
-var Profiles = []string{"stripe", "strict-keys"}
+// Profiles are the profiles a check may belong to besides the core:
+//
+//   - stripe: Stripe's practice: the Idempotent-Replayed marker, 409 to
+//     concurrent duplicates, a fingerprint insensitive to the order of
+//     JSON members.
+//   - strict-keys: a bare key is the key its quoted form names; empty and
+//     non-UTF-8 keys are refused.
+//   - retry-safe: an answer a client is meant to retry (5xx) is not kept,
+//     so the retry runs again; a 409 says when to retry (Retry-After).
+//   - problem-details: the refusals of the key (400, 409, 422) are RFC
+//     9457 problem details.
+var Profiles = []string{"stripe", "strict-keys", "retry-safe", "problem-details"}
 
 // maxAnswer is the largest response body the probe reads; more is an error.
 const maxAnswer = 16 << 20
@@ -76,6 +82,27 @@ type Config struct {
 	// Retry-After (an unknown product, say): the stored-4xx check sends
 	// it twice under one key. Nil makes that check not applicable.
 	RefusedBody []byte
+	// ServerErrorBody, when not nil, is a body the API answers with a 5xx
+	// (a payment the provider fails, say): the released-5xx check sends
+	// it under a key, then the accepted Body under the same key, which
+	// must execute. Nil makes that check not applicable.
+	ServerErrorBody []byte
+	// KeyRequired says that the API requires a key on this endpoint: a
+	// request without one must be refused with 400. False makes a keyless
+	// request that executes not applicable (the API runs it unguarded).
+	KeyRequired bool
+	// OtherHeader, when not nil, holds the headers of a second caller
+	// (its credentials or identity): each replaces the Header of the same
+	// name (and the EffectHeader's, for the second caller's reads of the
+	// effect). The scoped-keys check sends the first caller's key as the
+	// second caller: it must never get the first caller's answer. Nil
+	// makes that check not applicable.
+	OtherHeader http.Header
+	// Retention is how long the API documents that it keeps a key's
+	// answer. When not 0, the expiry check sends a key at the start, then
+	// again before the retention ends (it must replay) and after it (it
+	// must execute again): the run lasts at least Retention.
+	Retention time.Duration
 	// Concurrency is the number of concurrent requests with one key; 0
 	// means DefaultConcurrency; at most MaxConcurrency.
 	Concurrency int
@@ -110,6 +137,25 @@ type Config struct {
 	// number of requests sent and the number planned (which retries after
 	// 409 can pass: done may exceed total). Calls are serialised.
 	Progress func(done, total int)
+
+	otherEffectHeader http.Header // EffectHeader with OtherHeader's names replaced
+}
+
+// MinRetention is the shortest Config.Retention: the expiry check must
+// tell "before the retention" from "after it" across the time requests
+// take.
+const MinRetention = time.Second
+
+// overlay returns h with each header of over replacing h's of that name.
+func overlay(h, over http.Header) http.Header {
+	out := h.Clone()
+	if out == nil {
+		out = http.Header{}
+	}
+	for name, v := range over {
+		out[http.CanonicalHeaderKey(name)] = slices.Clone(v)
+	}
+	return out
 }
 
 // ConfigError is a Config the probe cannot run with: Field names the
@@ -202,8 +248,12 @@ type Result struct {
 	// under its key or is marked a replay (keyless 2xx answers are one
 	// each).
 	Executions int `json:"executions"`
+	// OtherExecutions is the number of executions of the second caller
+	// (Config.OtherHeader) the answers show.
+	OtherExecutions int `json:"other_executions,omitempty"`
 	// EffectDelta is how much the effect's count moved during the check;
-	// nil without Config.EffectURL.
+	// nil without Config.EffectURL. It must be Executions, or Executions
+	// plus OtherExecutions (a count of every caller's effects).
 	EffectDelta *int64 `json:"effect_delta,omitempty"`
 }
 
@@ -316,6 +366,12 @@ func (c *Config) normalize() error {
 	if c.Timeout < 0 {
 		return &ConfigError{Field: "Timeout", Msg: "negative; give a positive duration (30s)"}
 	}
+	if c.Retention < 0 {
+		return &ConfigError{Field: "Retention", Msg: "negative; give the API's documented retention (24h), or 0 to skip the expiry check"}
+	}
+	if c.Retention > 0 && c.Retention < MinRetention {
+		return &ConfigError{Field: "Retention", Msg: fmt.Sprintf("%v is too short to tell from the time a request takes; give %v or more", c.Retention, MinRetention)}
+	}
 	c.Header = c.Header.Clone()
 	if c.Header == nil {
 		c.Header = http.Header{}
@@ -327,6 +383,26 @@ func (c *Config) normalize() error {
 	}
 	if len(c.Body) > 0 && c.Header.Get("Content-Type") == "" {
 		c.Header.Set("Content-Type", defaultContentType(c.Body))
+	}
+	if c.OtherHeader != nil {
+		if len(c.OtherHeader) == 0 {
+			return &ConfigError{Field: "OtherHeader", Msg: "empty; give the second caller's credentials or identity (X-User-ID: 43)"}
+		}
+		c.OtherHeader = c.OtherHeader.Clone()
+		for name := range c.OtherHeader {
+			if strings.EqualFold(name, c.KeyHeader) {
+				return &ConfigError{Field: "OtherHeader", Msg: fmt.Sprintf("holds %s; the probe sends keys of its own, remove it", c.KeyHeader)}
+			}
+		}
+		same := true
+		for name, v := range c.OtherHeader {
+			if !slices.Equal(c.Header.Values(name), v) {
+				same = false
+			}
+		}
+		if same {
+			return &ConfigError{Field: "OtherHeader", Msg: "names no header the first caller sends otherwise; give the second caller's own credentials or identity"}
+		}
 	}
 	if (c.EffectURL == "") != (c.EffectPath == "") {
 		if c.EffectURL == "" {
@@ -347,6 +423,8 @@ func (c *Config) normalize() error {
 		} else {
 			c.EffectHeader = c.EffectHeader.Clone()
 		}
+		c.otherEffectHeader = overlay(c.EffectHeader, c.OtherHeader)
+		c.otherEffectHeader.Del("Content-Type")
 	}
 	return nil
 }
@@ -382,8 +460,8 @@ func isToken(s string) bool {
 	return true
 }
 
-// keyLen is the length of the probe's keys: "probe-" + 8 hex + "-" + 32 hex.
-const keyLen = 6 + 8 + 1 + 32
+// keyLen is the length of the probe's keys: a UUID's 36 characters.
+const keyLen = 36
 
 // prober runs one probe.
 type prober struct {
@@ -395,6 +473,8 @@ type prober struct {
 
 	mu        sync.Mutex
 	seen      map[string][]*answer // per key, the answers counted as executions
+	log       map[string][]*answer // per key, every answer, in the order sent
+	keys      []string             // the keys of log, in the order first sent
 	sent      int
 	planned   int
 	effectOn  bool
@@ -404,10 +484,36 @@ type prober struct {
 	// core check got.
 	concurrentKey string
 	concurrent    []*answer
+	inFlight      []*answer // the 409s of the concurrent checks
+	execTime      time.Duration
 	replays       []*answer // answers that repeated a first answer (retries, the stored 4xx)
 	mismatch      *mismatchState
 	quoted        *quotedState
-	lenient       []string // malformed keys taken: what they were and what they got
+	lenient       []string     // malformed keys taken: what they were and what they got
+	refusals      []refusal    // the answers that refused a key (400, 409, 422)
+	expiry        *expiryState // the expiry check's first request
+	started       map[string]*check
+}
+
+// refusal is an answer that refused a key, for the problem-details
+// profile: what was sent, and what came back.
+type refusal struct {
+	what string
+	a    *answer
+}
+
+// noteRefusal keeps a, when it is a 400, 409 or 422, as a refusal of
+// what.
+func (p *prober) noteRefusal(what string, a *answer) {
+	if a.err != nil {
+		return
+	}
+	switch a.status {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
+		p.mu.Lock()
+		p.refusals = append(p.refusals, refusal{what: what, a: a})
+		p.mu.Unlock()
+	}
 }
 
 type quotedState struct {
@@ -422,7 +528,8 @@ type mismatchState struct {
 }
 
 func newProber(c *Config) (*prober, error) {
-	p := &prober{cfg: c, client: c.Client, runID: randomHex(4), seen: map[string][]*answer{}, effectOn: c.EffectURL != ""}
+	p := &prober{cfg: c, client: c.Client, runID: randomHex(4), seen: map[string][]*answer{}, log: map[string][]*answer{},
+		effectOn: c.EffectURL != "", started: map[string]*check{}}
 	if p.effectOn {
 		p.path, _ = ParsePath(c.EffectPath)
 	}
@@ -440,7 +547,16 @@ func newProber(c *Config) (*prober, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	p.planned = 3 + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 3
+	p.planned = 3 + c.Concurrency + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 4
+	if c.ServerErrorBody != nil {
+		p.planned += 3
+	}
+	if c.OtherHeader != nil {
+		p.planned += 5
+	}
+	if c.Retention > 0 {
+		p.planned += 3
+	}
 	return p, nil
 }
 
@@ -450,9 +566,16 @@ func (p *prober) close() {
 	}
 }
 
-// newKey returns a fresh key: "probe-RUNID-" and 128 random bits in hex.
+// newKey returns a fresh key: a version 4 UUID whose first group is the
+// run's id (the form most APIs take: Stripe's and idem's any string of up
+// to 255 bytes, fiber's and others' 36 characters, Square's 45).
 func (p *prober) newKey() string {
-	return "probe-" + p.runID + "-" + randomHex(16)
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return p.runID + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
 func randomHex(n int) string {
@@ -464,6 +587,7 @@ func randomHex(n int) string {
 // request is one request a check sends.
 type request struct {
 	method string // "" means the Config's
+	url    string // "" means the Config's
 	body   []byte
 	// keyName and keyValue are the key's header as sent; keyName ""
 	// sends no key.
@@ -474,6 +598,9 @@ type request struct {
 	key string
 	// get marks a GET: its answers count no execution.
 	get bool
+	// other sends the request as the second caller (Config.OtherHeader):
+	// its executions are the check's other ones.
+	other bool
 }
 
 // answer is what a request got.
@@ -482,6 +609,7 @@ type answer struct {
 	header http.Header
 	body   []byte
 	err    error
+	took   time.Duration // from sending the request to the end of the answer
 }
 
 func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
@@ -568,6 +696,13 @@ type check struct {
 	mu         sync.Mutex
 	requests   int
 	executions int
+	// other is the executions of the second caller: the effect's count
+	// moves by them too when it counts every caller, not by them when it
+	// counts the first caller's only.
+	other int
+	// startDelta is how much the effect moved while the check's start
+	// phase ran (Info.start).
+	startDelta int64
 }
 
 // send sends rq and returns its answer (never nil; a failed request has
@@ -578,13 +713,27 @@ func (c *check) send(ctx context.Context, rq request) *answer {
 	if method == "" {
 		method = p.cfg.Method
 	}
-	a := p.do(ctx, method, p.cfg.URL, rq, p.headerFor(rq))
+	target := rq.url
+	if target == "" {
+		target = p.cfg.URL
+	}
+	a := p.do(ctx, method, target, rq, p.headerFor(rq))
 	c.mu.Lock()
 	c.requests++
-	if a.ok() && !rq.get {
+	if !rq.get {
 		p.mu.Lock()
-		if p.isExecution(rq.key, a) {
-			c.executions++
+		if rq.key != "" {
+			if _, ok := p.log[rq.key]; !ok {
+				p.keys = append(p.keys, rq.key)
+			}
+			p.log[rq.key] = append(p.log[rq.key], a)
+		}
+		if a.ok() && p.isExecution(rq.key, a) {
+			if rq.other {
+				c.other++
+			} else {
+				c.executions++
+			}
 		}
 		p.mu.Unlock()
 	}
@@ -600,6 +749,7 @@ func (c *check) send(ctx context.Context, rq request) *answer {
 func (c *check) settle(ctx context.Context, rq request) *answer {
 	a := c.send(ctx, rq)
 	for i := 0; i < 8 && a.err == nil && a.status == http.StatusConflict; i++ {
+		c.p.noteRefusal("a retry of a request still running", a)
 		wait := 50 * time.Millisecond << i
 		if s, err := strconv.Atoi(a.header.Get("Retry-After")); err == nil && s > 0 {
 			wait = time.Duration(s) * time.Second
@@ -645,6 +795,9 @@ func (p *prober) isExecution(key string, a *answer) bool {
 
 func (p *prober) headerFor(rq request) http.Header {
 	h := p.cfg.Header.Clone()
+	if rq.other {
+		h = overlay(h, p.cfg.OtherHeader)
+	}
 	if rq.get {
 		h.Del("Content-Type")
 	}
@@ -671,9 +824,10 @@ func (p *prober) do(ctx context.Context, method, target string, rq request, h ht
 		req.Host = host
 		h.Del("Host")
 	}
+	start := time.Now()
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return &answer{err: err}
+		return &answer{err: err, took: time.Since(start)}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
@@ -683,7 +837,7 @@ func (p *prober) do(ctx context.Context, method, target string, rq request, h ht
 	if err != nil {
 		return &answer{err: fmt.Errorf("reading the answer: %w", err)}
 	}
-	return &answer{status: resp.StatusCode, header: resp.Header, body: b}
+	return &answer{status: resp.StatusCode, header: resp.Header, body: b, took: time.Since(start)}
 }
 
 func (p *prober) progress() {
@@ -696,9 +850,19 @@ func (p *prober) progress() {
 	p.cfg.Progress(p.sent, p.planned)
 }
 
-// count reads the effect's count.
+// count reads the effect's count, as the first caller.
 func (p *prober) count(ctx context.Context) (int64, error) {
-	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true}, p.cfg.EffectHeader.Clone())
+	return p.countAs(ctx, false)
+}
+
+// countAs reads the effect's count as the first caller, or as the second
+// (other).
+func (p *prober) countAs(ctx context.Context, other bool) (int64, error) {
+	h := p.cfg.EffectHeader
+	if other {
+		h = p.cfg.otherEffectHeader
+	}
+	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true}, h.Clone())
 	if a.err != nil {
 		return 0, &EffectError{URL: p.cfg.EffectURL, Msg: a.err.Error()}
 	}
@@ -723,15 +887,18 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 		}
 		before, p.lastCount = n, n
 	}
-	var executions int64
-	for _, info := range Checks {
+	var expected int64
+	for i, info := range Checks {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		if info.ID == "effect" {
 			continue
 		}
-		c := &check{p: p}
+		c := p.started[info.ID]
+		if c == nil {
+			c = &check{p: p}
+		}
 		status, reason, err := info.run(ctx, c)
 		if err != nil {
 			return nil, err
@@ -741,40 +908,57 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		r := info.result()
-		r.Status, r.Reason, r.Requests, r.Executions = status, reason, c.requests, c.executions
+		r.Status, r.Reason, r.Requests, r.Executions, r.OtherExecutions = status, reason, c.requests, c.executions, c.other
+		want := int64(c.executions)
 		if p.effectOn {
 			n, err := p.count(ctx)
 			if err != nil {
 				return nil, err
 			}
-			d := n - p.lastCount
+			d := n - p.lastCount + c.startDelta
 			p.lastCount = n
 			r.EffectDelta = &d
-			if d != int64(c.executions) {
+			switch {
+			case d == want:
+			case c.other > 0 && d == want+int64(c.other):
+				// The count is every caller's: the second caller's
+				// executions moved it too.
+				want = d
+			default:
 				but := "; but"
 				if r.Status == Fail {
 					but = "; and"
 				}
 				r.Status = Fail
 				r.Reason += fmt.Sprintf("%s the effect moved by %d where the answers show %s", but, d, executionsText(c.executions))
+				if c.other > 0 {
+					r.Reason += fmt.Sprintf(" (and %s of the second caller)", executionsText(c.other))
+				}
 			}
 		}
-		executions += int64(c.executions)
+		expected += want
 		rep.Requests += c.requests
 		rep.Checks = append(rep.Checks, r)
+		if i == 0 {
+			// The first check proved the API accepts the request: the
+			// checks that span the run send their first requests now.
+			if err := p.startChecks(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	eff := effectInfo.result()
 	if p.effectOn {
-		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: executions}
+		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: expected}
 		moved := p.lastCount - before
 		eff.EffectDelta = &moved
-		eff.Executions = int(executions)
-		if moved == executions {
+		eff.Executions = int(expected)
+		if moved == expected {
 			eff.Status = Pass
-			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d: once per key executed (%d)", p.path, p.cfg.EffectURL, before, p.lastCount, executions)
+			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d: once per execution the answers show (%d)", p.path, p.cfg.EffectURL, before, p.lastCount, expected)
 		} else {
 			eff.Status = Fail
-			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %s", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executionsText(int(executions)))
+			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %s", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executionsText(int(expected)))
 		}
 	} else {
 		eff.Status = NotApplicable
@@ -784,6 +968,30 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 	rep.grade(p.cfg.Profiles)
 	rep.DurationMS = time.Since(start).Milliseconds()
 	return rep, nil
+}
+
+// startChecks runs the start phase of the checks that have one, each
+// with the effect read around it.
+func (p *prober) startChecks(ctx context.Context) error {
+	for _, info := range Checks {
+		if info.start == nil {
+			continue
+		}
+		c := &check{p: p}
+		if err := info.start(ctx, c); err != nil {
+			return err
+		}
+		if p.effectOn {
+			n, err := p.count(ctx)
+			if err != nil {
+				return err
+			}
+			c.startDelta = n - p.lastCount
+			p.lastCount = n
+		}
+		p.started[info.ID] = c
+	}
+	return nil
 }
 
 // grade counts the outcomes and grades the core and each profile.

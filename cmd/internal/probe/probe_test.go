@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
 )
@@ -14,16 +16,23 @@ import (
 const (
 	fakeBody    = `{"item":"book","qty":1}`
 	fakeRefused = `{"item":"refuse","qty":1}`
+	fakeFailed  = `{"item":"fail","qty":1}`
 )
 
-// fakeConfig probes the fake API at base, its effect included.
+// fakeConfig probes the fake API at base with every check applicable but
+// expiry: its effect, a refused and a failing body, a second caller, keys
+// required.
 func fakeConfig(base string) *probe.Config {
 	return &probe.Config{
-		URL:         base + "/api",
-		Body:        []byte(fakeBody),
-		RefusedBody: []byte(fakeRefused),
-		EffectURL:   base + "/count",
-		EffectPath:  "count",
+		URL:             base + "/api",
+		Header:          http.Header{"X-User": {"probe"}},
+		OtherHeader:     http.Header{"X-User": {"other"}},
+		Body:            []byte(fakeBody),
+		RefusedBody:     []byte(fakeRefused),
+		ServerErrorBody: []byte(fakeFailed),
+		KeyRequired:     true,
+		EffectURL:       base + "/count",
+		EffectPath:      "count",
 	}
 }
 
@@ -66,6 +75,11 @@ func logReport(t *testing.T, rep *probe.Report) {
 	}
 }
 
+// scheduled are the checks whose outcome depends on whether a duplicate
+// arrived while the first request ran: the test judges them by what the
+// fake did (its 409s, its replays to another body).
+var scheduled = []string{"concurrent-409", "retry-after"}
+
 // TestBrokenAPIs probes APIs that each break one behaviour, and APIs
 // that implement an alternative the draft allows: the checks that fail,
 // warn and do not apply are exactly the ones that behaviour makes so, and
@@ -73,57 +87,102 @@ func logReport(t *testing.T, rep *probe.Report) {
 // fails at most a profile, a defect fails the core.
 func TestBrokenAPIs(t *testing.T) {
 	t.Parallel()
+	const delay = 30 * time.Millisecond // duplicates come while the first runs
 	for _, c := range []struct {
 		name               string
 		k                  knobs
 		coreOK             bool
 		failed, na, warned []string
+		// maybe are checks that may pass or fail as scheduling goes.
+		maybe []string
 	}{
-		{"correct", knobs{}, true, nil, nil, []string{"concurrent-409"}},
+		{name: "correct", k: knobs{execDelay: delay}, coreOK: true},
 		// Alternatives the draft allows: core passes.
-		{"marker X-Idempotent-Replayed", knobs{markerName: "X-Idempotent-Replayed"}, true,
-			[]string{"replay-marker"}, nil, []string{"concurrent-409"}},
-		{"replays unmarked", knobs{noReplayHeader: true}, true,
-			[]string{"replay-marker"}, nil, []string{"concurrent-409", "stored-4xx"}},
-		{"raw fingerprint", knobs{rawFingerprint: true}, true,
-			[]string{"reordered-json"}, nil, []string{"concurrent-409"}},
-		{"bare key distinct from quoted", knobs{quotedLiteral: true}, true,
-			[]string{"bare-key"}, nil, []string{"concurrent-409"}},
-		{"lenient keys", knobs{lenientKeys: true}, true,
-			[]string{"strict-key-validation"}, nil, []string{"concurrent-409", "malformed-key"}},
-		{"wait and replay", knobs{waitReplay: true}, true, nil, nil, []string{"concurrent-409"}},
+		{name: "marker X-Idempotent-Replayed", k: knobs{markerName: "X-Idempotent-Replayed"}, coreOK: true, failed: []string{"replay-marker"}},
+		{name: "replays unmarked", k: knobs{noReplayHeader: true}, coreOK: true, failed: []string{"replay-marker"}, warned: []string{"stored-4xx"}},
+		{name: "raw fingerprint", k: knobs{rawFingerprint: true}, coreOK: true, failed: []string{"reordered-json"}},
+		{name: "bare key distinct from quoted", k: knobs{quotedLiteral: true}, coreOK: true, failed: []string{"bare-key"}},
+		{name: "lenient keys", k: knobs{lenientKeys: true}, coreOK: true, failed: []string{"strict-key-validation"}, warned: []string{"malformed-key"}},
+		{name: "wait and replay", k: knobs{waitReplay: true, execDelay: delay}, coreOK: true},
+		{name: "5xx kept, as Stripe does", k: knobs{keep5xx: true}, coreOK: true, failed: []string{"released-5xx"}},
+		{name: "409 without Retry-After", k: knobs{no409After: true, execDelay: delay}, coreOK: true},
+		{name: "refusals not problem details", k: knobs{plainErrors: true}, coreOK: true, failed: []string{"problem-bodies"}},
+		{name: "keys shared, refused to others", k: knobs{globalKeys: true, fpCaller: true, rawFingerprint: true}, coreOK: true,
+			failed: []string{"reordered-json"}, warned: []string{"scoped-keys"}},
 		// Defects: core fails.
-		{"no idempotency", knobs{noIdempotency: true}, false,
-			[]string{"concurrent", "header-case", "malformed-key", "mismatch-422", "overlong-key", "quoted-key", "reordered-json", "retry-replay", "strict-key-validation"},
-			[]string{"after-mismatch", "bare-key", "missing-key", "replay-marker"}, []string{"concurrent-409", "stored-4xx"}},
-		{"ignores the body", knobs{ignoreBody: true}, false, []string{"mismatch-422"}, []string{"after-mismatch"}, []string{"concurrent-409"}},
-		{"poisoned after 422", knobs{poisonAfter422: true}, false, []string{"after-mismatch"}, nil, []string{"concurrent-409"}},
-		{"500 without a key", knobs{missing500: true}, false, []string{"missing-key"}, nil, []string{"concurrent-409"}},
-		{"accepts overlong keys", knobs{acceptOverlong: true}, false, []string{"overlong-key"}, nil, []string{"concurrent-409"}},
-		{"intercepts GET", knobs{interceptGET: true}, false, []string{"get-untouched"}, nil, []string{"concurrent-409"}},
-		{"case-sensitive header", knobs{caseSensitive: true}, false, []string{"header-case"}, nil, []string{"concurrent-409"}},
-		{"quoted key refused", knobs{quotedRefused: true}, false, []string{"quoted-key"}, []string{"bare-key"}, []string{"concurrent-409"}},
-		{"quoted key ignored", knobs{quotedIgnored: true}, false, []string{"quoted-key"}, []string{"bare-key"}, []string{"concurrent-409"}},
-		{"4xx not stored", knobs{no4xxStore: true}, false, []string{"stored-4xx"}, nil, []string{"concurrent-409"}},
-		{"check then act", knobs{races: true}, false, []string{"concurrent"}, nil, []string{"concurrent-409"}},
-		{"executes retries, answers replays", knobs{reexecutes: true}, false,
-			[]string{"after-mismatch", "bare-key", "concurrent", "effect", "header-case", "quoted-key", "reordered-json", "retry-replay"}, nil, []string{"concurrent-409"}},
+		{name: "no idempotency", k: knobs{noIdempotency: true}, coreOK: false,
+			failed: []string{"concurrent", "concurrent-mismatch", "header-case", "malformed-key", "mismatch-422", "missing-key", "overlong-key",
+				"quoted-key", "reordered-json", "retry-replay", "scoped-keys", "strict-key-validation"},
+			na:     []string{"after-mismatch", "bare-key", "problem-bodies", "replay-marker"},
+			warned: []string{"stored-4xx"}},
+		{name: "ignores the body", k: knobs{ignoreBody: true}, coreOK: false, failed: []string{"mismatch-422"}, na: []string{"after-mismatch"},
+			maybe: []string{"concurrent-mismatch"}},
+		{name: "in flight, waits and replays any body", k: knobs{waitNoCompare: true, execDelay: delay}, coreOK: false},
+		{name: "poisoned after 422", k: knobs{poisonAfter422: true}, coreOK: false, failed: []string{"after-mismatch"}},
+		{name: "500 without a key", k: knobs{missing500: true}, coreOK: false, failed: []string{"missing-key"}},
+		{name: "keyless requests run though keys are required", k: knobs{keyOptional: true}, coreOK: false, failed: []string{"missing-key"}},
+		{name: "accepts overlong keys", k: knobs{acceptOverlong: true}, coreOK: false, failed: []string{"overlong-key"}},
+		{name: "intercepts GET", k: knobs{interceptGET: true}, coreOK: false, failed: []string{"get-untouched"}},
+		{name: "GET served from a POST's record", k: knobs{getFromRecord: true}, coreOK: false, failed: []string{"get-untouched"}},
+		{name: "case-sensitive header", k: knobs{caseSensitive: true}, coreOK: false, failed: []string{"header-case"}},
+		{name: "quoted key refused", k: knobs{quotedRefused: true}, coreOK: false, failed: []string{"quoted-key"}, na: []string{"bare-key"}},
+		{name: "quoted key ignored", k: knobs{quotedIgnored: true}, coreOK: false, failed: []string{"quoted-key"}, na: []string{"bare-key"}},
+		{name: "4xx not stored", k: knobs{no4xxStore: true}, coreOK: false, failed: []string{"stored-4xx"}},
+		{name: "check then act", k: knobs{races: true}, coreOK: false, failed: []string{"concurrent", "concurrent-mismatch"}},
+		{name: "executes retries, answers replays", k: knobs{reexecutes: true}, coreOK: false,
+			failed: []string{"after-mismatch", "bare-key", "concurrent", "concurrent-mismatch", "effect", "header-case", "quoted-key", "reordered-json", "retry-replay", "scoped-keys"}},
+		{name: "Set-Cookie replayed", k: knobs{storeCookie: true}, coreOK: false, failed: []string{"private-headers"}},
+		{name: "keys shared between callers", k: knobs{globalKeys: true}, coreOK: false, failed: []string{"scoped-keys"}},
+		{name: "keys shared, replays unmarked", k: knobs{globalKeys: true, noReplayHeader: true}, coreOK: false,
+			failed: []string{"replay-marker", "scoped-keys"}, warned: []string{"stored-4xx"}},
+		{name: "keys shared, per-caller count, replays unmarked", k: knobs{globalKeys: true, noReplayHeader: true, countPerUser: true}, coreOK: false,
+			failed: []string{"replay-marker", "scoped-keys"}, warned: []string{"stored-4xx"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f, base := startFake(t, c.k)
 			rep := run(t, fakeConfig(base))
-			failed, na, warned := statuses(rep, probe.Fail), statuses(rep, probe.NotApplicable), statuses(rep, probe.Warning)
-			// Whether a duplicate arrives while the first request runs
-			// (409) depends on scheduling: concurrent-409 passes or
-			// warns, and only warns against an API that waits.
+			conflicts, cross := f.did()
+			// The checks scheduling decides are judged by what the fake did.
+			want := map[string]probe.Status{}
+			switch {
+			case conflicts == 0:
+				want["concurrent-409"], want["retry-after"] = probe.Warning, probe.NotApplicable
+			case c.k.no409After:
+				want["concurrent-409"], want["retry-after"] = probe.Pass, probe.Fail
+			default:
+				want["concurrent-409"], want["retry-after"] = probe.Pass, probe.Pass
+			}
+			if c.k.waitNoCompare {
+				// The defect shows only when another body came in flight.
+				want["concurrent-mismatch"] = probe.Pass
+				if cross > 0 {
+					want["concurrent-mismatch"] = probe.Fail
+				}
+				t.Logf("the fake replayed %d requests of another body", cross)
+			}
+			if c.k.noIdempotency || c.k.races {
+				delete(want, "concurrent-409") // no 409s, or not judged
+				want["retry-after"] = probe.NotApplicable
+			}
 			for _, r := range rep.Checks {
-				if r.ID == "concurrent-409" && r.Status != probe.Warning && (r.Status != probe.Pass || c.k.waitReplay) {
-					t.Errorf("concurrent-409 %s: %s", r.Status, r.Reason)
+				if w, ok := want[r.ID]; ok && r.Status != w {
+					t.Errorf("%s %s (the fake answered %d 409s, %d replays to another body); want %s: %s", r.ID, r.Status, conflicts, cross, w, r.Reason)
 				}
 			}
-			warned = slices.DeleteFunc(warned, func(id string) bool { return id == "concurrent-409" })
-			c.warned = slices.DeleteFunc(c.warned, func(id string) bool { return id == "concurrent-409" })
+			skip := func(id string) bool {
+				_, judged := want[id]
+				return judged || slices.Contains(scheduled, id) || slices.Contains(c.maybe, id)
+			}
+			failed := slices.DeleteFunc(statuses(rep, probe.Fail), skip)
+			na := slices.DeleteFunc(statuses(rep, probe.NotApplicable), skip)
+			warned := slices.DeleteFunc(statuses(rep, probe.Warning), skip)
+			wantNA := append([]string{"expiry"}, c.na...)
+			slices.Sort(wantNA)
+			coreOK := c.coreOK
+			if c.k.waitNoCompare {
+				coreOK = cross == 0
+			}
 			// The answers show every execution (each has an id of its
 			// own) but where the API hides one behind a replay: in each
 			// check the effect moved by the executions the answers show.
@@ -133,24 +192,23 @@ func TestBrokenAPIs(t *testing.T) {
 				}
 				if r.EffectDelta == nil {
 					t.Errorf("%s: no effect delta", r.ID)
-				} else if *r.EffectDelta != int64(r.Executions) || strings.Contains(r.Reason, "effect moved") {
-					t.Errorf("%s: %d executions, effect moved by %d: %s", r.ID, r.Executions, *r.EffectDelta, r.Reason)
+				} else if (*r.EffectDelta != int64(r.Executions) && *r.EffectDelta != int64(r.Executions+r.OtherExecutions)) || strings.Contains(r.Reason, "effect moved") {
+					t.Errorf("%s: %d executions (%d of the other caller), effect moved by %d: %s", r.ID, r.Executions, r.OtherExecutions, *r.EffectDelta, r.Reason)
 				}
 			}
-			if !slices.Equal(failed, c.failed) || !slices.Equal(na, c.na) || !slices.Equal(warned, c.warned) {
+			if !slices.Equal(failed, sorted(c.failed)) || !slices.Equal(na, wantNA) || !slices.Equal(warned, sorted(c.warned)) {
 				logReport(t, rep)
-				t.Errorf("failed %q, n/a %q, warned %q; want failed %q, n/a %q, warned %q", failed, na, warned, c.failed, c.na, c.warned)
+				t.Errorf("failed %q, n/a %q, warned %q; want failed %q, n/a %q, warned %q", failed, na, warned, sorted(c.failed), wantNA, sorted(c.warned))
 			}
-			if rep.CoreOK != c.coreOK || rep.OK != c.coreOK {
+			if rep.CoreOK != coreOK || rep.OK != coreOK {
 				logReport(t, rep)
-				t.Errorf("core OK %v, OK %v; want %v (no profile required)", rep.CoreOK, rep.OK, c.coreOK)
+				t.Errorf("core OK %v, OK %v; want %v (no profile required)", rep.CoreOK, rep.OK, coreOK)
 			}
-			if rep.Failed != len(c.failed) || rep.NA != len(c.na) ||
-				rep.Passed+rep.Warnings != len(rep.Checks)-len(c.failed)-len(c.na) {
+			if rep.Passed+rep.Failed+rep.NA+rep.Warnings != len(rep.Checks) || rep.Failed != len(statuses(rep, probe.Fail)) {
 				t.Errorf("report %d passed, %d failed, %d n/a, %d warnings; want it to agree with the checks", rep.Passed, rep.Failed, rep.NA, rep.Warnings)
 			}
 			// The report's effect is the fake's own count.
-			if rep.Effect == nil || rep.Effect.Before != 0 || rep.Effect.After != int64(f.executed()) {
+			if rep.Effect == nil || rep.Effect.Before != 0 || (!c.k.countPerUser && rep.Effect.After != int64(f.executed())) {
 				t.Errorf("effect %+v; the fake executed %d", rep.Effect, f.executed())
 			}
 			sent := 0
@@ -162,6 +220,12 @@ func TestBrokenAPIs(t *testing.T) {
 			}
 		})
 	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // TestRequiredProfiles: a profile's failure makes Report.OK false only
@@ -180,6 +244,11 @@ func TestRequiredProfiles(t *testing.T) {
 		{knobs{lenientKeys: true, quotedLiteral: true}, []string{"strict-keys"}, false,
 			map[string][]string{"strict-keys": {"bare-key", "strict-key-validation"}}},
 		{knobs{lenientKeys: true}, []string{"stripe"}, true, map[string][]string{"strict-keys": {"strict-key-validation"}}},
+		{knobs{keep5xx: true}, []string{"stripe", "strict-keys"}, true, map[string][]string{"retry-safe": {"released-5xx"}}},
+		{knobs{keep5xx: true}, []string{"retry-safe"}, false, map[string][]string{"retry-safe": {"released-5xx"}}},
+		{knobs{plainErrors: true}, []string{"stripe", "retry-safe"}, true, map[string][]string{"problem-details": {"problem-bodies"}}},
+		{knobs{plainErrors: true, keep5xx: true}, []string{"problem-details"}, false,
+			map[string][]string{"problem-details": {"problem-bodies"}, "retry-safe": {"released-5xx"}}},
 	} {
 		_, base := startFake(t, c.k)
 		cfg := fakeConfig(base)
@@ -199,31 +268,99 @@ func TestRequiredProfiles(t *testing.T) {
 }
 
 // TestCorrectAPIExecutions: against the correct fake, every check's
-// executions are the effect it moved, and the whole run moved the count by
-// the number of distinct keys executed.
+// executions are the effect it moved (the fake counts every caller's
+// items: the second caller's executions move it too), and the whole run
+// moved the count by the executions the answers show.
 func TestCorrectAPIExecutions(t *testing.T) {
 	t.Parallel()
-	f, base := startFake(t, knobs{})
-	rep := run(t, fakeConfig(base))
-	want := map[string]int{"retry-replay": 1, "concurrent": 1, "mismatch-422": 1, "reordered-json": 1,
-		"two-keys": 2, "header-case": 1, "quoted-key": 1}
-	got := map[string]int{}
-	for _, r := range rep.Checks {
-		if r.ID == "effect" {
-			continue
+	for _, perUser := range []bool{false, true} {
+		f, base := startFake(t, knobs{countPerUser: perUser})
+		rep := run(t, fakeConfig(base))
+		want := map[string]int{"retry-replay": 1, "concurrent": 1, "concurrent-mismatch": 1, "mismatch-422": 1, "reordered-json": 1,
+			"two-keys": 2, "header-case": 1, "quoted-key": 1, "released-5xx": 1, "scoped-keys": 1}
+		got, other := map[string]int{}, map[string]int{}
+		for _, r := range rep.Checks {
+			if r.ID == "effect" {
+				continue
+			}
+			d := int64(r.Executions)
+			if !perUser {
+				d += int64(r.OtherExecutions)
+			}
+			if r.EffectDelta == nil || *r.EffectDelta != d {
+				t.Errorf("per user %v: %s: %d executions, %d of the other caller, effect delta %v", perUser, r.ID, r.Executions, r.OtherExecutions, r.EffectDelta)
+			}
+			if r.Executions != 0 {
+				got[r.ID] = r.Executions
+			}
+			if r.OtherExecutions != 0 {
+				other[r.ID] = r.OtherExecutions
+			}
 		}
-		if r.EffectDelta == nil || *r.EffectDelta != int64(r.Executions) {
-			t.Errorf("%s: %d executions, effect delta %v", r.ID, r.Executions, r.EffectDelta)
+		if !maps.Equal(got, want) || !maps.Equal(other, map[string]int{"scoped-keys": 2}) {
+			t.Errorf("per user %v: executions per check %v, of the other caller %v; want %v and scoped-keys 2", perUser, got, other, want)
 		}
-		if r.Executions != 0 {
-			got[r.ID] = r.Executions
+		total := int64(11)
+		if !perUser {
+			total += 2
+		}
+		if f.executed() != 13 || rep.Effect.Expected != total || rep.Effect.After != total {
+			t.Errorf("per user %v: the fake executed %d, the report expects %d and read %d; want 13, and %d read", perUser, f.executed(), rep.Effect.Expected, rep.Effect.After, total)
 		}
 	}
-	if !maps.Equal(got, want) {
-		t.Errorf("executions per check %v, want %v", got, want)
-	}
-	if f.executed() != 8 || rep.Effect.Expected != 8 || rep.Effect.After != 8 {
-		t.Errorf("the fake executed %d, the report expects %d and read %d; want 8", f.executed(), rep.Effect.Expected, rep.Effect.After)
+}
+
+// TestExpiry: with Config.Retention, a key replays until its retention
+// and executes after it; an API whose records end early, or outlive the
+// retention, fails the check. The effect agrees with the answers.
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	const retention = 3 * time.Second
+	for _, c := range []struct {
+		name       string
+		k          knobs
+		status     probe.Status
+		reason     string
+		executions int // of the check: its start, and the key once the record ended
+	}{
+		{"expires", knobs{retention: retention}, probe.Pass, "executed again", 2},
+		{"expires early", knobs{retention: retention, expireEarly: true}, probe.Fail, "ended early", 2},
+		{"outlives the retention", knobs{retention: retention, neverExpire: true}, probe.Fail, "outlive the retention", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f, base := startFake(t, c.k)
+			cfg := fakeConfig(base)
+			cfg.Retention = retention
+			start := time.Now()
+			rep := run(t, cfg)
+			var r probe.Result
+			for _, x := range rep.Checks {
+				if x.ID == "expiry" {
+					r = x
+				}
+			}
+			if r.Status != c.status || !strings.Contains(r.Reason, c.reason) {
+				logReport(t, rep)
+				t.Fatalf("expiry %s: %s; want %s saying %q", r.Status, r.Reason, c.status, c.reason)
+			}
+			if rep.CoreOK != (c.status == probe.Pass) {
+				t.Errorf("core OK %v", rep.CoreOK)
+			}
+			if r.Executions != c.executions || *r.EffectDelta != int64(c.executions) {
+				t.Errorf("expiry: %d executions, effect %d; want %d", r.Executions, *r.EffectDelta, c.executions)
+			}
+			if failed := statuses(rep, probe.Fail); rep.Effect.After != int64(f.executed()) || rep.Effect.Expected != rep.Effect.After ||
+				c.status == probe.Fail && !slices.Equal(failed, []string{"expiry"}) {
+				logReport(t, rep)
+				t.Errorf("effect %+v; the fake executed %d; failed %q", rep.Effect, f.executed(), failed)
+			}
+			// The check waits out the retention unless the record ended
+			// early (it stops at four fifths of it).
+			if took := time.Since(start); took < retention*4/5 || c.status == probe.Pass && took < retention {
+				t.Errorf("the run took %v; the retention is %v", took, retention)
+			}
+		})
 	}
 }
 
@@ -235,8 +372,9 @@ func TestWithoutEffectOrRefusal(t *testing.T) {
 	t.Parallel()
 	_, base := startFake(t, knobs{})
 	rep := run(t, &probe.Config{URL: base + "/api", Body: []byte("item=book&qty=1")})
-	if failed, na := statuses(rep, probe.Fail), statuses(rep, probe.NotApplicable); len(failed) != 0 ||
-		!slices.Equal(na, []string{"effect", "reordered-json", "stored-4xx"}) {
+	notScheduled := func(id string) bool { return slices.Contains(scheduled, id) }
+	if failed, na := statuses(rep, probe.Fail), slices.DeleteFunc(statuses(rep, probe.NotApplicable), notScheduled); len(failed) != 0 ||
+		!slices.Equal(na, []string{"effect", "expiry", "released-5xx", "reordered-json", "scoped-keys", "stored-4xx"}) {
 		logReport(t, rep)
 		t.Errorf("failed %q, n/a %q", failed, na)
 	}

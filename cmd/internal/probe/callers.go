@@ -1,0 +1,174 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// otherKey is the key under which the second caller's answers to key are
+// counted: apart from the first caller's.
+func otherKey(key string) string { return "\x00other\x00" + key }
+
+// checkScoped sends a key as the first caller, then as the second: the
+// second must not get the first's answer.
+func checkScoped(ctx context.Context, c *check) (Status, string, error) {
+	p := c.p
+	if p.cfg.OtherHeader == nil {
+		return NotApplicable, "give -H2 with the headers of a second caller (its credentials or identity) to check that one caller's key never replays another's answer", nil
+	}
+	asOther := func(key string) request {
+		rq := c.keyed(key)
+		rq.other, rq.key = true, otherKey(key)
+		return rq
+	}
+	key := p.newKey()
+	first := c.settle(ctx, c.keyed(key))
+	if !first.ok() {
+		return Fail, "the first caller's request with a fresh key got " + first.String(), nil
+	}
+	var before int64
+	if p.effectOn {
+		n, err := p.countAs(ctx, true)
+		if err != nil {
+			return Fail, "reading the effect as the second caller: " + err.Error() + "; give -H2 headers the effect's URL accepts too", nil
+		}
+		before = n
+	}
+	own := c.settle(ctx, asOther(p.newKey()))
+	if !own.ok() {
+		return NotApplicable, "the second caller's request with a key of its own got " + own.String() + "; give -H2 headers the API accepts", nil
+	}
+	b := c.settle(ctx, asOther(key))
+	switch {
+	case b.replayed():
+		return Fail, "the second caller, sending the first caller's key, got a replay (" + b.String() + "): keys are not scoped to the caller, and one caller's answer reaches another", nil
+	case b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
+		return Warning, "the second caller, sending the first caller's key, got " + statusText(b.status) + ": the key space is shared between callers; nothing leaked, but one caller can block another's key", nil
+	case !b.ok():
+		return Fail, "the second caller, sending the first caller's key, got " + b.String(), nil
+	}
+	bRetry := c.settle(ctx, asOther(key))
+	leak := b.same(first)
+	switch {
+	case p.effectOn:
+		after, err := p.countAs(ctx, true)
+		if err != nil {
+			return Fail, "reading the effect as the second caller: " + err.Error(), nil
+		}
+		switch moved := after - before; {
+		case moved == int64(c.other):
+			leak = false
+		case moved == int64(c.other)-1:
+			// b did not execute: it was the first caller's answer.
+			c.mu.Lock()
+			c.other--
+			c.mu.Unlock()
+			return Fail, fmt.Sprintf("the second caller, sending the first caller's key, got %s, and its effect did not move: it got the first caller's answer", b), nil
+		default:
+			return Fail, fmt.Sprintf("the second caller's effect moved by %d where its answers show %s", moved, executionsText(c.other)), nil
+		}
+	case leak && own.same(first):
+		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: give -effect-url", nil
+	}
+	if leak {
+		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + "), where its own key got an answer of its own: keys are not scoped to the caller", nil
+	}
+	if !b.same(bRetry) {
+		return Fail, "the second caller's retry of the key got " + bRetry.String() + "; its first answer was " + b.String() + ": the key is not guarded for the second caller", nil
+	}
+	a := c.settle(ctx, c.keyed(key))
+	if !first.same(a) {
+		return Fail, "the first caller's retry, after the second caller used its key, got " + a.String() + "; its first answer was " + first.String(), nil
+	}
+	return Pass, "the second caller, sending the first caller's key, executed on its own (" + statusText(b.status) + "), and each caller's retry replayed its own answer", nil
+}
+
+// privateHeaders are the response headers that belong to the caller an
+// answer was made for.
+var privateHeaders = []string{"Set-Cookie", "Set-Cookie2", "Authentication-Info", "Proxy-Authentication-Info"}
+
+// privateValues returns the private headers of a: for a cookie its
+// name=value (attributes aside), for others the value; each is prefixed
+// by its header's name.
+func privateValues(a *answer) []string {
+	if a == nil || a.err != nil {
+		return nil
+	}
+	var out []string
+	for _, h := range privateHeaders {
+		for _, v := range a.header.Values(h) {
+			if strings.HasPrefix(h, "Set-Cookie") {
+				v, _, _ = strings.Cut(v, ";")
+			}
+			out = append(out, h+": "+strings.TrimSpace(v))
+		}
+	}
+	return out
+}
+
+// shown returns a private value with its secret part hidden.
+func shown(v string) string {
+	h, rest, _ := strings.Cut(v, ": ")
+	name, _, ok := strings.Cut(rest, "=")
+	if strings.HasPrefix(h, "Set-Cookie") && ok {
+		return h + " " + name + "=…"
+	}
+	return h
+}
+
+// checkPrivateHeaders judges every replay of the run: none carries a
+// private header its first answer set and not every first answer sets.
+func checkPrivateHeaders(ctx context.Context, c *check) (Status, string, error) {
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	firsts := map[string]*answer{}
+	carriers := map[string]int{} // private value → the keys whose first answer set it
+	for _, k := range p.keys {
+		for _, a := range p.log[k] {
+			if a.err == nil && a.status != http.StatusConflict && a.status != http.StatusUnprocessableEntity {
+				firsts[k] = a
+				break
+			}
+		}
+		set := map[string]bool{}
+		for _, v := range privateValues(firsts[k]) {
+			if !set[v] {
+				set[v] = true
+				carriers[v]++
+			}
+		}
+	}
+	if len(carriers) == 0 {
+		return NotApplicable, "no answer set a cookie or Authentication-Info: nothing of a caller's to replay", nil
+	}
+	setters, replays := 0, 0
+	for _, k := range p.keys {
+		f := firsts[k]
+		if f == nil {
+			continue
+		}
+		fv := privateValues(f)
+		if len(fv) > 0 {
+			setters++
+		}
+		for _, a := range p.log[k] {
+			if a == f || a.err != nil || !(a.replayed() || a.same(f)) {
+				continue
+			}
+			replays++
+			for _, v := range privateValues(a) {
+				if carriers[v] == 1 && slices.Contains(fv, v) {
+					return Fail, fmt.Sprintf("a replay (%s) carried the %s that the answer it replays set, and no other execution's answer: a retry gets another request's session or credentials", statusText(a.status), shown(v)), nil
+				}
+			}
+		}
+	}
+	if replays == 0 {
+		return NotApplicable, fmt.Sprintf("%d answers set a cookie or Authentication-Info, but no answer was a replay", setters), nil
+	}
+	return Pass, fmt.Sprintf("%d answers set a cookie or Authentication-Info; none of the %d replays carried one an execution set for itself", setters, replays), nil
+}
