@@ -452,8 +452,12 @@ func printReport(w io.Writer, rep *probe.Report) {
 	if !rep.CoreOK {
 		verdict = "FAIL"
 	}
-	fmt.Fprintf(w, "\n%s: core %s; %d passed, %d failed, %d warnings, %d n/a\n",
-		verdict, map[bool]string{true: "passed", false: "failed"}[rep.CoreOK], rep.Passed, rep.Failed, rep.Warnings, rep.NA)
+	warnings := "warnings"
+	if rep.Warnings == 1 {
+		warnings = "warning"
+	}
+	fmt.Fprintf(w, "\n%s: core %s; %d passed, %d failed, %d %s, %d n/a\n",
+		verdict, map[bool]string{true: "passed", false: "failed"}[rep.CoreOK], rep.Passed, rep.Failed, rep.Warnings, warnings, rep.NA)
 	for _, pr := range rep.Profiles {
 		switch {
 		case pr.OK:

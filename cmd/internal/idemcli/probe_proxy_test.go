@@ -36,7 +36,11 @@ func TestProbeThroughProxy(t *testing.T) {
 			if strings.Contains(r.stdout, "  n/a     retry-after ") {
 				na++
 			}
-			want := fmt.Sprintf("PASS: core passed; %d passed, 0 failed, %d warnings, %d n/a\n", len(probe.Checks)-warnings-na, warnings, na)
+			noun := "warnings"
+			if warnings == 1 {
+				noun = "warning"
+			}
+			want := fmt.Sprintf("PASS: core passed; %d passed, 0 failed, %d %s, %d n/a\n", len(probe.Checks)-warnings-na, warnings, noun, na)
 			if !strings.Contains(r.stdout, want) || warnings > 1 || warnings == 1 && !strings.Contains(r.stdout, "  warning concurrent-409 ") {
 				t.Fatalf("want %q, at most concurrent-409 warned; stdout:\n%s", want, r.stdout)
 			}

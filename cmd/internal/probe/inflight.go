@@ -79,7 +79,7 @@ func checkConcurrentMismatch(ctx context.Context, c *check) (Status, string, err
 		}
 	}
 	l := 1 - w
-	return Pass, fmt.Sprintf("%d requests, two bodies, one key: %s executed once (%s), %d of its duplicates replayed, %d got 409; %s got %d × 409, %d × 422",
+	return Pass, fmt.Sprintf("%d requests, two bodies, one key: %s was answered once (%s), %d of its duplicates replayed, %d got 409; %s got %d × 409, %d × 422",
 		n, names[w], statusText(exec.status), len(got[w])-1, conflicts[w], names[l], conflicts[l], refused[l]), nil
 }
 
