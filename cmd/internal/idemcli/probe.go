@@ -214,6 +214,8 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	return func(e *env) int {
 		e.jsonErrors = o.jsonOut
 		cfg, err := o.config(fs, e)
+		// -json may follow the URL: config parsed it.
+		e.jsonErrors = o.jsonOut
 		if err != nil {
 			return fail(e, "probe", err)
 		}
