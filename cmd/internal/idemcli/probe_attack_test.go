@@ -1,6 +1,8 @@
 package idemcli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -46,5 +48,34 @@ func TestProbeJSONAfterURL(t *testing.T) {
 	}
 	if created.Load() != 0 {
 		t.Errorf("%d created", created.Load())
+	}
+}
+
+// TestProbeInterrupted: a probe interrupted while its first request
+// waits for an answer says so (kind interrupted, no verdict), not that
+// the server did not answer.
+func TestProbeInterrupted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cancel() // as a Ctrl-C would
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	var stdout, stderr bytes.Buffer
+	code := Main(ctx, []string{"probe", "-json", "-d", `{"name":"pen"}`, srv.URL + "/items"}, strings.NewReader(""), &stdout, &stderr)
+	close(stop)
+	var out struct {
+		OK    bool `json:"ok"`
+		Error struct{ Kind, Message string }
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || code != 1 || out.OK || out.Error.Kind != "interrupted" ||
+		strings.Contains(stdout.String(), "server is up") || strings.Contains(stderr.String(), "PASS") {
+		t.Errorf("exit %d, %v, stdout %s, stderr %q; want exit 1 and kind interrupted", code, err, stdout.String(), stderr.String())
 	}
 }

@@ -317,7 +317,13 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		return nil, err
 	}
 	defer p.close()
-	return p.run(ctx)
+	rep, err := p.run(ctx)
+	if err != nil && ctx.Err() != nil {
+		// A request or a read of the effect cut short by the context
+		// says nothing of the API: the run was interrupted.
+		return nil, ctx.Err()
+	}
+	return rep, err
 }
 
 func (c *Config) normalize() error {
