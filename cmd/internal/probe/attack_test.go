@@ -2,14 +2,20 @@ package probe_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
+	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/memstore"
 )
 
 // TestInterrupted: a run whose context ends while a request or a read of
@@ -66,5 +72,60 @@ func TestInterrupted(t *testing.T) {
 				t.Fatalf("Run: %v, %T %v; want no report and the context's error alone", rep != nil, err, err)
 			}
 		})
+	}
+}
+
+// TestMismatchOtherBodiesRefused: an API that validates its payload
+// ahead of the idempotency layer and accepts only the probe's body (any
+// other is 400 whatever its key, unknown members included) holds the draft; the probe cannot judge
+// the key's refusal of another body, and says so (n/a) instead of
+// failing the API for the validation's 400, in mismatch-422 and in
+// concurrent-mismatch.
+func TestMismatchOtherBodiesRefused(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	guarded := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), "refuse") {
+			idemhttp.WriteProblem(w, http.StatusBadRequest, "REFUSED", "Refused", "no such item")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	}))
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var order struct {
+			Item string          `json:"item"`
+			Qty  json.RawMessage `json:"qty"`
+		}
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&order); err != nil || order.Item != "book" && order.Item != "refuse" || string(order.Qty) != "1" {
+			http.Error(w, "only a book, once", http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		guarded.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"count":%d}`, created.Load()) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	cfg := fakeConfig(srv.URL)
+	cfg.OtherHeader, cfg.ServerErrorBody = nil, nil
+	rep := run(t, cfg)
+	na := slices.DeleteFunc(statuses(rep, probe.NotApplicable), func(id string) bool { return slices.Contains(scheduled, id) })
+	if failed := statuses(rep, probe.Fail); len(failed) != 0 || !rep.CoreOK ||
+		!slices.Equal(na, []string{"after-mismatch", "expiry", "mismatch-422", "private-headers", "released-5xx", "scoped-keys"}) {
+		logReport(t, rep)
+		t.Fatalf("failed %q, n/a %q; want no failure, mismatch-422 and after-mismatch n/a", failed, na)
+	}
+	if rep.Effect.After != created.Load() || rep.Effect.Expected != created.Load() {
+		t.Errorf("effect %+v; the handler created %d", rep.Effect, created.Load())
 	}
 }

@@ -91,13 +91,35 @@ var Checks = []Info{
 		run: checkConcurrent409,
 	},
 	{
+		ID:     "mismatch-422",
+		Title:  "the same key with another body is refused with 422",
+		Source: "draft §2.2, §2.7",
+		Explain: "Sends another body with a fresh key (a JSON object gains the member \"idem_probe\", a form " +
+			"the field idem_probe=…; when the API refuses that on its own, as a validation of unknown members " +
+			"does, a JSON object's first integer member plus one, then its first string member changed), then " +
+			"the body under the same key. The second must be 422 Unprocessable Content, not executed and not a " +
+			"replay of the first. The other body goes first so that the 422 cannot be a refusal of a body the " +
+			"API refuses under any key. Not applicable when the API accepts none of the other bodies.",
+		run: checkMismatch,
+	},
+	{
+		ID:     "after-mismatch",
+		Title:  "after a 422 the original request still replays",
+		Source: "draft §2.7; Stripe",
+		Explain: "After the mismatch check's 422, sends the key's first request (the other body) again: it must " +
+			"replay the first answer (a refused request does not poison the key's record). Not applicable when " +
+			"the mismatch check got no 422.",
+		run: checkAfterMismatch,
+	},
+	{
 		ID:     "concurrent-mismatch",
 		Title:  "another body while the first runs is refused, not executed",
 		Source: "draft §2.6, §2.7",
 		Explain: "Sends -n requests with one fresh key at once, half with the body and half with another body " +
-			"(as the mismatch check makes it). One request executes; the others with its body must replay it or " +
-			"get 409, and those with the other body must get 409 or 422: never executed, never given the other " +
-			"body's answer.",
+			"(the one mismatch-422 found the API accepts). One request executes; the others with its body must " +
+			"replay it or get 409, and those with the other body must get 409 or 422: never executed, never given " +
+			"the other body's answer. When the API accepts none of the other bodies on their own, their refusal " +
+			"(the same answer as under a fresh key) passes too.",
 		run: checkConcurrentMismatch,
 	},
 	{
@@ -110,24 +132,6 @@ var Checks = []Info{
 			"reported against the time the executing request took. Not applicable when no request got 409 " +
 			"(the API waited and replayed, or the first ended before the others came).",
 		run: checkRetryAfter,
-	},
-	{
-		ID:     "mismatch-422",
-		Title:  "the same key with another body is refused with 422",
-		Source: "draft §2.2, §2.7",
-		Explain: "Sends the request with a fresh key, then the same key with another body (a JSON object gains " +
-			"the member \"idem_probe\", a form the field idem_probe=…). The second must be 422 Unprocessable " +
-			"Content, not executed and not a replay of the first.",
-		run: checkMismatch,
-	},
-	{
-		ID:     "after-mismatch",
-		Title:  "after a 422 the original request still replays",
-		Source: "draft §2.7; Stripe",
-		Explain: "After the mismatch check's 422, sends the original body under its key again: it must replay " +
-			"the first answer (a refused request does not poison the key's record). Not applicable when the " +
-			"mismatch check got no 422.",
-		run: checkAfterMismatch,
 	},
 	{
 		ID:      "reordered-json",
@@ -473,23 +477,40 @@ func checkConcurrent409(ctx context.Context, c *check) (Status, string, error) {
 	return Pass, fmt.Sprintf("%d of %d duplicates got 409", conflicts, len(c.p.concurrent)-1), nil
 }
 
+// checkMismatch sends another body with a fresh key (the first of
+// otherBodies the API accepts on its own), then the body under that key:
+// it must be refused with 422. The other body goes first so that a 422
+// cannot be the API's refusal of a body it would refuse under any key.
 func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
-	key := c.p.newKey()
-	first := c.settle(ctx, c.keyed(key))
-	st := &mismatchState{key: key, first: first}
-	c.p.mismatch = st
-	if !first.ok() {
-		return Fail, "the first request with a fresh key got " + first.String(), nil
+	p := c.p
+	st := &mismatchState{}
+	p.mismatch = st
+	for _, other := range otherBodies(p.cfg.Body, p.cfg.Header.Get("Content-Type"), p.runID) {
+		key := p.newKey()
+		rq := c.keyed(key)
+		rq.body = other
+		a := c.settle(ctx, rq)
+		if a.ok() {
+			st.key, st.body, st.first = key, other, a
+			break
+		}
+		st.refused = append(st.refused, a)
 	}
-	rq := c.keyed(key)
-	rq.body = otherBody(c.p.cfg.Body, c.p.cfg.Header.Get("Content-Type"), c.p.runID)
-	a := c.settle(ctx, rq)
+	if st.first == nil {
+		var got []string
+		for _, a := range st.refused {
+			got = append(got, a.String())
+		}
+		return NotApplicable, fmt.Sprintf("each other body the probe makes (a member added, a number or a string changed) was refused under a fresh key (%s): "+
+			"a refusal of the key cannot be told from a refusal of the body", strings.Join(first3(got), "; ")), nil
+	}
+	a := c.settle(ctx, c.keyed(st.key))
 	switch {
 	case a.err == nil && a.status == http.StatusUnprocessableEntity:
-		c.p.noteRefusal("the key with another body", a)
+		p.noteRefusal("the key with another body", a)
 		st.got422 = true
-		return Pass, "the key with another body got 422", nil
-	case a.replayed() || first.same(a):
+		return Pass, "the key, used by another body the API accepts (" + statusText(st.first.status) + "), got 422 with the body", nil
+	case a.replayed() || st.first.same(a):
 		return Fail, "the key with another body got the first answer replayed (" + statusText(a.status) + "): the API does not compare the request with the key's first", nil
 	default:
 		return Fail, "the key with another body got " + a.String() + "; the draft says 422", nil
@@ -501,11 +522,13 @@ func checkAfterMismatch(ctx context.Context, c *check) (Status, string, error) {
 	if st == nil || !st.got422 {
 		return NotApplicable, "the mismatch check got no 422", nil
 	}
-	a := c.settle(ctx, c.keyed(st.key))
+	rq := c.keyed(st.key)
+	rq.body = st.body
+	a := c.settle(ctx, rq)
 	if !st.first.same(a) {
-		return Fail, "the original request after the 422 got " + a.String() + "; its first answer was " + st.first.String() + ": the refused request poisoned the key", nil
+		return Fail, "the key's first request, sent again after the 422, got " + a.String() + "; its first answer was " + st.first.String() + ": the refused request poisoned the key", nil
 	}
-	return Pass, "the original request after the 422 got its first answer (" + statusText(a.status) + ") again", nil
+	return Pass, "the key's first request, sent again after the 422, got its first answer (" + statusText(a.status) + ") again", nil
 }
 
 func checkReordered(ctx context.Context, c *check) (Status, string, error) {

@@ -51,6 +51,7 @@ type knobs struct {
 	keyOptional    bool          // a request without a key runs unguarded
 	fpCaller       bool          // the fingerprint holds the caller: another caller's use of a key is a mismatch
 	execDelay      time.Duration // an execution takes this long (duplicates then come in flight)
+	strictMembers  int           // a JSON body with a member other than item and qty is refused with this status, before the key is read
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -140,6 +141,12 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case r.Method != http.MethodPost && r.Method != http.MethodGet:
 		w.WriteHeader(http.StatusMethodNotAllowed)
+		return
+	}
+	if f.k.strictMembers != 0 && r.Method == http.MethodPost && unknownMembers(body) {
+		// A validation ahead of the idempotency layer: the body is
+		// refused whatever its key.
+		writeJSON(w, f.k.strictMembers, []byte(`{"code":"VALIDATION","detail":"unknown member"}`), "")
 		return
 	}
 	if f.k.noIdempotency {
@@ -367,6 +374,21 @@ func (f *fakeAPI) parseKey(v string) (string, bool) {
 		return "", false
 	}
 	return v, true
+}
+
+// unknownMembers reports whether body is a JSON object with a member
+// other than item and qty.
+func unknownMembers(body []byte) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return false
+	}
+	for name := range m {
+		if name != "item" && name != "qty" {
+			return true
+		}
+	}
+	return false
 }
 
 // fingerprint is the body's canonical JSON (members sorted), or its bytes.

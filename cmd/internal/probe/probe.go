@@ -527,10 +527,14 @@ type quotedState struct {
 	first *answer
 }
 
+// mismatchState is the mismatch check's key: the other body it sent
+// first, and what that body got.
 type mismatchState struct {
-	key    string
-	first  *answer
-	got422 bool
+	key     string
+	body    []byte    // the other body the API accepted; nil when it took none
+	first   *answer   // its answer
+	refused []*answer // the answers of the other bodies refused under a fresh key
+	got422  bool
 }
 
 func newProber(c *Config) (*prober, error) {

@@ -109,6 +109,11 @@ func TestBrokenAPIs(t *testing.T) {
 		{name: "refusals not problem details", k: knobs{plainErrors: true}, coreOK: true, failed: []string{"problem-bodies"}},
 		{name: "keys shared, refused to others", k: knobs{globalKeys: true, fpCaller: true, rawFingerprint: true}, coreOK: true,
 			failed: []string{"reordered-json"}, warned: []string{"scoped-keys"}},
+		// A validation ahead of the idempotency layer refuses the probe's
+		// other body whatever its key: a refusal of the body, not of the
+		// key, and no defect.
+		{name: "unknown members refused with 400", k: knobs{strictMembers: 400}, coreOK: true},
+		{name: "unknown members refused with 422", k: knobs{strictMembers: 422}, coreOK: true},
 		// Defects: core fails.
 		{name: "no idempotency", k: knobs{noIdempotency: true}, coreOK: false,
 			failed: []string{"concurrent", "concurrent-mismatch", "header-case", "malformed-key", "mismatch-422", "missing-key", "overlong-key",
@@ -117,6 +122,10 @@ func TestBrokenAPIs(t *testing.T) {
 			warned: []string{"stored-4xx"}},
 		{name: "ignores the body", k: knobs{ignoreBody: true}, coreOK: false, failed: []string{"mismatch-422"}, na: []string{"after-mismatch"},
 			maybe: []string{"concurrent-mismatch"}},
+		// Its 422 to the other body is the validation's, not the key's:
+		// an accepted other body gets the first answer.
+		{name: "ignores the body, refuses unknown members with 422", k: knobs{ignoreBody: true, strictMembers: 422}, coreOK: false,
+			failed: []string{"mismatch-422"}, na: []string{"after-mismatch"}, maybe: []string{"concurrent-mismatch"}},
 		{name: "in flight, waits and replays any body", k: knobs{waitNoCompare: true, execDelay: delay}, coreOK: false},
 		{name: "poisoned after 422", k: knobs{poisonAfter422: true}, coreOK: false, failed: []string{"after-mismatch"}},
 		{name: "500 without a key", k: knobs{missing500: true}, coreOK: false, failed: []string{"missing-key"}},
