@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -127,5 +129,91 @@ func TestMismatchOtherBodiesRefused(t *testing.T) {
 	}
 	if rep.Effect.After != created.Load() || rep.Effect.Expected != created.Load() {
 		t.Errorf("effect %+v; the handler created %d", rep.Effect, created.Load())
+	}
+}
+
+// storingAPI is an idempotent API that stores every header of an
+// execution's answer and replays them all (marked a replay): POST /api
+// creates an item, 201 {"id": n}, with the headers set(n, h) sets; keys
+// are scoped to X-User; GET /count counts.
+func storingAPI(t *testing.T, set func(n int64, h http.Header)) string {
+	t.Helper()
+	type stored struct {
+		header http.Header
+		body   string
+	}
+	var mu sync.Mutex
+	records := map[string]*stored{}
+	var created atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api", func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		if key == "" || strings.ContainsFunc(key, func(r rune) bool { return r < ' ' }) || len(key) > 255 {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"title":"Bad key","status":400}`)
+			return
+		}
+		key = r.Header.Get("X-User") + "\x00" + strings.Trim(key, `"`)
+		mu.Lock()
+		defer mu.Unlock()
+		if rec := records[key]; rec != nil {
+			maps.Copy(w.Header(), rec.header)
+			w.Header().Set("Idempotent-Replayed", "true")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, rec.body)
+			return
+		}
+		n := created.Add(1)
+		h := http.Header{"Content-Type": {"application/json"}}
+		set(n, h)
+		rec := &stored{header: h, body: fmt.Sprintf(`{"id":%d}`, n)}
+		records[key] = rec
+		maps.Copy(w.Header(), h)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, rec.body)
+	})
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"count":%d}`, created.Load()) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestPrivateHeadersLeaked: a replay that carries what its execution set
+// for its caller alone fails private-headers, however the header is
+// written: among other cookies, folded into one line with them, as
+// Set-Cookie2, or as Authentication-Info.
+func TestPrivateHeadersLeaked(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		set  func(n int64, h http.Header)
+	}{
+		{"among cookies", func(n int64, h http.Header) {
+			h["Set-Cookie"] = []string{"lang=en; Path=/", fmt.Sprintf("sid=s%d; Path=/; HttpOnly", n), "theme=dark"}
+		}},
+		{"folded", func(n int64, h http.Header) {
+			h.Set("Set-Cookie", fmt.Sprintf("lang=en; Path=/; Expires=Wed, 21 Oct 2037 07:28:00 GMT, sid=s%d; Path=/; HttpOnly", n))
+		}},
+		{"Set-Cookie2", func(n int64, h http.Header) { h.Set("Set-Cookie2", fmt.Sprintf(`sid="s%d"; Version="1"`, n)) }},
+		{"Authentication-Info", func(n int64, h http.Header) {
+			h.Set("Authentication-Info", fmt.Sprintf(`nextnonce="n%d", qop=auth`, n))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			base := storingAPI(t, c.set)
+			cfg := fakeConfig(base)
+			cfg.RefusedBody, cfg.ServerErrorBody = nil, nil
+			rep := run(t, cfg)
+			for _, r := range rep.Checks {
+				if r.ID == "private-headers" && r.Status != probe.Fail {
+					t.Errorf("private-headers %s: %s", r.Status, r.Reason)
+				}
+			}
+			if rep.CoreOK {
+				t.Errorf("core OK")
+			}
+		})
 	}
 }

@@ -92,7 +92,11 @@ var privateHeaders = []string{"Set-Cookie", "Set-Cookie2", "Authentication-Info"
 
 // privateValues returns the private headers of a: for a cookie its
 // name=value (attributes aside), for others the value; each is prefixed
-// by its header's name.
+// by its header's name. Cookies folded into one Set-Cookie line (as a
+// store that keeps each header as one string replays them) are each
+// taken: a cookie's value holds no comma, so each comma-separated piece
+// that starts with name=value is a cookie (the pieces an Expires date
+// splits off hold no = before their first ;).
 func privateValues(a *answer) []string {
 	if a == nil || a.err != nil {
 		return nil
@@ -100,10 +104,17 @@ func privateValues(a *answer) []string {
 	var out []string
 	for _, h := range privateHeaders {
 		for _, v := range a.header.Values(h) {
-			if strings.HasPrefix(h, "Set-Cookie") {
-				v, _, _ = strings.Cut(v, ";")
+			if !strings.HasPrefix(h, "Set-Cookie") {
+				out = append(out, h+": "+strings.TrimSpace(v))
+				continue
 			}
-			out = append(out, h+": "+strings.TrimSpace(v))
+			for _, piece := range strings.Split(v, ",") {
+				pair, _, _ := strings.Cut(piece, ";")
+				pair = strings.TrimSpace(pair)
+				if name, _, ok := strings.Cut(pair, "="); ok && isToken(strings.TrimSpace(name)) {
+					out = append(out, h+": "+pair)
+				}
+			}
 		}
 	}
 	return out

@@ -52,6 +52,7 @@ type knobs struct {
 	fpCaller       bool          // the fingerprint holds the caller: another caller's use of a key is a mismatch
 	execDelay      time.Duration // an execution takes this long (duplicates then come in flight)
 	strictMembers  int           // a JSON body with a member other than item and qty is refused with this status, before the key is read
+	foldCookie     bool          // an execution's Set-Cookie is stored and replayed folded with lang=en into one line
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -312,6 +313,10 @@ func (f *fakeAPI) replay(w http.ResponseWriter, rec *fakeRecord, method string, 
 	}
 	if f.k.storeCookie {
 		addCookie(w, cookie)
+	}
+	if f.k.foldCookie && cookie != "" {
+		// Headers kept as one string each, their values joined.
+		w.Header().Set("Set-Cookie", "lang=en; Path=/, "+cookie)
 	}
 	writeJSON(w, status, out, f.marker())
 }
