@@ -217,3 +217,35 @@ func TestPrivateHeadersLeaked(t *testing.T) {
 		})
 	}
 }
+
+// TestGetAnswersLikePost: an API whose POST answers {"status":"ok"}, as
+// every GET it serves does, serves no GET from a POST's record: a GET
+// with the POST's key that gets the same answer as a GET with a fresh key
+// passes get-untouched (it failed, the core with it, for bytes the GET
+// gets whatever its key).
+func TestGetAnswersLikePost(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"ok"}`)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(ok)))
+	mux.HandleFunc("GET /", ok)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	rep := run(t, &probe.Config{URL: srv.URL + "/api", Body: []byte(fakeBody)})
+	for _, r := range rep.Checks {
+		if r.ID == "get-untouched" && r.Status != probe.Pass {
+			t.Errorf("get-untouched %s: %s", r.Status, r.Reason)
+		}
+	}
+	if !rep.CoreOK {
+		logReport(t, rep)
+		t.Errorf("core failed")
+	}
+}

@@ -253,9 +253,10 @@ var Checks = []Info{
 		Title:  "a GET carrying a key is not intercepted",
 		Source: "draft §1; Stripe",
 		Explain: "Sends GET to the URL twice with a fresh key, then with the concurrent check's key to the URL " +
-			"and elsewhere (the -effect-url, or / on the URL's host): GET is idempotent and keys do not apply to " +
-			"it, so no answer may be a replay, a 409, a 422, or the concurrent request's answer (whatever else a " +
-			"URL answers to GET, 405 included, passes).",
+			"and, with a fresh key and with that key, elsewhere (the -effect-url, or / on the URL's host): GET is " +
+			"idempotent and keys do not apply to it, so no answer may be a replay, a 409, a 422, or the concurrent " +
+			"request's answer where a fresh key got another (whatever else a URL answers to GET, 405 included, " +
+			"passes).",
 		run: checkGet,
 	},
 	{
@@ -748,8 +749,11 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 	type sent struct {
 		what string
 		a    *answer
+		// fresh is the answer of a GET to the same URL with a fresh key,
+		// for a GET with the POST's key: nil for the others.
+		fresh *answer
 	}
-	answers := []sent{{"GET with a fresh key", c.send(ctx, get)}, {"GET with that key again", c.send(ctx, get)}}
+	answers := []sent{{what: "GET with a fresh key", a: c.send(ctx, get)}, {what: "GET with that key again", a: c.send(ctx, get)}}
 	var post *answer // the concurrent check's execution
 	if k := c.p.concurrentKey; k != "" {
 		c.p.mu.Lock()
@@ -757,10 +761,21 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 			post = e[0]
 		}
 		c.p.mu.Unlock()
-		get.keyValue, get.key = k, k
-		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, get)})
-		get.url = c.p.elsewhere()
-		answers = append(answers, sent{"GET " + get.url + " with that key", c.send(ctx, get)})
+		onURL := get
+		onURL.keyValue, onURL.key = k, k
+		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, onURL), answers[0].a})
+		other := get
+		other.url = c.p.elsewhere()
+		other.keyValue = c.p.newKey()
+		other.key = other.keyValue
+		fresh := c.send(ctx, other)
+		answers = append(answers, sent{what: "GET " + other.url + " with a fresh key", a: fresh})
+		other.keyValue, other.key = k, k
+		answers = append(answers, sent{"GET " + other.url + " with the " + c.p.cfg.Method + "'s key", c.send(ctx, other), fresh})
+	}
+	// sameAnswer reports whether a and b have one status and body.
+	sameAnswer := func(a, b *answer) bool {
+		return a.err == nil && b.err == nil && a.status == b.status && bytes.Equal(a.body, b.body)
 	}
 	for _, s := range answers {
 		a := s.a
@@ -771,8 +786,10 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, s.what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
 		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
 			return Fail, s.what + " got " + a.String() + ": GET requests are intercepted", nil
-		case post != nil && len(post.body) > 0 && a.status == post.status && bytes.Equal(a.body, post.body):
-			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "): GET requests are served from the key's record", nil
+		case s.fresh != nil && post != nil && len(post.body) > 0 && sameAnswer(a, post) && !sameAnswer(a, s.fresh):
+			// The POST's answer, where the same GET with a fresh key got
+			// another: the key chose it.
+			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "), where a fresh key got " + s.fresh.String() + ": GET requests are served from the key's record", nil
 		}
 	}
 	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409, 422 or a %s's answer, on the URL and elsewhere", statusText(answers[0].a.status), c.p.cfg.Method), nil
