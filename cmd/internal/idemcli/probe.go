@@ -149,11 +149,27 @@ func probeHelp() string {
 }
 
 // wrap fills text into lines of at most width columns, each starting with
-// indent.
+// indent. A word longer than a line (a URL, an answer's body without
+// spaces) is cut across lines.
 func wrap(text, indent string, width int) string {
 	var b strings.Builder
-	line, cols, start := indent, utf8.RuneCountInString(indent), utf8.RuneCountInString(indent)
+	start := utf8.RuneCountInString(indent)
+	room := max(width-start, 1)
+	line, cols := indent, start
 	for _, w := range strings.Fields(text) {
+		for utf8.RuneCountInString(w) > room {
+			if cols > start {
+				b.WriteString(line + "\n")
+				line, cols = indent, start
+			}
+			cut := 0
+			for i := 0; i < room; i++ {
+				_, size := utf8.DecodeRuneInString(w[cut:])
+				cut += size
+			}
+			b.WriteString(indent + w[:cut] + "\n")
+			w = w[cut:]
+		}
 		n := utf8.RuneCountInString(w)
 		if cols > start && cols+1+n > width {
 			b.WriteString(line + "\n")

@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/cmd/internal/probe"
 )
 
 // TestProbeJSONAfterURL: flags may follow the URL, -json among them; a
@@ -77,5 +83,57 @@ func TestProbeInterrupted(t *testing.T) {
 	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || code != 1 || out.OK || out.Error.Kind != "interrupted" ||
 		strings.Contains(stdout.String(), "server is up") || strings.Contains(stderr.String(), "PASS") {
 		t.Errorf("exit %d, %v, stdout %s, stderr %q; want exit 1 and kind interrupted", code, err, stdout.String(), stderr.String())
+	}
+}
+
+// TestProbeHostileText: an API whose answers hold terminal escapes
+// (ESC, BEL, C1 controls, bidirectional overrides), bytes that are not
+// UTF-8 and words longer than a line, in its bodies and in the header
+// values a reason quotes: the table stays printable text, valid UTF-8,
+// within 80 columns, and -json stays valid JSON.
+func TestProbeHostileText(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Idempotent-Replayed", "\u009b31m\u202eeurt\xff")
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "\u009b2J")
+		status := http.StatusCreated
+		if n.Add(1)%3 == 0 {
+			status = http.StatusConflict
+		}
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "{\"id\":%d,\"x\":\"\x1b[2J\x1b]0;pwned\x07\u202e\u0085\x7f%s\"}", n.Load(), strings.Repeat("a", 150))
+	}))
+	t.Cleanup(srv.Close)
+	r := runIdem(t, "", "probe", "-d", `{"a":1}`, srv.URL+"/api")
+	if r.code != 1 || !strings.Contains(r.stdout, "FAIL: core failed") {
+		t.Fatalf("exit %d; stdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	checkWidth(t, r.stdout)
+	checkPrintable(t, r.stdout)
+	r = runIdem(t, "", "probe", "-json", "-d", `{"a":1}`, srv.URL+"/api")
+	var rep probe.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 1 || len(rep.Checks) != len(probe.Checks) {
+		t.Fatalf("-json: exit %d, %v:\n%s", r.code, err, r.stdout)
+	}
+	for _, c := range rep.Checks {
+		checkPrintable(t, c.Reason)
+	}
+}
+
+// checkPrintable fails the test for what a terminal would not print as
+// text: a control character other than a newline, a bidirectional
+// control, or bytes that are not UTF-8.
+func checkPrintable(t *testing.T, out string) {
+	t.Helper()
+	if !utf8.ValidString(out) {
+		t.Errorf("not UTF-8: %q", out)
+	}
+	for _, r := range out {
+		if r != '\n' && unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+			t.Errorf("%U in %q", r, out)
+			return
+		}
 	}
 }

@@ -328,7 +328,7 @@ func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
 // markerText says how a replay was marked, for a reason.
 func markerText(a *answer) string {
 	if name, value := a.marker(); name != "" {
-		return "marked " + name + ": " + value
+		return "marked " + name + ": " + printable(value)
 	}
 	return "with no marker header"
 }
@@ -446,7 +446,7 @@ func retryAfterText(answers []*answer) string {
 		if a.err != nil || a.status != http.StatusConflict {
 			continue
 		}
-		v := a.header.Get("Retry-After")
+		v := printable(a.header.Get("Retry-After"))
 		if v == "" {
 			v = "none"
 		}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -667,7 +668,7 @@ func (a *answer) String() string {
 	}
 	s := statusText(a.status)
 	if name, value := a.marker(); name != "" {
-		s += " marked " + name + ": " + value
+		s += " marked " + name + ": " + printable(value)
 	}
 	if len(a.body) > 0 {
 		s += " " + excerpt(a.body)
@@ -682,14 +683,15 @@ func statusText(status int) string {
 	return strconv.Itoa(status)
 }
 
-// excerpt returns the start of body, on one line, for a reason.
+// excerpt returns the start of body, on one line, for a reason: printable
+// (see printable), and cut after 120 bytes.
 func excerpt(body []byte) string {
 	const max = 120
 	s := string(body)
 	if !utf8.ValidString(s) {
 		return fmt.Sprintf("(%d bytes, not UTF-8)", len(body))
 	}
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if len(s) > max {
 		cut := max
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -698,6 +700,29 @@ func excerpt(body []byte) string {
 		s = s[:cut] + "…"
 	}
 	return s
+}
+
+// printable returns s, a text an API sent, with what a terminal would
+// not print as text escaped as Go escapes it: control characters (an
+// escape sequence would reach the terminal of whoever reads the report),
+// bidirectional controls (which reorder what is shown) and bytes that are
+// not UTF-8.
+func printable(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // check is the state of the check running.
