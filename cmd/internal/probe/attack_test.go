@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/cmd/internal/probe"
 	"github.com/idemkit/idem/idemhttp"
@@ -247,5 +248,28 @@ func TestGetAnswersLikePost(t *testing.T) {
 	if !rep.CoreOK {
 		logReport(t, rep)
 		t.Errorf("core failed")
+	}
+}
+
+// TestExpiryEarlyByLittle: records that end 15% before the retention the
+// API documents (1.5 s of 10 s) let a retry late in the retention execute
+// twice: the expiry check sends the key again close enough to the
+// retention's end to see it (it sent it at four fifths of the retention,
+// and passed the API).
+func TestExpiryEarlyByLittle(t *testing.T) {
+	t.Parallel()
+	const retention = 10 * time.Second
+	_, base := startFake(t, knobs{retention: retention, expireBy: retention * 15 / 100})
+	cfg := fakeConfig(base)
+	cfg.Retention = retention
+	rep := run(t, cfg)
+	for _, r := range rep.Checks {
+		if r.ID == "expiry" && (r.Status != probe.Fail || !strings.Contains(r.Reason, "ended early")) {
+			logReport(t, rep)
+			t.Fatalf("expiry %s: %s; want a failure saying the record ended early", r.Status, r.Reason)
+		}
+	}
+	if rep.CoreOK {
+		t.Errorf("core OK")
 	}
 }

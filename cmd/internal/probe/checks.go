@@ -285,8 +285,9 @@ var Checks = []Info{
 		Title:  "a key executes again after the retention",
 		Source: "draft §2.3",
 		Explain: "With -retention (how long the API documents that it keeps a key), sends a fresh key after the " +
-			"first check, again at four fifths of the retention (it must still replay: a record that expires " +
-			"early lets a late retry execute twice), and after the retention and a second (it must execute " +
+			"first check, again shortly before the retention ends (a second and twice the first request's time " +
+			"before, or a hundredth of the retention if more, at most a fifth: it must still replay, as a record " +
+			"that expires early lets a late retry execute twice), and after the retention and a second (it must execute " +
 			"again: the key is free, and its record gone). The run lasts at least the retention. Not applicable " +
 			"without -retention.",
 		run:   checkExpiry,

@@ -53,6 +53,7 @@ type knobs struct {
 	execDelay      time.Duration // an execution takes this long (duplicates then come in flight)
 	strictMembers  int           // a JSON body with a member other than item and qty is refused with this status, before the key is read
 	foldCookie     bool          // an execution's Set-Cookie is stored and replayed folded with lang=en into one line
+	expireBy       time.Duration // records end this long before the retention
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -237,6 +238,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				if f.k.expireEarly {
 					ret /= 2
 				}
+				ret -= f.k.expireBy
 				rec.until = time.Now().Add(ret)
 			}
 		}
