@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -271,5 +272,43 @@ func TestExpiryEarlyByLittle(t *testing.T) {
 	}
 	if rep.CoreOK {
 		t.Errorf("core OK")
+	}
+}
+
+// TestLargeAnswers: an API whose answers are 4 MiB each, with the id of
+// the execution at their end. The probe compares answers by all their
+// bytes (a retry's answer that differs only after the first 4 MiB is an
+// execution), but holds no answer whole: a run that reads some 300 MiB
+// of answers allocates less than 64 MiB (it held each answer, and -n
+// 1000 concurrent answers of up to 16 MiB each could take the machine's
+// memory). Not parallel: it measures the allocations of the run alone.
+func TestLargeAnswers(t *testing.T) {
+	pad := []byte(`{"pad":"` + strings.Repeat("a", 4<<20) + `"`)
+	var created atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(pad)
+		fmt.Fprintf(w, `,"id":%d}`, created.Add(1))
+	}))
+	t.Cleanup(srv.Close)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rep := run(t, &probe.Config{URL: srv.URL + "/api", Body: []byte(fakeBody)})
+	runtime.ReadMemStats(&after)
+	for _, r := range rep.Checks {
+		if (r.ID == "retry-replay" || r.ID == "concurrent") && r.Status != probe.Fail {
+			t.Errorf("%s %s: %s; want a failure: every answer is an execution of its own", r.ID, r.Status, r.Reason)
+		}
+	}
+	read := created.Load() * int64(len(pad))
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 || read < 100<<20 {
+		t.Errorf("the run read %d MiB of answers and allocated %d MiB", read>>20, alloc>>20)
 	}
 }

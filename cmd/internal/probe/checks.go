@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -776,7 +775,7 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 	}
 	// sameAnswer reports whether a and b have one status and body.
 	sameAnswer := func(a, b *answer) bool {
-		return a.err == nil && b.err == nil && a.status == b.status && bytes.Equal(a.body, b.body)
+		return a.err == nil && b.err == nil && a.status == b.status && a.sameBody(b)
 	}
 	for _, s := range answers {
 		a := s.a
@@ -787,7 +786,7 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, s.what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
 		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
 			return Fail, s.what + " got " + a.String() + ": GET requests are intercepted", nil
-		case s.fresh != nil && post != nil && len(post.body) > 0 && sameAnswer(a, post) && !sameAnswer(a, s.fresh):
+		case s.fresh != nil && post != nil && post.size > 0 && sameAnswer(a, post) && !sameAnswer(a, s.fresh):
 			// The POST's answer, where the same GET with a fresh key got
 			// another: the key chose it.
 			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "), where a fresh key got " + s.fresh.String() + ": GET requests are served from the key's record", nil

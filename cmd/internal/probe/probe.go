@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
@@ -61,6 +62,13 @@ var Profiles = []string{"stripe", "strict-keys", "retry-safe", "problem-details"
 
 // maxAnswer is the largest response body the probe reads; more is an error.
 const maxAnswer = 16 << 20
+
+// keptAnswer is how much of an answer's body the probe keeps (for a
+// reason's excerpt, a problem detail's members): answers are compared by
+// their length and SHA-256, so that -n concurrent answers of up to
+// maxAnswer each never sit in memory at once. The effect's answer, whose
+// count is read, is kept whole.
+const keptAnswer = 64 << 10
 
 // Config says what to probe and how. The zero value of each field means
 // its default; URL is required.
@@ -612,16 +620,24 @@ type request struct {
 	// other sends the request as the second caller (Config.OtherHeader):
 	// its executions are the check's other ones.
 	other bool
+	// whole keeps the answer's body whole (up to maxAnswer), not its
+	// first keptAnswer bytes: the effect's, whose count is read.
+	whole bool
 }
 
 // answer is what a request got.
 type answer struct {
 	status int
 	header http.Header
-	body   []byte
+	body   []byte // the body's first keptAnswer bytes (the effect's: all of it)
+	size   int64  // the body's length
+	sum    [sha256.Size]byte
 	err    error
 	took   time.Duration // from sending the request to the end of the answer
 }
+
+// sameBody reports whether a and b have the same body.
+func (a *answer) sameBody(b *answer) bool { return a.size == b.size && a.sum == b.sum }
 
 func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
 
@@ -657,7 +673,7 @@ func (a *answer) same(b *answer) bool {
 	return a.err == nil && b.err == nil && a.status == b.status &&
 		a.header.Get("Content-Type") == b.header.Get("Content-Type") &&
 		a.header.Get("Location") == b.header.Get("Location") &&
-		bytes.Equal(a.body, b.body)
+		a.sameBody(b)
 }
 
 // String describes the answer in a reason: its status and the start of
@@ -670,7 +686,7 @@ func (a *answer) String() string {
 	if name, value := a.marker(); name != "" {
 		s += " marked " + name + ": " + printable(value)
 	}
-	if len(a.body) > 0 {
+	if a.size > 0 {
 		s += " " + excerpt(a.body)
 	}
 	return s
@@ -865,14 +881,36 @@ func (p *prober) do(ctx context.Context, method, target string, rq request, h ht
 		return &answer{err: err, took: time.Since(start)}
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
-	if err == nil && len(b) > maxAnswer {
+	keep := keptAnswer
+	if rq.whole {
+		keep = maxAnswer
+	}
+	sum := sha256.New()
+	kept := &prefixBuffer{max: keep}
+	n, err := io.Copy(io.MultiWriter(sum, kept), io.LimitReader(resp.Body, maxAnswer+1))
+	if err == nil && n > maxAnswer {
 		err = fmt.Errorf("the answer's body is over %d bytes", maxAnswer)
 	}
 	if err != nil {
 		return &answer{err: fmt.Errorf("reading the answer: %w", err)}
 	}
-	return &answer{status: resp.StatusCode, header: resp.Header, body: b, took: time.Since(start)}
+	a := &answer{status: resp.StatusCode, header: resp.Header, body: kept.b, size: n, took: time.Since(start)}
+	sum.Sum(a.sum[:0])
+	return a
+}
+
+// prefixBuffer keeps the first max bytes written to it, and takes the
+// rest without keeping it.
+type prefixBuffer struct {
+	b   []byte
+	max int
+}
+
+func (w *prefixBuffer) Write(p []byte) (int, error) {
+	if room := w.max - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
 }
 
 func (p *prober) progress() {
@@ -897,7 +935,7 @@ func (p *prober) countAs(ctx context.Context, other bool) (int64, error) {
 	if other {
 		h = p.cfg.otherEffectHeader
 	}
-	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true}, h.Clone())
+	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true, whole: true}, h.Clone())
 	if a.err != nil {
 		return 0, &EffectError{URL: p.cfg.EffectURL, Msg: a.err.Error()}
 	}
