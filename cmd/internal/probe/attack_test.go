@@ -312,3 +312,39 @@ func TestLargeAnswers(t *testing.T) {
 		t.Errorf("the run read %d MiB of answers and allocated %d MiB", read>>20, alloc>>20)
 	}
 }
+
+// TestHeaderNamesAsWritten: a Config's headers written in lower case (a
+// map literal, as HTTP/2 spells them) are the headers of those names: a
+// body's Content-Type is the one given, not one added beside it, and the
+// second caller's X-User replaces the first's instead of going with it.
+func TestHeaderNamesAsWritten(t *testing.T) {
+	t.Parallel()
+	f, _ := startFake(t, knobs{})
+	var mu sync.Mutex
+	var bad []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if ct := r.Header.Values("Content-Type"); r.Method == http.MethodPost && !slices.Equal(ct, []string{"application/json; charset=utf-8"}) {
+			bad = append(bad, fmt.Sprintf("Content-Type %q", ct))
+		}
+		if u := r.Header.Values("X-User"); len(u) != 1 {
+			bad = append(bad, fmt.Sprintf("X-User %q", u))
+		}
+		mu.Unlock()
+		f.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := fakeConfig(srv.URL)
+	cfg.Header = http.Header{"x-user": {"probe"}, "content-type": {"application/json; charset=utf-8"}}
+	cfg.OtherHeader = http.Header{"x-user": {"other"}}
+	cfg.EffectHeader = http.Header{"x-user": {"probe"}}
+	rep := run(t, cfg)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 || !rep.CoreOK {
+		logReport(t, rep)
+		t.Errorf("core OK %v; the API got %q", rep.CoreOK, first3(bad))
+	}
+}
+
+func first3(s []string) []string { return s[:min(3, len(s))] }

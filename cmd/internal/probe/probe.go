@@ -167,6 +167,20 @@ func overlay(h, over http.Header) http.Header {
 	return out
 }
 
+// canonical returns a copy of h with each name in its canonical form (the
+// values of names that differ only in case together); nil for nil.
+func canonical(h http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	out := make(http.Header, len(h))
+	for name, v := range h {
+		k := http.CanonicalHeaderKey(name)
+		out[k] = append(out[k], v...)
+	}
+	return out
+}
+
 // ConfigError is a Config the probe cannot run with: Field names the
 // field, Msg says what is wrong and how to fix it.
 type ConfigError struct {
@@ -387,7 +401,10 @@ func (c *Config) normalize() error {
 	if c.Retention > 0 && c.Retention < MinRetention {
 		return &ConfigError{Field: "Retention", Msg: fmt.Sprintf("%v is too short to tell from the time a request takes; give %v or more", c.Retention, MinRetention)}
 	}
-	c.Header = c.Header.Clone()
+	// Names as written (a map literal in lower case) name the header
+	// they spell: canonical, a header the probe sets or replaces is that
+	// one, not one more beside it.
+	c.Header, c.OtherHeader, c.EffectHeader = canonical(c.Header), canonical(c.OtherHeader), canonical(c.EffectHeader)
 	if c.Header == nil {
 		c.Header = http.Header{}
 	}
