@@ -348,3 +348,41 @@ func TestHeaderNamesAsWritten(t *testing.T) {
 }
 
 func first3(s []string) []string { return s[:min(3, len(s))] }
+
+// TestScopedEffectOfTheFirstCaller: an effect that only the first caller
+// may read (its own orders, at a URL that names it) cannot be read as
+// the second caller. The scoped-keys check then judges the second
+// caller by its answers, reading the effect as the first caller; it
+// failed the core with "give -H2 headers the effect's URL accepts", which
+// no -H2 can do. A key space shared between callers still fails.
+func TestScopedEffectOfTheFirstCaller(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		k      knobs
+		status probe.Status
+	}{
+		{"keys scoped", knobs{countPerUser: true}, probe.Pass},
+		{"keys shared, replays unmarked", knobs{countPerUser: true, globalKeys: true, noReplayHeader: true}, probe.Fail},
+	} {
+		f, _ := startFake(t, c.k)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/count" && r.Header.Get("X-User") != "probe" {
+				http.Error(w, "not your orders", http.StatusForbidden)
+				return
+			}
+			f.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		rep := run(t, fakeConfig(srv.URL))
+		for _, r := range rep.Checks {
+			if r.ID == "scoped-keys" && r.Status != c.status {
+				logReport(t, rep)
+				t.Errorf("%s: scoped-keys %s: %s; want %s", c.name, r.Status, r.Reason, c.status)
+			}
+			if r.EffectDelta == nil || *r.EffectDelta != int64(r.Executions) {
+				t.Errorf("%s: %s: %d executions, effect delta %v", c.name, r.ID, r.Executions, r.EffectDelta)
+			}
+		}
+	}
+}

@@ -29,11 +29,19 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 	if !first.ok() {
 		return Fail, "the first caller's request with a fresh key got " + first.String(), nil
 	}
+	// The second caller's effect is read as the second caller; when the
+	// effect is the first caller's alone (a URL that names it), as the
+	// first caller, whose count the second caller's executions may not
+	// move: the answers then judge.
 	var before int64
+	otherReads := true
 	if p.effectOn {
 		n, err := p.countAs(ctx, true)
 		if err != nil {
-			return Fail, "reading the effect as the second caller: " + err.Error() + "; give -H2 headers the effect's URL accepts too", nil
+			otherReads = false
+			if n, err = p.countAs(ctx, false); err != nil {
+				return "", "", err
+			}
 		}
 		before = n
 	}
@@ -52,15 +60,19 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 	}
 	bRetry := c.settle(ctx, asOther(key))
 	leak := b.same(first)
-	switch {
-	case p.effectOn:
-		after, err := p.countAs(ctx, true)
+	byEffect := false // the effect judged whether b executed
+	if p.effectOn {
+		after, err := p.countAs(ctx, otherReads)
 		if err != nil {
-			return Fail, "reading the effect as the second caller: " + err.Error(), nil
+			return "", "", err
 		}
 		switch moved := after - before; {
+		case !otherReads && moved == 0:
+			// Read as the first caller, and not moved by the second
+			// caller's executions: the count is the first caller's alone,
+			// and the answers judge.
 		case moved == int64(c.other):
-			leak = false
+			leak, byEffect = false, true
 		case moved == int64(c.other)-1:
 			// b did not execute: it was the first caller's answer.
 			c.mu.Lock()
@@ -70,8 +82,13 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 		default:
 			return Fail, fmt.Sprintf("the second caller's effect moved by %d where its answers show %s", moved, executionsText(c.other)), nil
 		}
-	case leak && own.same(first):
-		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: give -effect-url", nil
+	}
+	if !byEffect && leak && own.same(first) {
+		how := "give -effect-url"
+		if p.effectOn {
+			how = "the effect, which the second caller cannot read, counts the first caller's alone"
+		}
+		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: " + how, nil
 	}
 	if leak {
 		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + "), where its own key got an answer of its own: keys are not scoped to the caller", nil

@@ -103,7 +103,8 @@ type Config struct {
 	// OtherHeader, when not nil, holds the headers of a second caller
 	// (its credentials or identity): each replaces the Header of the same
 	// name (and the EffectHeader's, for the second caller's reads of the
-	// effect). The scoped-keys check sends the first caller's key as the
+	// effect; when the second caller may not read it, as an effect at a
+	// URL that names the first caller, it is read as the first caller). The scoped-keys check sends the first caller's key as the
 	// second caller: it must never get the first caller's answer. Nil
 	// makes that check not applicable.
 	OtherHeader http.Header
