@@ -103,6 +103,8 @@ GET /orders, # alone a top-level array.
 are, like curl --data-binary) or @- for standard input. With a body and no
 Content-Type among the -H headers, the probe sends application/json for a
 JSON body and application/x-www-form-urlencoded otherwise (curl's default).
+An Accept-Encoding among the -H headers (as a browser's "Copy as cURL"
+gives) is not sent: the probe asks for gzip and reads answers decoded.
 
 -H2 takes 'Name: value' like -H (repeatable): each replaces the -H header
 of that name for the second caller, and the -effect-header (or -H) one

@@ -1,6 +1,7 @@
 package probe_test
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -384,5 +385,51 @@ func TestScopedEffectOfTheFirstCaller(t *testing.T) {
 				t.Errorf("%s: %s: %d executions, effect delta %v", c.name, r.ID, r.Executions, r.EffectDelta)
 			}
 		}
+	}
+}
+
+// gzipWriter compresses what a handler writes.
+type gzipWriter struct {
+	http.ResponseWriter
+	z *gzip.Writer
+}
+
+func (w gzipWriter) Write(b []byte) (int, error) { return w.z.Write(b) }
+
+// TestAcceptEncodingGiven: headers copied from a browser ("Copy as
+// cURL") carry Accept-Encoding: gzip, deflate, br. An API that then
+// compresses its answers is judged by what they say, not by their
+// compressed bytes: the effect is read (it was "not JSON", and the run
+// stopped) and the refusals are problem details.
+func TestAcceptEncodingGiven(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	})))
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"count":%d}`, created.Load()) })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		z := gzip.NewWriter(w)
+		defer z.Close()
+		mux.ServeHTTP(gzipWriter{w, z}, r)
+	}))
+	t.Cleanup(srv.Close)
+	rep := run(t, &probe.Config{URL: srv.URL + "/api", Body: []byte(fakeBody), Header: http.Header{"Accept-Encoding": {"gzip, deflate, br"}},
+		EffectURL: srv.URL + "/count", EffectPath: "count"})
+	if failed := statuses(rep, probe.Fail); len(failed) != 0 || rep.Effect.After != created.Load() {
+		logReport(t, rep)
+		t.Errorf("failed %q; effect %+v, the handler created %d", failed, rep.Effect, created.Load())
 	}
 }

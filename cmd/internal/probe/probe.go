@@ -80,7 +80,9 @@ type Config struct {
 	// and TRACE are refused: they are idempotent without any key.
 	Method string
 	// Header holds the headers sent with every request (authentication,
-	// a tenant, Content-Type). It must not hold the key header. With a
+	// a tenant, Content-Type). It must not hold the key header. An
+	// Accept-Encoding is not sent: the probe asks for gzip and reads
+	// answers decoded. With a
 	// Body and no Content-Type the probe sends application/json for a JSON
 	// body and application/x-www-form-urlencoded otherwise, as curl -d.
 	Header http.Header
@@ -893,6 +895,11 @@ func (p *prober) do(ctx context.Context, method, target string, rq request, h ht
 		req.Host = host
 		h.Del("Host")
 	}
+	// Answers are judged by what they say, not by how they travel: the
+	// transport asks for gzip and decodes it, where an Accept-Encoding
+	// of the caller's (copied from a browser: gzip, deflate, br) would
+	// leave the bytes encoded, the effect unreadable.
+	h.Del("Accept-Encoding")
 	start := time.Now()
 	resp, err := p.client.Do(req)
 	if err != nil {
