@@ -252,6 +252,7 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 		}
 		target = args[0]
 		if err := fs.Parse(args[1:]); err != nil {
+			o.jsonOut = o.jsonOut || jsonAmong(args[1:])
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, usagef("-h after the URL: run 'idem help probe'")
 			}

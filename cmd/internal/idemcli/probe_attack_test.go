@@ -19,7 +19,7 @@ import (
 // TestProbeJSONAfterURL: flags may follow the URL, -json among them; a
 // probe that cannot run then prints its error as JSON all the same (a CI
 // job that parses standard output got nothing when -json followed the
-// URL).
+// URL, or a bad flag).
 func TestProbeJSONAfterURL(t *testing.T) {
 	t.Parallel()
 	base, created := api(t, false)
@@ -32,6 +32,10 @@ func TestProbeJSONAfterURL(t *testing.T) {
 		want string
 	}{
 		{[]string{base + "/items", "-json", "-n", "1"}, 2, "usage", "-n:"},
+		// The flag parser stops at a bad flag: a -json after it counts.
+		{[]string{"-n", "x", "-json", base + "/items"}, 2, "usage", "-n"},
+		{[]string{"-nope", "--json", base + "/items"}, 2, "usage", "-nope"},
+		{[]string{base + "/items", "-nope", "-json=true"}, 2, "usage", "-nope"},
 		{[]string{base + "/items", "-json", "-nope"}, 2, "usage", "-nope"},
 		{[]string{base + "/items", "-json", "-effect-url", base + "/count"}, 2, "usage", "-effect-url without -effect-json-path"},
 		{[]string{base + "/items", "-d", `{"name":"refuse"}`, "-json"}, 1, "not_accepted", "400 Bad Request"},
