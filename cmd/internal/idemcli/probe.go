@@ -434,6 +434,8 @@ func explainProbeError(cfg *probe.Config, err error) error {
 		return usagef("%s: %s", configFlags[ce.Field], ce.Msg)
 	case errors.As(err, &na) && na.Err != nil:
 		return &kindError{"no_answer", fmt.Errorf("%s %s: %w; check the URL and that the server is up (-timeout bounds each request)", cfg.Method, cfg.URL, err)}
+	case errors.As(err, &na) && na.Location != "":
+		return &kindError{"not_accepted", fmt.Errorf("%s %s: %w", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &na):
 		return &kindError{"not_accepted", fmt.Errorf("%s %s: %w; the checks need a request the API accepts (2xx): give its headers with -H (authentication, identity, Content-Type) and its body with -d", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &ee):

@@ -141,3 +141,18 @@ func checkPrintable(t *testing.T, out string) {
 		}
 	}
 }
+
+// TestProbeRedirected: a first request redirected (a URL without its
+// trailing slash, say) is not blamed on the headers or the body: the
+// error names where it points, the URL to probe.
+func TestProbeRedirected(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.Path+"/", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(srv.Close)
+	r := runIdem(t, "", "probe", "-d", `{"name":"pen"}`, srv.URL+"/items")
+	if r.code != 1 || !strings.Contains(r.stderr, "307 Temporary Redirect to "+srv.URL+"/items/") || strings.Contains(r.stderr, "give its headers") {
+		t.Errorf("exit %d, stderr %q; want exit 1 and the URL it redirects to", r.code, r.stderr)
+	}
+}

@@ -312,6 +312,14 @@ func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
 	first := c.settle(ctx, c.keyed(key))
 	if !first.ok() {
 		e := &NotAcceptedError{Status: first.status, Body: excerpt(first.body), Err: first.err}
+		if first.err == nil && first.status >= 300 && first.status <= 399 {
+			e.Location = printable(first.header.Get("Location"))
+			if u, err := url.Parse(first.header.Get("Location")); err == nil {
+				if base, err := url.Parse(c.p.cfg.URL); err == nil {
+					e.Location = printable(base.ResolveReference(u).String())
+				}
+			}
+		}
 		return "", "", e
 	}
 	for i := 1; i <= 2; i++ {

@@ -199,12 +199,20 @@ func (e *ConfigError) Error() string { return "probe: " + e.Field + ": " + e.Msg
 type NotAcceptedError struct {
 	Status int
 	Body   string // the start of the answer's body
-	Err    error
+	// Location is where a redirect (3xx) pointed: the probe follows
+	// none, so the URL to probe is that one.
+	Location string
+	Err      error
 }
 
 func (e *NotAcceptedError) Error() string {
-	if e.Err != nil {
+	switch {
+	case e.Err != nil:
 		return "the first request got no answer: " + e.Err.Error()
+	case e.Location != "":
+		return fmt.Sprintf("the first request, with a fresh key, was answered %s to %s: the probe follows no redirect, probe the URL it points to", statusText(e.Status), e.Location)
+	case e.Body == "":
+		return fmt.Sprintf("the first request, with a fresh key, was answered %s, with no body", statusText(e.Status))
 	}
 	return fmt.Sprintf("the first request, with a fresh key, was answered %s: %s", statusText(e.Status), e.Body)
 }
