@@ -433,3 +433,47 @@ func TestAcceptEncodingGiven(t *testing.T) {
 		t.Errorf("failed %q; effect %+v, the handler created %d", failed, rep.Effect, created.Load())
 	}
 }
+
+// TestLateEffect: an API that, for the run's last request (the first
+// caller's retry of the key the second caller then used), answers a
+// replay and executes it again a moment later (a duplicate run on
+// another node): the effect moves after the last check's read. The
+// probe reads the effect once more after a quiet second: it used to
+// read it right after the last check, and passed the API.
+func TestLateEffect(t *testing.T) {
+	t.Parallel()
+	f, _ := startFake(t, knobs{})
+	var mu sync.Mutex
+	usedByOther := map[string]bool{} // keys the second caller sent
+	var late sync.WaitGroup
+	t.Cleanup(late.Wait)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		again := false
+		switch {
+		case r.Method != http.MethodPost || key == "":
+		case r.Header.Get("X-User") == "other":
+			usedByOther[key] = true
+		case usedByOther[key]:
+			again, usedByOther[key] = true, false
+		}
+		mu.Unlock()
+		f.ServeHTTP(w, r)
+		if again {
+			late.Go(func() {
+				time.Sleep(300 * time.Millisecond)
+				f.execute(http.MethodPost, []byte(fakeBody), "probe")
+			})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cfg := fakeConfig(srv.URL)
+	cfg.EffectSettle = 0 // a second
+	rep := run(t, cfg)
+	late.Wait()
+	if rep.CoreOK || rep.Effect.After != int64(f.executed()) {
+		logReport(t, rep)
+		t.Errorf("core OK %v, effect %+v; the fake executed %d: want a failure", rep.CoreOK, rep.Effect, f.executed())
+	}
+}

@@ -300,7 +300,8 @@ var effectInfo = Info{
 	Title:  "the effect moved exactly once per execution",
 	Source: "payment teams' practice",
 	Explain: "With -effect-url and -effect-json-path, reads the count before the first check and after each " +
-		"one: over the run, and in every check, it must move by exactly the number of executions the answers " +
+		"one, and once more a second after the last (an execution that lands after its answer, a duplicate " +
+		"run on another node, is counted): over the run, and in every check, it must move by exactly the number of executions the answers " +
 		"show (a 2xx answer is one unless it repeats an earlier answer under its key or is marked a replay). " +
 		"A check whose answers look right but whose effect moved otherwise fails too. The second caller's " +
 		"executions may move it or not (a count of every caller's effects, or of the first caller's). Not " +

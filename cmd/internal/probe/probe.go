@@ -32,6 +32,9 @@ const (
 	DefaultMaxKeyLen = 255
 	// DefaultTimeout bounds each request.
 	DefaultTimeout = 30 * time.Second
+	// DefaultEffectSettle is how long the probe waits after the last
+	// check before it reads the effect once more.
+	DefaultEffectSettle = time.Second
 	// MaxConcurrency is the largest Config.Concurrency.
 	MaxConcurrency = 1000
 )
@@ -135,6 +138,12 @@ type Config struct {
 	// EffectHeader holds the headers of the effect's GET; nil means Header
 	// (without Content-Type).
 	EffectHeader http.Header
+	// EffectSettle is how long the probe waits after the last check
+	// before it reads the effect once more, so that an execution that
+	// lands after its answer (a duplicate run on another node) is
+	// counted; 0 means DefaultEffectSettle, a negative value reads it
+	// right after the last check.
+	EffectSettle time.Duration
 	// Insecure skips the verification of the server's TLS certificate.
 	Insecure bool
 	// Client sends the requests; nil means a client of the probe's own
@@ -1055,6 +1064,25 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 	}
 	eff := effectInfo.result()
 	if p.effectOn {
+		// An execution the answers do not show may land a moment after
+		// its request was answered (a duplicate run on another node):
+		// the count is read once more after a quiet while, so that one
+		// of the last check lands in the run.
+		var late int64
+		if settle := p.cfg.EffectSettle; settle >= 0 {
+			if settle == 0 {
+				settle = DefaultEffectSettle
+			}
+			if err := sleepUntil(ctx, time.Now().Add(settle)); err != nil {
+				return nil, err
+			}
+			n, err := p.count(ctx)
+			if err != nil {
+				return nil, err
+			}
+			late = n - p.lastCount
+			p.lastCount = n
+		}
 		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: expected}
 		moved := p.lastCount - before
 		eff.EffectDelta = &moved
@@ -1065,6 +1093,9 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 		} else {
 			eff.Status = Fail
 			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %s", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executionsText(int(expected)))
+			if late != 0 {
+				eff.Reason += fmt.Sprintf(" (by %d after the last check: effects that landed after their answers)", late)
+			}
 		}
 	} else {
 		eff.Status = NotApplicable

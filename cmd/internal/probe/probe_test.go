@@ -33,6 +33,9 @@ func fakeConfig(base string) *probe.Config {
 		KeyRequired:     true,
 		EffectURL:       base + "/count",
 		EffectPath:      "count",
+		// The fake's effects land with their answers: no read after a
+		// quiet while (TestLateEffect has one).
+		EffectSettle: -1,
 	}
 }
 
