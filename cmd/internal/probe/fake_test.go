@@ -73,8 +73,11 @@ type fakeAPI struct {
 	perUser  map[string]int
 	failures int
 	// What the fake did, the ground truth of the checks that scheduling
-	// decides: 409s answered, and replays given to another body.
+	// decides: 409s answered (and per key), the fingerprints each key
+	// was sent with, and replays given to another body.
 	conflicts    int
+	conflictsOn  map[string]int
+	fingerprints map[string]map[string]bool
 	crossReplays int
 }
 
@@ -91,7 +94,8 @@ type fakeRecord struct {
 // startFake serves a fakeAPI with k until the test ends.
 func startFake(t *testing.T, k knobs) (*fakeAPI, string) {
 	t.Helper()
-	f := &fakeAPI{k: k, records: map[string]*fakeRecord{}, poisoned: map[string]bool{}, gates: map[string]chan struct{}{}, perUser: map[string]int{}}
+	f := &fakeAPI{k: k, records: map[string]*fakeRecord{}, poisoned: map[string]bool{}, gates: map[string]chan struct{}{}, perUser: map[string]int{},
+		conflictsOn: map[string]int{}, fingerprints: map[string]map[string]bool{}}
 	srv := httptest.NewUnstartedServer(f)
 	if k.caseSensitive {
 		srv.Listener = caseSensitiveListener{srv.Listener}
@@ -112,6 +116,20 @@ func (f *fakeAPI) did() (conflicts, crossReplays int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.conflicts, f.crossReplays
+}
+
+// conflictsOneBody returns the fake's 409s to keys sent with one body
+// only (the concurrent check's, not concurrent-mismatch's).
+func (f *fakeAPI) conflictsOneBody() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for key, c := range f.conflictsOn {
+		if len(f.fingerprints[key]) == 1 {
+			n += c
+		}
+	}
+	return n
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -194,6 +212,10 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	f.mu.Lock()
+	if f.fingerprints[key] == nil {
+		f.fingerprints[key] = map[string]bool{}
+	}
+	f.fingerprints[key][fp] = true
 	rec := f.records[key]
 	if rec != nil && rec.done && !rec.until.IsZero() && time.Now().After(rec.until) {
 		delete(f.records, key)
@@ -272,6 +294,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.replay(w, rec, r.Method, body, user)
 	case !rec.done:
 		f.conflicts++
+		f.conflictsOn[key]++
 		f.mu.Unlock()
 		if !f.k.no409After {
 			w.Header().Set("Retry-After", "1")
