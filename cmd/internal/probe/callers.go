@@ -91,6 +91,10 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: " + how, nil
 	}
 	if leak {
+		// b was the first caller's answer, not an execution.
+		c.mu.Lock()
+		c.other--
+		c.mu.Unlock()
 		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + "), where its own key got an answer of its own: keys are not scoped to the caller", nil
 	}
 	if !b.same(bRetry) {
