@@ -316,6 +316,12 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 	if o.timeout <= 0 {
 		return nil, usagef("-timeout %v: give a positive duration (30s)", o.timeout)
 	}
+	if o.keyHeader == "" {
+		return nil, usagef("-header '': give the name of the key's header (%s)", probe.DefaultKeyHeader)
+	}
+	if o.maxKey == 0 {
+		return nil, usagef("-max-key 0: give the longest key the API takes, in bytes (%d)", probe.DefaultMaxKeyLen)
+	}
 	switch {
 	case o.effectURL != "" && o.effectPath == "":
 		return nil, usagef("-effect-url without -effect-json-path: give the count's path in its JSON (count, data.total, orders.#)")

@@ -156,3 +156,32 @@ func TestProbeRedirected(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want exit 1 and the URL it redirects to", r.code, r.stderr)
 	}
 }
+
+// TestProbeMoreUsageErrors: headers no request can carry (a line break
+// in a value would end the header: "got no answer, check that the
+// server is up" said nothing of the flag) and a key header or length
+// given empty (they fell back to the defaults) exit 2 naming the flag,
+// and send nothing.
+func TestProbeMoreUsageErrors(t *testing.T) {
+	t.Parallel()
+	base, created := api(t, false)
+	u := base + "/items"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-H", "X-A: b\r\nX-B: c", u}, "-H: X-A:"},
+		{[]string{"-H2", "X-Tenant: b\x01", u}, "-H2: X-Tenant:"},
+		{[]string{"-effect-url", base + "/count", "-effect-json-path", "count", "-effect-header", "X-Token: t\nX-B: c", u}, "-effect-header: X-Token:"},
+		{[]string{"-header", "", u}, "-header ''"},
+		{[]string{"-max-key", "0", u}, "-max-key 0"},
+	} {
+		r := runIdem(t, "", append([]string{"probe", "-d", `{"name":"pen"}`}, c.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) || r.stdout != "" {
+			t.Errorf("idem probe %q: exit %d, stderr %q; want exit 2 and %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	if created.Load() != 0 {
+		t.Errorf("usage errors sent requests: %d created", created.Load())
+	}
+}

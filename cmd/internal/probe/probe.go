@@ -193,6 +193,23 @@ func canonical(h http.Header) http.Header {
 	return out
 }
 
+// badHeader says what in h no request can carry (a name that is not a
+// token, a value with a control character other than a tab: a line
+// break would end the header); "" when nothing.
+func badHeader(h http.Header) string {
+	for name, values := range h {
+		if !isToken(name) {
+			return fmt.Sprintf("%q is not a header name", name)
+		}
+		for _, v := range values {
+			if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+				return fmt.Sprintf("%s: %q holds a control character; a header's value is one line of text", name, v)
+			}
+		}
+	}
+	return ""
+}
+
 // ConfigError is a Config the probe cannot run with: Field names the
 // field, Msg says what is wrong and how to fix it.
 type ConfigError struct {
@@ -425,6 +442,14 @@ func (c *Config) normalize() error {
 	// they spell: canonical, a header the probe sets or replaces is that
 	// one, not one more beside it.
 	c.Header, c.OtherHeader, c.EffectHeader = canonical(c.Header), canonical(c.OtherHeader), canonical(c.EffectHeader)
+	for _, h := range []struct {
+		field string
+		h     http.Header
+	}{{"Header", c.Header}, {"OtherHeader", c.OtherHeader}, {"EffectHeader", c.EffectHeader}} {
+		if msg := badHeader(h.h); msg != "" {
+			return &ConfigError{Field: h.field, Msg: msg}
+		}
+	}
 	if c.Header == nil {
 		c.Header = http.Header{}
 	}

@@ -461,6 +461,10 @@ func TestConfigErrors(t *testing.T) {
 		{probe.Config{URL: "http://x/", EffectURL: "x", EffectPath: "count"}, "EffectURL"},
 		{probe.Config{URL: "http://x/", EffectURL: "http://x/", EffectPath: "a..b"}, "EffectPath"},
 		{probe.Config{URL: "http://x/", Profiles: []string{"stripe", "nope"}}, "Profiles"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"X-A": {"b\r\nX-B: c"}}}, "Header"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"Bad Name": {"b"}}}, "Header"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"X-User": {"1"}}, OtherHeader: http.Header{"X-User": {"2\x00"}}}, "OtherHeader"},
+		{probe.Config{URL: "http://x/", EffectURL: "http://x/c", EffectPath: "n", EffectHeader: http.Header{"X-T": {"\x7f"}}}, "EffectHeader"},
 	} {
 		_, err := probe.Run(context.Background(), &c.cfg)
 		var ce *probe.ConfigError
