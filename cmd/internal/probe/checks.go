@@ -93,12 +93,12 @@ var Checks = []Info{
 		ID:     "mismatch-422",
 		Title:  "the same key with another body is refused with 422",
 		Source: "draft §2.2, §2.7",
-		Explain: "Sends another body with a fresh key (a JSON object gains the member \"idem_probe\", a form " +
-			"the field idem_probe=…; when the API refuses that on its own, as a validation of unknown members " +
-			"does, a JSON object's first integer member plus one, then its first string member changed), then " +
-			"the body under the same key. The second must be 422 Unprocessable Content, not executed and not a " +
-			"replay of the first. The other body goes first so that the 422 cannot be a refusal of a body the " +
-			"API refuses under any key. Not applicable when the API accepts none of the other bodies.",
+		Explain: "Sends another body with a fresh key (a JSON object with its first integer member plus one; " +
+			"when the API refuses that on its own, with its first string member changed, then with the member " +
+			"\"idem_probe\" added; a form with the field idem_probe=…), then the body under the same key. The " +
+			"second must be 422 Unprocessable Content, not executed and not a replay of the first. The other body " +
+			"goes first so that the 422 cannot be a refusal of a body the API refuses under any key. Not " +
+			"applicable when the API accepts none of the other bodies.",
 		run: checkMismatch,
 	},
 	{
@@ -511,7 +511,7 @@ func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
 		for _, a := range st.refused {
 			got = append(got, a.String())
 		}
-		return NotApplicable, fmt.Sprintf("each other body the probe makes (a member added, a number or a string changed) was refused under a fresh key (%s): "+
+		return NotApplicable, fmt.Sprintf("each other body the probe makes (a number or a string changed, a member added) was refused under a fresh key (%s): "+
 			"a refusal of the key cannot be told from a refusal of the body", strings.Join(first3(got), "; ")), nil
 	}
 	a := c.settle(ctx, c.keyed(st.key))

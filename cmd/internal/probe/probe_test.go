@@ -117,6 +117,9 @@ func TestBrokenAPIs(t *testing.T) {
 		// key, and no defect.
 		{name: "unknown members refused with 400", k: knobs{strictMembers: 400}, coreOK: true},
 		{name: "unknown members refused with 422", k: knobs{strictMembers: 422}, coreOK: true},
+		// The fingerprint of the parsed request: a member it does not
+		// know is no other request.
+		{name: "fingerprint of the known members", k: knobs{fpKnown: true}, coreOK: true},
 		// Defects: core fails.
 		{name: "no idempotency", k: knobs{noIdempotency: true}, coreOK: false,
 			failed: []string{"concurrent", "concurrent-mismatch", "header-case", "malformed-key", "mismatch-422", "missing-key", "overlong-key",
