@@ -242,8 +242,9 @@ var Checks = []Info{
 		Explain: "With -H2 (the headers of a second caller), sends a fresh key as the first caller, then the same " +
 			"key and body as the second: the second must not get the first's answer (replayed, or the same bytes " +
 			"where answers carry ids, or an effect that did not move for the second caller); it executes on its " +
-			"own, and each caller's retry replays its own answer. A 409 or 422 to the second caller is a warning " +
-			"(the key space is shared: nothing leaks, but one caller can block another's key). The second " +
+			"own, and each caller's retry replays its own answer. A 4xx to the second caller (409, 422, a 403 " +
+			"that says the key is another's) is a warning (the key space is shared: nothing leaks, but one " +
+			"caller can block another's key). The second " +
 			"caller is checked first with a key of its own. Not applicable without -H2.",
 		run: checkScoped,
 	},

@@ -55,6 +55,7 @@ type knobs struct {
 	foldCookie     bool          // an execution's Set-Cookie is stored and replayed folded with lang=en into one line
 	expireBy       time.Duration // records end this long before the retention
 	fpKnown        bool          // the fingerprint is over item and qty alone (the parsed request: other members are dropped)
+	foreignKey     int           // a key another caller's record holds is refused with this status
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -89,6 +90,7 @@ type fakeRecord struct {
 	status int
 	body   []byte
 	cookie string    // the execution's Set-Cookie
+	user   string    // the caller whose request made it
 	until  time.Time // when the record ends; zero: never
 }
 
@@ -246,8 +248,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 	}
 	switch {
+	case rec != nil && f.k.foreignKey != 0 && rec.user != user:
+		f.mu.Unlock()
+		f.refuse(w, f.k.foreignKey, "FOREIGN_KEY")
 	case rec == nil:
-		rec = &fakeRecord{fp: fp, ended: make(chan struct{})}
+		rec = &fakeRecord{fp: fp, ended: make(chan struct{}), user: user}
 		f.records[key] = rec
 		f.mu.Unlock()
 		status, out, cookie := f.execute(r.Method, body, user)

@@ -112,6 +112,8 @@ func TestBrokenAPIs(t *testing.T) {
 		{name: "refusals not problem details", k: knobs{plainErrors: true}, coreOK: true, failed: []string{"problem-bodies"}},
 		{name: "keys shared, refused to others", k: knobs{globalKeys: true, fpCaller: true, rawFingerprint: true}, coreOK: true,
 			failed: []string{"reordered-json"}, warned: []string{"scoped-keys"}},
+		{name: "keys shared, refused to others with 403", k: knobs{globalKeys: true, foreignKey: http.StatusForbidden}, coreOK: true,
+			warned: []string{"scoped-keys"}},
 		// A validation ahead of the idempotency layer refuses the probe's
 		// other body whatever its key: a refusal of the body, not of the
 		// key, and no defect.
