@@ -480,3 +480,57 @@ func TestLateEffect(t *testing.T) {
 		t.Errorf("core OK %v, effect %+v; the fake executed %d: want a failure", rep.CoreOK, rep.Effect, f.executed())
 	}
 }
+
+// TestGetServedByKey: an API whose idempotency layer covers GET and
+// keeps a record per key alone (no path in it) serves a GET of another
+// path the first GET's answer. get-untouched sends the key of its GET to
+// the URL elsewhere too, and fails it; it passed (its keys never met
+// another path but the POST's).
+func TestGetServedByKey(t *testing.T) {
+	t.Parallel()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	})))
+	mux.HandleFunc("GET /api", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"items":%d}`, created.Load()) })
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"service":"shop"}`) })
+	type stored struct {
+		status int
+		body   []byte
+	}
+	var mu sync.Mutex
+	gets := map[string]stored{} // GET answers by key alone
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		if r.Method != http.MethodGet || key == "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if s, ok := gets[key]; ok {
+			w.WriteHeader(s.status)
+			w.Write(s.body)
+			return
+		}
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, r)
+		gets[key] = stored{rec.Code, rec.Body.Bytes()}
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+	}))
+	t.Cleanup(srv.Close)
+	rep := run(t, &probe.Config{URL: srv.URL + "/api", Body: []byte(fakeBody)})
+	for _, r := range rep.Checks {
+		if r.ID == "get-untouched" && r.Status != probe.Fail {
+			t.Errorf("get-untouched %s: %s; want a failure", r.Status, r.Reason)
+		}
+	}
+}

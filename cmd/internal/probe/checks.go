@@ -256,7 +256,7 @@ var Checks = []Info{
 			"and, with a fresh key and with that key, elsewhere (the -effect-url, or / on the URL's host): GET is " +
 			"idempotent and keys do not apply to it, so no answer may be a replay, a 409, a 422, or the concurrent " +
 			"request's answer where a fresh key got another (whatever else a URL answers to GET, 405 included, " +
-			"passes).",
+			"passes). Last, the first GET's key elsewhere must not get the URL's answer to it.",
 		run: checkGet,
 	},
 	{
@@ -759,21 +759,28 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 	type sent struct {
 		what string
 		a    *answer
-		// fresh is the answer of a GET to the same URL with a fresh key,
-		// for a GET with the POST's key: nil for the others.
-		fresh *answer
+		// like, when not nil, is an answer a record of the key would
+		// serve (the POST's, another path's GET's), and whose the
+		// answer; fresh is the answer of a GET to the same URL with a
+		// fresh key. The answer must not be like where fresh is not.
+		like   *answer
+		whose  string
+		fresh  *answer
+		reason string
 	}
 	answers := []sent{{what: "GET with a fresh key", a: c.send(ctx, get)}, {what: "GET with that key again", a: c.send(ctx, get)}}
-	var post *answer // the concurrent check's execution
 	if k := c.p.concurrentKey; k != "" {
+		var post *answer // the concurrent check's execution
 		c.p.mu.Lock()
 		if e := c.p.seen[k]; len(e) > 0 {
 			post = e[0]
 		}
 		c.p.mu.Unlock()
+		byPost := "GET requests are served from the key's record"
 		onURL := get
 		onURL.keyValue, onURL.key = k, k
-		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, onURL), answers[0].a})
+		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, onURL),
+			post, "the " + c.p.cfg.Method + "'s answer", answers[0].a, byPost})
 		other := get
 		other.url = c.p.elsewhere()
 		other.keyValue = c.p.newKey()
@@ -781,7 +788,13 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 		fresh := c.send(ctx, other)
 		answers = append(answers, sent{what: "GET " + other.url + " with a fresh key", a: fresh})
 		other.keyValue, other.key = k, k
-		answers = append(answers, sent{"GET " + other.url + " with the " + c.p.cfg.Method + "'s key", c.send(ctx, other), fresh})
+		answers = append(answers, sent{"GET " + other.url + " with the " + c.p.cfg.Method + "'s key", c.send(ctx, other),
+			post, "the " + c.p.cfg.Method + "'s answer", fresh, byPost})
+		// The first GET's key elsewhere: a record of the key alone (no
+		// path in it) serves it the first GET's answer.
+		other.keyValue, other.key = key, key
+		answers = append(answers, sent{"GET " + other.url + " with the key of the first GET to the URL", c.send(ctx, other),
+			answers[0].a, "the URL's answer to that GET", fresh, "GET requests are served from a record of the key, whatever their path"})
 	}
 	// sameAnswer reports whether a and b have one status and body.
 	sameAnswer := func(a, b *answer) bool {
@@ -796,10 +809,10 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, s.what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
 		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
 			return Fail, s.what + " got " + a.String() + ": GET requests are intercepted", nil
-		case s.fresh != nil && post != nil && post.size > 0 && sameAnswer(a, post) && !sameAnswer(a, s.fresh):
-			// The POST's answer, where the same GET with a fresh key got
-			// another: the key chose it.
-			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "), where a fresh key got " + s.fresh.String() + ": GET requests are served from the key's record", nil
+		case s.like != nil && s.like.size > 0 && sameAnswer(a, s.like) && !sameAnswer(a, s.fresh):
+			// The answer a record of the key would serve, where the same
+			// GET with a fresh key got another: the key chose it.
+			return Fail, s.what + " got " + s.whose + " (" + s.like.String() + "), where a fresh key got " + s.fresh.String() + ": " + s.reason, nil
 		}
 	}
 	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409, 422 or a %s's answer, on the URL and elsewhere", statusText(answers[0].a.status), c.p.cfg.Method), nil

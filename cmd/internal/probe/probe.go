@@ -628,7 +628,7 @@ func newProber(c *Config) (*prober, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	p.planned = 3 + c.Concurrency + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 5
+	p.planned = 3 + c.Concurrency + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 6
 	if c.ServerErrorBody != nil {
 		p.planned += 3
 	}
