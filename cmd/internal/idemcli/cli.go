@@ -129,13 +129,32 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return exitOK
 		}
 		err = usagef("%v; run 'idem help %s'", err, name)
-		if f := fs.Lookup("json"); f != nil && f.Value.String() == "true" {
+		if f := fs.Lookup("json"); f != nil && (f.Value.String() == "true" || jsonAmong(rest)) {
 			writeJSONError(stdout, err)
 		}
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 		return exitUsage
 	}
 	return run(&env{ctx: ctx, args: fs.Args(), stdin: stdin, stdout: stdout, stderr: stderr})
+}
+
+// jsonAmong reports whether args ask for -json: the flag parser stops at
+// a bad flag, and a -json after it must still have its error as JSON (a
+// CI job reads standard output).
+func jsonAmong(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "json" {
+			continue
+		}
+		if b, err := strconv.ParseBool(value); !hasValue || err == nil && b {
+			return true
+		}
+	}
+	return false
 }
 
 // fail reports err from command name and returns its exit status: 2 for a

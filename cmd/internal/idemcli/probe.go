@@ -103,6 +103,8 @@ GET /orders, # alone a top-level array.
 are, like curl --data-binary) or @- for standard input. With a body and no
 Content-Type among the -H headers, the probe sends application/json for a
 JSON body and application/x-www-form-urlencoded otherwise (curl's default).
+An Accept-Encoding among the -H headers (as a browser's "Copy as cURL"
+gives) is not sent: the probe asks for gzip and reads answers decoded.
 
 -H2 takes 'Name: value' like -H (repeatable): each replaces the -H header
 of that name for the second caller, and the -effect-header (or -H) one
@@ -149,11 +151,27 @@ func probeHelp() string {
 }
 
 // wrap fills text into lines of at most width columns, each starting with
-// indent.
+// indent. A word longer than a line (a URL, an answer's body without
+// spaces) is cut across lines.
 func wrap(text, indent string, width int) string {
 	var b strings.Builder
-	line, cols, start := indent, utf8.RuneCountInString(indent), utf8.RuneCountInString(indent)
+	start := utf8.RuneCountInString(indent)
+	room := max(width-start, 1)
+	line, cols := indent, start
 	for _, w := range strings.Fields(text) {
+		for utf8.RuneCountInString(w) > room {
+			if cols > start {
+				b.WriteString(line + "\n")
+				line, cols = indent, start
+			}
+			cut := 0
+			for i := 0; i < room; i++ {
+				_, size := utf8.DecodeRuneInString(w[cut:])
+				cut += size
+			}
+			b.WriteString(indent + w[:cut] + "\n")
+			w = w[cut:]
+		}
 		n := utf8.RuneCountInString(w)
 		if cols > start && cols+1+n > width {
 			b.WriteString(line + "\n")
@@ -214,6 +232,8 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	return func(e *env) int {
 		e.jsonErrors = o.jsonOut
 		cfg, err := o.config(fs, e)
+		// -json may follow the URL: config parsed it.
+		e.jsonErrors = o.jsonOut
 		if err != nil {
 			return fail(e, "probe", err)
 		}
@@ -232,6 +252,7 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 		}
 		target = args[0]
 		if err := fs.Parse(args[1:]); err != nil {
+			o.jsonOut = o.jsonOut || jsonAmong(args[1:])
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, usagef("-h after the URL: run 'idem help probe'")
 			}
@@ -294,6 +315,12 @@ func (o *probeOptions) config(fs *flag.FlagSet, e *env) (*probe.Config, error) {
 	}
 	if o.timeout <= 0 {
 		return nil, usagef("-timeout %v: give a positive duration (30s)", o.timeout)
+	}
+	if o.keyHeader == "" {
+		return nil, usagef("-header '': give the name of the key's header (%s)", probe.DefaultKeyHeader)
+	}
+	if o.maxKey == 0 {
+		return nil, usagef("-max-key 0: give the longest key the API takes, in bytes (%d)", probe.DefaultMaxKeyLen)
 	}
 	switch {
 	case o.effectURL != "" && o.effectPath == "":
@@ -413,6 +440,8 @@ func explainProbeError(cfg *probe.Config, err error) error {
 		return usagef("%s: %s", configFlags[ce.Field], ce.Msg)
 	case errors.As(err, &na) && na.Err != nil:
 		return &kindError{"no_answer", fmt.Errorf("%s %s: %w; check the URL and that the server is up (-timeout bounds each request)", cfg.Method, cfg.URL, err)}
+	case errors.As(err, &na) && na.Location != "":
+		return &kindError{"not_accepted", fmt.Errorf("%s %s: %w", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &na):
 		return &kindError{"not_accepted", fmt.Errorf("%s %s: %w; the checks need a request the API accepts (2xx): give its headers with -H (authentication, identity, Content-Type) and its body with -d", cfg.Method, cfg.URL, err)}
 	case errors.As(err, &ee):

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math"
 	"mime"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -105,6 +107,53 @@ func otherBody(body []byte, contentType, tag string) []byte {
 		return []byte(field)
 	}
 	return append(append(bytes.Clone(body), '&'), field...)
+}
+
+// otherBodies returns the bodies other than body that the mismatch
+// checks may send, in the order they are tried: for a JSON object, the
+// object with its first integer member plus one, then with its first
+// string member with "-idem-probe" appended (a value the API reads, so
+// that a fingerprint of the parsed request, which drops members it does
+// not know, differs too); then otherBody. An API that validates its
+// payload may refuse a value or a member: the mismatch checks take the
+// first of them that the API accepts on its own.
+func otherBodies(body []byte, contentType, tag string) [][]byte {
+	var out [][]byte
+	if ms, ok := objectMembers(body); ok {
+		changed := func(i int, value []byte) []byte {
+			var b bytes.Buffer
+			b.WriteByte('{')
+			for j, m := range ms {
+				if j > 0 {
+					b.WriteByte(',')
+				}
+				b.Write(m.name)
+				b.WriteByte(':')
+				if j == i {
+					b.Write(value)
+				} else {
+					b.Write(m.value)
+				}
+			}
+			b.WriteByte('}')
+			return b.Bytes()
+		}
+		for i, m := range ms {
+			if n, err := strconv.ParseInt(string(m.value), 10, 64); err == nil && n < math.MaxInt64 {
+				out = append(out, changed(i, strconv.AppendInt(nil, n+1, 10)))
+				break
+			}
+		}
+		for i, m := range ms {
+			var s string
+			if json.Unmarshal(m.value, &s) == nil {
+				v, _ := json.Marshal(s + "-idem-probe")
+				out = append(out, changed(i, v))
+				break
+			}
+		}
+	}
+	return append(out, otherBody(body, contentType, tag))
 }
 
 // isJSONType reports whether a Content-Type is JSON (application/json or

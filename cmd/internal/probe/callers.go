@@ -29,11 +29,19 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 	if !first.ok() {
 		return Fail, "the first caller's request with a fresh key got " + first.String(), nil
 	}
+	// The second caller's effect is read as the second caller; when the
+	// effect is the first caller's alone (a URL that names it), as the
+	// first caller, whose count the second caller's executions may not
+	// move: the answers then judge.
 	var before int64
+	otherReads := true
 	if p.effectOn {
 		n, err := p.countAs(ctx, true)
 		if err != nil {
-			return Fail, "reading the effect as the second caller: " + err.Error() + "; give -H2 headers the effect's URL accepts too", nil
+			otherReads = false
+			if n, err = p.countAs(ctx, false); err != nil {
+				return "", "", err
+			}
 		}
 		before = n
 	}
@@ -45,22 +53,29 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 	switch {
 	case b.replayed():
 		return Fail, "the second caller, sending the first caller's key, got a replay (" + b.String() + "): keys are not scoped to the caller, and one caller's answer reaches another", nil
-	case b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
-		return Warning, "the second caller, sending the first caller's key, got " + statusText(b.status) + ": the key space is shared between callers; nothing leaked, but one caller can block another's key", nil
+	case b.err == nil && b.status >= 400 && b.status <= 499:
+		// Refused (409, 422, or a 403 or 400 that says the key is
+		// another caller's), where its own key was taken: nothing of the
+		// first caller's reached it.
+		return Warning, "the second caller, sending the first caller's key, got " + statusText(b.status) + ", where its own key executed: the key space is shared between callers; nothing leaked, but one caller can block another's key", nil
 	case !b.ok():
 		return Fail, "the second caller, sending the first caller's key, got " + b.String(), nil
 	}
 	bRetry := c.settle(ctx, asOther(key))
 	leak := b.same(first)
-	switch {
-	case p.effectOn:
-		after, err := p.countAs(ctx, true)
+	byEffect := false // the effect judged whether b executed
+	if p.effectOn {
+		after, err := p.countAs(ctx, otherReads)
 		if err != nil {
-			return Fail, "reading the effect as the second caller: " + err.Error(), nil
+			return "", "", err
 		}
 		switch moved := after - before; {
+		case !otherReads && moved == 0:
+			// Read as the first caller, and not moved by the second
+			// caller's executions: the count is the first caller's alone,
+			// and the answers judge.
 		case moved == int64(c.other):
-			leak = false
+			leak, byEffect = false, true
 		case moved == int64(c.other)-1:
 			// b did not execute: it was the first caller's answer.
 			c.mu.Lock()
@@ -70,10 +85,19 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 		default:
 			return Fail, fmt.Sprintf("the second caller's effect moved by %d where its answers show %s", moved, executionsText(c.other)), nil
 		}
-	case leak && own.same(first):
-		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: give -effect-url", nil
+	}
+	if !byEffect && leak && own.same(first) {
+		how := "give -effect-url"
+		if p.effectOn {
+			how = "the effect, which the second caller cannot read, counts the first caller's alone"
+		}
+		return Warning, "the second caller, sending the first caller's key, got the same bytes as the first caller; the answers carry no ids, so an execution cannot be told from a leaked replay: " + how, nil
 	}
 	if leak {
+		// b was the first caller's answer, not an execution.
+		c.mu.Lock()
+		c.other--
+		c.mu.Unlock()
 		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + "), where its own key got an answer of its own: keys are not scoped to the caller", nil
 	}
 	if !b.same(bRetry) {
@@ -92,7 +116,11 @@ var privateHeaders = []string{"Set-Cookie", "Set-Cookie2", "Authentication-Info"
 
 // privateValues returns the private headers of a: for a cookie its
 // name=value (attributes aside), for others the value; each is prefixed
-// by its header's name.
+// by its header's name. Cookies folded into one Set-Cookie line (as a
+// store that keeps each header as one string replays them) are each
+// taken: a cookie's value holds no comma, so each comma-separated piece
+// that starts with name=value is a cookie (the pieces an Expires date
+// splits off hold no = before their first ;).
 func privateValues(a *answer) []string {
 	if a == nil || a.err != nil {
 		return nil
@@ -100,10 +128,17 @@ func privateValues(a *answer) []string {
 	var out []string
 	for _, h := range privateHeaders {
 		for _, v := range a.header.Values(h) {
-			if strings.HasPrefix(h, "Set-Cookie") {
-				v, _, _ = strings.Cut(v, ";")
+			if !strings.HasPrefix(h, "Set-Cookie") {
+				out = append(out, h+": "+strings.TrimSpace(v))
+				continue
 			}
-			out = append(out, h+": "+strings.TrimSpace(v))
+			for _, piece := range strings.Split(v, ",") {
+				pair, _, _ := strings.Cut(piece, ";")
+				pair = strings.TrimSpace(pair)
+				if name, _, ok := strings.Cut(pair, "="); ok && isToken(strings.TrimSpace(name)) {
+					out = append(out, h+": "+pair)
+				}
+			}
 		}
 	}
 	return out

@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -91,13 +90,35 @@ var Checks = []Info{
 		run: checkConcurrent409,
 	},
 	{
+		ID:     "mismatch-422",
+		Title:  "the same key with another body is refused with 422",
+		Source: "draft §2.2, §2.7",
+		Explain: "Sends another body with a fresh key (a JSON object with its first integer member plus one; " +
+			"when the API refuses that on its own, with its first string member changed, then with the member " +
+			"\"idem_probe\" added; a form with the field idem_probe=…), then the body under the same key. The " +
+			"second must be 422 Unprocessable Content, not executed and not a replay of the first. The other body " +
+			"goes first so that the 422 cannot be a refusal of a body the API refuses under any key. Not " +
+			"applicable when the API accepts none of the other bodies.",
+		run: checkMismatch,
+	},
+	{
+		ID:     "after-mismatch",
+		Title:  "after a 422 the original request still replays",
+		Source: "draft §2.7; Stripe",
+		Explain: "After the mismatch check's 422, sends the key's first request (the other body) again: it must " +
+			"replay the first answer (a refused request does not poison the key's record). Not applicable when " +
+			"the mismatch check got no 422.",
+		run: checkAfterMismatch,
+	},
+	{
 		ID:     "concurrent-mismatch",
 		Title:  "another body while the first runs is refused, not executed",
 		Source: "draft §2.6, §2.7",
 		Explain: "Sends -n requests with one fresh key at once, half with the body and half with another body " +
-			"(as the mismatch check makes it). One request executes; the others with its body must replay it or " +
-			"get 409, and those with the other body must get 409 or 422: never executed, never given the other " +
-			"body's answer.",
+			"(the one mismatch-422 found the API accepts). One request executes; the others with its body must " +
+			"replay it or get 409, and those with the other body must get 409 or 422: never executed, never given " +
+			"the other body's answer. When the API accepts none of the other bodies on their own, their refusal " +
+			"(the same answer as under a fresh key) passes too.",
 		run: checkConcurrentMismatch,
 	},
 	{
@@ -110,24 +131,6 @@ var Checks = []Info{
 			"reported against the time the executing request took. Not applicable when no request got 409 " +
 			"(the API waited and replayed, or the first ended before the others came).",
 		run: checkRetryAfter,
-	},
-	{
-		ID:     "mismatch-422",
-		Title:  "the same key with another body is refused with 422",
-		Source: "draft §2.2, §2.7",
-		Explain: "Sends the request with a fresh key, then the same key with another body (a JSON object gains " +
-			"the member \"idem_probe\", a form the field idem_probe=…). The second must be 422 Unprocessable " +
-			"Content, not executed and not a replay of the first.",
-		run: checkMismatch,
-	},
-	{
-		ID:     "after-mismatch",
-		Title:  "after a 422 the original request still replays",
-		Source: "draft §2.7; Stripe",
-		Explain: "After the mismatch check's 422, sends the original body under its key again: it must replay " +
-			"the first answer (a refused request does not poison the key's record). Not applicable when the " +
-			"mismatch check got no 422.",
-		run: checkAfterMismatch,
 	},
 	{
 		ID:      "reordered-json",
@@ -239,8 +242,9 @@ var Checks = []Info{
 		Explain: "With -H2 (the headers of a second caller), sends a fresh key as the first caller, then the same " +
 			"key and body as the second: the second must not get the first's answer (replayed, or the same bytes " +
 			"where answers carry ids, or an effect that did not move for the second caller); it executes on its " +
-			"own, and each caller's retry replays its own answer. A 409 or 422 to the second caller is a warning " +
-			"(the key space is shared: nothing leaks, but one caller can block another's key). The second " +
+			"own, and each caller's retry replays its own answer. A 4xx to the second caller (409, 422, a 403 " +
+			"that says the key is another's) is a warning (the key space is shared: nothing leaks, but one " +
+			"caller can block another's key). The second " +
 			"caller is checked first with a key of its own. Not applicable without -H2.",
 		run: checkScoped,
 	},
@@ -249,9 +253,10 @@ var Checks = []Info{
 		Title:  "a GET carrying a key is not intercepted",
 		Source: "draft §1; Stripe",
 		Explain: "Sends GET to the URL twice with a fresh key, then with the concurrent check's key to the URL " +
-			"and elsewhere (the -effect-url, or / on the URL's host): GET is idempotent and keys do not apply to " +
-			"it, so no answer may be a replay, a 409, a 422, or the concurrent request's answer (whatever else a " +
-			"URL answers to GET, 405 included, passes).",
+			"and, with a fresh key and with that key, elsewhere (the -effect-url, or / on the URL's host): GET is " +
+			"idempotent and keys do not apply to it, so no answer may be a replay, a 409, a 422, or the concurrent " +
+			"request's answer where a fresh key got another (whatever else a URL answers to GET, 405 included, " +
+			"passes). Last, the first GET's key elsewhere must not get the URL's answer to it.",
 		run: checkGet,
 	},
 	{
@@ -280,8 +285,9 @@ var Checks = []Info{
 		Title:  "a key executes again after the retention",
 		Source: "draft §2.3",
 		Explain: "With -retention (how long the API documents that it keeps a key), sends a fresh key after the " +
-			"first check, again at four fifths of the retention (it must still replay: a record that expires " +
-			"early lets a late retry execute twice), and after the retention and a second (it must execute " +
+			"first check, again shortly before the retention ends (a second and twice the first request's time " +
+			"before, or a hundredth of the retention if more, at most a fifth: it must still replay, as a record " +
+			"that expires early lets a late retry execute twice), and after the retention and a second (it must execute " +
 			"again: the key is free, and its record gone). The run lasts at least the retention. Not applicable " +
 			"without -retention.",
 		run:   checkExpiry,
@@ -295,7 +301,8 @@ var effectInfo = Info{
 	Title:  "the effect moved exactly once per execution",
 	Source: "payment teams' practice",
 	Explain: "With -effect-url and -effect-json-path, reads the count before the first check and after each " +
-		"one: over the run, and in every check, it must move by exactly the number of executions the answers " +
+		"one, and once more a second after the last (an execution that lands after its answer, a duplicate " +
+		"run on another node, is counted): over the run, and in every check, it must move by exactly the number of executions the answers " +
 		"show (a 2xx answer is one unless it repeats an earlier answer under its key or is marked a replay). " +
 		"A check whose answers look right but whose effect moved otherwise fails too. The second caller's " +
 		"executions may move it or not (a count of every caller's effects, or of the first caller's). Not " +
@@ -307,6 +314,14 @@ func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
 	first := c.settle(ctx, c.keyed(key))
 	if !first.ok() {
 		e := &NotAcceptedError{Status: first.status, Body: excerpt(first.body), Err: first.err}
+		if first.err == nil && first.status >= 300 && first.status <= 399 {
+			e.Location = printable(first.header.Get("Location"))
+			if u, err := url.Parse(first.header.Get("Location")); err == nil {
+				if base, err := url.Parse(c.p.cfg.URL); err == nil {
+					e.Location = printable(base.ResolveReference(u).String())
+				}
+			}
+		}
 		return "", "", e
 	}
 	for i := 1; i <= 2; i++ {
@@ -323,7 +338,7 @@ func checkRetryReplay(ctx context.Context, c *check) (Status, string, error) {
 // markerText says how a replay was marked, for a reason.
 func markerText(a *answer) string {
 	if name, value := a.marker(); name != "" {
-		return "marked " + name + ": " + value
+		return "marked " + name + ": " + printable(value)
 	}
 	return "with no marker header"
 }
@@ -441,7 +456,7 @@ func retryAfterText(answers []*answer) string {
 		if a.err != nil || a.status != http.StatusConflict {
 			continue
 		}
-		v := a.header.Get("Retry-After")
+		v := printable(a.header.Get("Retry-After"))
 		if v == "" {
 			v = "none"
 		}
@@ -473,23 +488,40 @@ func checkConcurrent409(ctx context.Context, c *check) (Status, string, error) {
 	return Pass, fmt.Sprintf("%d of %d duplicates got 409", conflicts, len(c.p.concurrent)-1), nil
 }
 
+// checkMismatch sends another body with a fresh key (the first of
+// otherBodies the API accepts on its own), then the body under that key:
+// it must be refused with 422. The other body goes first so that a 422
+// cannot be the API's refusal of a body it would refuse under any key.
 func checkMismatch(ctx context.Context, c *check) (Status, string, error) {
-	key := c.p.newKey()
-	first := c.settle(ctx, c.keyed(key))
-	st := &mismatchState{key: key, first: first}
-	c.p.mismatch = st
-	if !first.ok() {
-		return Fail, "the first request with a fresh key got " + first.String(), nil
+	p := c.p
+	st := &mismatchState{}
+	p.mismatch = st
+	for _, other := range otherBodies(p.cfg.Body, p.cfg.Header.Get("Content-Type"), p.runID) {
+		key := p.newKey()
+		rq := c.keyed(key)
+		rq.body = other
+		a := c.settle(ctx, rq)
+		if a.ok() {
+			st.key, st.body, st.first = key, other, a
+			break
+		}
+		st.refused = append(st.refused, a)
 	}
-	rq := c.keyed(key)
-	rq.body = otherBody(c.p.cfg.Body, c.p.cfg.Header.Get("Content-Type"), c.p.runID)
-	a := c.settle(ctx, rq)
+	if st.first == nil {
+		var got []string
+		for _, a := range st.refused {
+			got = append(got, a.String())
+		}
+		return NotApplicable, fmt.Sprintf("each other body the probe makes (a number or a string changed, a member added) was refused under a fresh key (%s): "+
+			"a refusal of the key cannot be told from a refusal of the body", strings.Join(first3(got), "; ")), nil
+	}
+	a := c.settle(ctx, c.keyed(st.key))
 	switch {
 	case a.err == nil && a.status == http.StatusUnprocessableEntity:
-		c.p.noteRefusal("the key with another body", a)
+		p.noteRefusal("the key with another body", a)
 		st.got422 = true
-		return Pass, "the key with another body got 422", nil
-	case a.replayed() || first.same(a):
+		return Pass, "the key, used by another body the API accepts (" + statusText(st.first.status) + "), got 422 with the body", nil
+	case a.replayed() || st.first.same(a):
 		return Fail, "the key with another body got the first answer replayed (" + statusText(a.status) + "): the API does not compare the request with the key's first", nil
 	default:
 		return Fail, "the key with another body got " + a.String() + "; the draft says 422", nil
@@ -501,11 +533,13 @@ func checkAfterMismatch(ctx context.Context, c *check) (Status, string, error) {
 	if st == nil || !st.got422 {
 		return NotApplicable, "the mismatch check got no 422", nil
 	}
-	a := c.settle(ctx, c.keyed(st.key))
+	rq := c.keyed(st.key)
+	rq.body = st.body
+	a := c.settle(ctx, rq)
 	if !st.first.same(a) {
-		return Fail, "the original request after the 422 got " + a.String() + "; its first answer was " + st.first.String() + ": the refused request poisoned the key", nil
+		return Fail, "the key's first request, sent again after the 422, got " + a.String() + "; its first answer was " + st.first.String() + ": the refused request poisoned the key", nil
 	}
-	return Pass, "the original request after the 422 got its first answer (" + statusText(a.status) + ") again", nil
+	return Pass, "the key's first request, sent again after the 422, got its first answer (" + statusText(a.status) + ") again", nil
 }
 
 func checkReordered(ctx context.Context, c *check) (Status, string, error) {
@@ -725,19 +759,46 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 	type sent struct {
 		what string
 		a    *answer
+		// like, when not nil, is an answer a record of the key would
+		// serve (the POST's, another path's GET's), and whose the
+		// answer; fresh is the answer of a GET to the same URL with a
+		// fresh key. The answer must not be like where fresh is not.
+		like   *answer
+		whose  string
+		fresh  *answer
+		reason string
 	}
-	answers := []sent{{"GET with a fresh key", c.send(ctx, get)}, {"GET with that key again", c.send(ctx, get)}}
-	var post *answer // the concurrent check's execution
+	answers := []sent{{what: "GET with a fresh key", a: c.send(ctx, get)}, {what: "GET with that key again", a: c.send(ctx, get)}}
 	if k := c.p.concurrentKey; k != "" {
+		var post *answer // the concurrent check's execution
 		c.p.mu.Lock()
 		if e := c.p.seen[k]; len(e) > 0 {
 			post = e[0]
 		}
 		c.p.mu.Unlock()
-		get.keyValue, get.key = k, k
-		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, get)})
-		get.url = c.p.elsewhere()
-		answers = append(answers, sent{"GET " + get.url + " with that key", c.send(ctx, get)})
+		byPost := "GET requests are served from the key's record"
+		onURL := get
+		onURL.keyValue, onURL.key = k, k
+		answers = append(answers, sent{"GET with the key of the concurrent check's " + c.p.cfg.Method, c.send(ctx, onURL),
+			post, "the " + c.p.cfg.Method + "'s answer", answers[0].a, byPost})
+		other := get
+		other.url = c.p.elsewhere()
+		other.keyValue = c.p.newKey()
+		other.key = other.keyValue
+		fresh := c.send(ctx, other)
+		answers = append(answers, sent{what: "GET " + other.url + " with a fresh key", a: fresh})
+		other.keyValue, other.key = k, k
+		answers = append(answers, sent{"GET " + other.url + " with the " + c.p.cfg.Method + "'s key", c.send(ctx, other),
+			post, "the " + c.p.cfg.Method + "'s answer", fresh, byPost})
+		// The first GET's key elsewhere: a record of the key alone (no
+		// path in it) serves it the first GET's answer.
+		other.keyValue, other.key = key, key
+		answers = append(answers, sent{"GET " + other.url + " with the key of the first GET to the URL", c.send(ctx, other),
+			answers[0].a, "the URL's answer to that GET", fresh, "GET requests are served from a record of the key, whatever their path"})
+	}
+	// sameAnswer reports whether a and b have one status and body.
+	sameAnswer := func(a, b *answer) bool {
+		return a.err == nil && b.err == nil && a.status == b.status && a.sameBody(b)
 	}
 	for _, s := range answers {
 		a := s.a
@@ -748,8 +809,10 @@ func checkGet(ctx context.Context, c *check) (Status, string, error) {
 			return Fail, s.what + " got a replay (" + statusText(a.status) + "): GET requests are intercepted", nil
 		case a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity:
 			return Fail, s.what + " got " + a.String() + ": GET requests are intercepted", nil
-		case post != nil && len(post.body) > 0 && a.status == post.status && bytes.Equal(a.body, post.body):
-			return Fail, s.what + " got the " + c.p.cfg.Method + "'s answer (" + post.String() + "): GET requests are served from the key's record", nil
+		case s.like != nil && s.like.size > 0 && sameAnswer(a, s.like) && !sameAnswer(a, s.fresh):
+			// The answer a record of the key would serve, where the same
+			// GET with a fresh key got another: the key chose it.
+			return Fail, s.what + " got " + s.whose + " (" + s.like.String() + "), where a fresh key got " + s.fresh.String() + ": " + s.reason, nil
 		}
 	}
 	return Pass, fmt.Sprintf("GET with a key got %s, never a replay, 409, 422 or a %s's answer, on the URL and elsewhere", statusText(answers[0].a.status), c.p.cfg.Method), nil

@@ -44,8 +44,12 @@
 // repeats, byte for byte, an earlier answer under its key or is marked a
 // replay (answers with ids of their own under one key are as many
 // executions). The second caller's executions may move it or not (a count
-// of every caller's effects, or of the first caller's). Without them the
-// probe judges answers only, and says so.
+// of every caller's effects, or of the first caller's). The count is read
+// once more a second after the last check (Config.EffectSettle), so that
+// an execution that lands after its answer is counted; it must otherwise
+// move with the answers (a read model that lags its writes fails the
+// checks it lags behind). Without them the probe judges answers only, and
+// says so.
 //
 // Every key is fresh: a version 4 UUID whose first group is a run id of
 // 32 random bits (36 bytes, the form most APIs take), so runs never meet

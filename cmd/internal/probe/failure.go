@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,7 +31,7 @@ func checkReleased5xx(ctx context.Context, c *check) (Status, string, error) {
 	}
 	a := c.settle(ctx, c.keyed(key))
 	switch {
-	case a.ok() && !a.replayed() && !(a.status == first.status && bytes.Equal(a.body, first.body)):
+	case a.ok() && !a.replayed() && !(a.status == first.status && a.sameBody(first)):
 		return Pass, "the -d5xx body got " + statusText(first.status) + ", and so did its retry; the accepted body under the same key then executed (" + statusText(a.status) + "): the failure was let go", nil
 	case a.err == nil && a.status == http.StatusUnprocessableEntity:
 		return Fail, "after the " + statusText(first.status) + ", the accepted body under the same key got 422: the key still holds the failed request, so its retries get the failure for the record's lifetime", nil
@@ -78,6 +77,9 @@ func problemError(a *answer) string {
 			return "no Content-Type, not application/problem+json"
 		}
 		return fmt.Sprintf("Content-Type %q, not application/problem+json", ct)
+	}
+	if a.size > int64(len(a.body)) {
+		return fmt.Sprintf("the body is %d bytes, more than a problem detail takes", a.size)
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(a.body, &m); err != nil || m == nil {

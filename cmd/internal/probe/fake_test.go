@@ -51,6 +51,11 @@ type knobs struct {
 	keyOptional    bool          // a request without a key runs unguarded
 	fpCaller       bool          // the fingerprint holds the caller: another caller's use of a key is a mismatch
 	execDelay      time.Duration // an execution takes this long (duplicates then come in flight)
+	strictMembers  int           // a JSON body with a member other than item and qty is refused with this status, before the key is read
+	foldCookie     bool          // an execution's Set-Cookie is stored and replayed folded with lang=en into one line
+	expireBy       time.Duration // records end this long before the retention
+	fpKnown        bool          // the fingerprint is over item and qty alone (the parsed request: other members are dropped)
+	foreignKey     int           // a key another caller's record holds is refused with this status
 }
 
 // fakeAPI is an idempotent API written for the probe's tests: POST /api
@@ -70,8 +75,11 @@ type fakeAPI struct {
 	perUser  map[string]int
 	failures int
 	// What the fake did, the ground truth of the checks that scheduling
-	// decides: 409s answered, and replays given to another body.
+	// decides: 409s answered (and per key), the fingerprints each key
+	// was sent with, and replays given to another body.
 	conflicts    int
+	conflictsOn  map[string]int
+	fingerprints map[string]map[string]bool
 	crossReplays int
 }
 
@@ -82,13 +90,15 @@ type fakeRecord struct {
 	status int
 	body   []byte
 	cookie string    // the execution's Set-Cookie
+	user   string    // the caller whose request made it
 	until  time.Time // when the record ends; zero: never
 }
 
 // startFake serves a fakeAPI with k until the test ends.
 func startFake(t *testing.T, k knobs) (*fakeAPI, string) {
 	t.Helper()
-	f := &fakeAPI{k: k, records: map[string]*fakeRecord{}, poisoned: map[string]bool{}, gates: map[string]chan struct{}{}, perUser: map[string]int{}}
+	f := &fakeAPI{k: k, records: map[string]*fakeRecord{}, poisoned: map[string]bool{}, gates: map[string]chan struct{}{}, perUser: map[string]int{},
+		conflictsOn: map[string]int{}, fingerprints: map[string]map[string]bool{}}
 	srv := httptest.NewUnstartedServer(f)
 	if k.caseSensitive {
 		srv.Listener = caseSensitiveListener{srv.Listener}
@@ -109,6 +119,20 @@ func (f *fakeAPI) did() (conflicts, crossReplays int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.conflicts, f.crossReplays
+}
+
+// conflictsOneBody returns the fake's 409s to keys sent with one body
+// only (the concurrent check's, not concurrent-mismatch's).
+func (f *fakeAPI) conflictsOneBody() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for key, c := range f.conflictsOn {
+		if len(f.fingerprints[key]) == 1 {
+			n += c
+		}
+	}
+	return n
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -140,6 +164,12 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case r.Method != http.MethodPost && r.Method != http.MethodGet:
 		w.WriteHeader(http.StatusMethodNotAllowed)
+		return
+	}
+	if f.k.strictMembers != 0 && r.Method == http.MethodPost && unknownMembers(body) {
+		// A validation ahead of the idempotency layer: the body is
+		// refused whatever its key.
+		writeJSON(w, f.k.strictMembers, []byte(`{"code":"VALIDATION","detail":"unknown member"}`), "")
 		return
 	}
 	if f.k.noIdempotency {
@@ -185,6 +215,10 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	f.mu.Lock()
+	if f.fingerprints[key] == nil {
+		f.fingerprints[key] = map[string]bool{}
+	}
+	f.fingerprints[key][fp] = true
 	rec := f.records[key]
 	if rec != nil && rec.done && !rec.until.IsZero() && time.Now().After(rec.until) {
 		delete(f.records, key)
@@ -214,8 +248,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 	}
 	switch {
+	case rec != nil && f.k.foreignKey != 0 && rec.user != user:
+		f.mu.Unlock()
+		f.refuse(w, f.k.foreignKey, "FOREIGN_KEY")
 	case rec == nil:
-		rec = &fakeRecord{fp: fp, ended: make(chan struct{})}
+		rec = &fakeRecord{fp: fp, ended: make(chan struct{}), user: user}
 		f.records[key] = rec
 		f.mu.Unlock()
 		status, out, cookie := f.execute(r.Method, body, user)
@@ -229,6 +266,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				if f.k.expireEarly {
 					ret /= 2
 				}
+				ret -= f.k.expireBy
 				rec.until = time.Now().Add(ret)
 			}
 		}
@@ -262,6 +300,7 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.replay(w, rec, r.Method, body, user)
 	case !rec.done:
 		f.conflicts++
+		f.conflictsOn[key]++
 		f.mu.Unlock()
 		if !f.k.no409After {
 			w.Header().Set("Retry-After", "1")
@@ -305,6 +344,10 @@ func (f *fakeAPI) replay(w http.ResponseWriter, rec *fakeRecord, method string, 
 	}
 	if f.k.storeCookie {
 		addCookie(w, cookie)
+	}
+	if f.k.foldCookie && cookie != "" {
+		// Headers kept as one string each, their values joined.
+		w.Header().Set("Set-Cookie", "lang=en; Path=/, "+cookie)
 	}
 	writeJSON(w, status, out, f.marker())
 }
@@ -369,8 +412,33 @@ func (f *fakeAPI) parseKey(v string) (string, bool) {
 	return v, true
 }
 
+// unknownMembers reports whether body is a JSON object with a member
+// other than item and qty.
+func unknownMembers(body []byte) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return false
+	}
+	for name := range m {
+		if name != "item" && name != "qty" {
+			return true
+		}
+	}
+	return false
+}
+
 // fingerprint is the body's canonical JSON (members sorted), or its bytes.
 func (f *fakeAPI) fingerprint(body []byte) string {
+	if f.k.fpKnown {
+		var order struct {
+			Item string          `json:"item"`
+			Qty  json.RawMessage `json:"qty"`
+		}
+		if json.Unmarshal(body, &order) == nil {
+			b, _ := json.Marshal(order)
+			return string(b)
+		}
+	}
 	var v any
 	if f.k.rawFingerprint || json.Unmarshal(body, &v) != nil {
 		return string(body)

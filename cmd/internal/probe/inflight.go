@@ -10,12 +10,30 @@ import (
 )
 
 // checkConcurrentMismatch sends -n requests with one key at once, half
-// with the body and half with another: one executes, its body's others
-// replay it or get 409, the other body's get 409 or 422.
+// with the body and half with another (the one the mismatch check found
+// the API accepts): one executes, its body's others replay it or get
+// 409, the other body's get 409 or 422 (or, when the API accepts no other
+// body on its own, the refusal it got under a fresh key).
 func checkConcurrentMismatch(ctx context.Context, c *check) (Status, string, error) {
 	n := c.p.cfg.Concurrency
 	key := c.p.newKey()
-	bodies := [2][]byte{c.p.cfg.Body, otherBody(c.p.cfg.Body, c.p.cfg.Header.Get("Content-Type"), c.p.runID)}
+	other := otherBody(c.p.cfg.Body, c.p.cfg.Header.Get("Content-Type"), c.p.runID)
+	// refusedAlone holds the statuses the other bodies got under a fresh
+	// key when the API accepted none: the same answer under this key is
+	// the body's refusal, not the key's.
+	refusedAlone := map[int]bool{}
+	if st := c.p.mismatch; st != nil {
+		if st.body != nil {
+			other = st.body
+		} else {
+			for _, a := range st.refused {
+				if a.err == nil && a.status >= 400 && a.status <= 499 {
+					refusedAlone[a.status] = true
+				}
+			}
+		}
+	}
+	bodies := [2][]byte{c.p.cfg.Body, other}
 	answers := make([]*answer, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -32,12 +50,15 @@ func checkConcurrentMismatch(ctx context.Context, c *check) (Status, string, err
 
 	var got [2][]*answer // per body, the answers other than 409 and 422
 	var conflicts, refused [2]int
+	alone := 0 // the other body's answers that are its refusal under any key
 	var bad []string
 	for i, a := range answers {
 		b := i % 2
 		switch {
 		case a.err != nil:
 			bad = append(bad, fmt.Sprintf("request %d: %s", i+1, a))
+		case b == 1 && refusedAlone[a.status]:
+			alone++
 		case a.status == http.StatusConflict:
 			conflicts[b]++
 			c.p.noteInFlight("a duplicate sent while the first ran", a)
@@ -79,8 +100,12 @@ func checkConcurrentMismatch(ctx context.Context, c *check) (Status, string, err
 		}
 	}
 	l := 1 - w
-	return Pass, fmt.Sprintf("%d requests, two bodies, one key: %s was answered once (%s), %d of its duplicates replayed, %d got 409; %s got %d × 409, %d × 422",
-		n, names[w], statusText(exec.status), len(got[w])-1, conflicts[w], names[l], conflicts[l], refused[l]), nil
+	reason := fmt.Sprintf("%d requests, two bodies, one key: %s was answered once (%s), %d of its duplicates replayed, %d got 409; %s got %d × 409, %d × 422",
+		n, names[w], statusText(exec.status), len(got[w])-1, conflicts[w], names[l], conflicts[l], refused[l])
+	if alone > 0 {
+		reason += fmt.Sprintf(", %d × the refusal it gets under any key (the API accepts none of the other bodies the probe makes)", alone)
+	}
+	return Pass, reason, nil
 }
 
 // checkRetryAfter judges the 409s of the concurrent checks: each carries

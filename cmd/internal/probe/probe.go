@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -30,6 +32,9 @@ const (
 	DefaultMaxKeyLen = 255
 	// DefaultTimeout bounds each request.
 	DefaultTimeout = 30 * time.Second
+	// DefaultEffectSettle is how long the probe waits after the last
+	// check before it reads the effect once more.
+	DefaultEffectSettle = time.Second
 	// MaxConcurrency is the largest Config.Concurrency.
 	MaxConcurrency = 1000
 )
@@ -61,6 +66,13 @@ var Profiles = []string{"stripe", "strict-keys", "retry-safe", "problem-details"
 // maxAnswer is the largest response body the probe reads; more is an error.
 const maxAnswer = 16 << 20
 
+// keptAnswer is how much of an answer's body the probe keeps (for a
+// reason's excerpt, a problem detail's members): answers are compared by
+// their length and SHA-256, so that -n concurrent answers of up to
+// maxAnswer each never sit in memory at once. The effect's answer, whose
+// count is read, is kept whole.
+const keptAnswer = 64 << 10
+
 // Config says what to probe and how. The zero value of each field means
 // its default; URL is required.
 type Config struct {
@@ -71,7 +83,9 @@ type Config struct {
 	// and TRACE are refused: they are idempotent without any key.
 	Method string
 	// Header holds the headers sent with every request (authentication,
-	// a tenant, Content-Type). It must not hold the key header. With a
+	// a tenant, Content-Type). It must not hold the key header. An
+	// Accept-Encoding is not sent: the probe asks for gzip and reads
+	// answers decoded. With a
 	// Body and no Content-Type the probe sends application/json for a JSON
 	// body and application/x-www-form-urlencoded otherwise, as curl -d.
 	Header http.Header
@@ -94,7 +108,8 @@ type Config struct {
 	// OtherHeader, when not nil, holds the headers of a second caller
 	// (its credentials or identity): each replaces the Header of the same
 	// name (and the EffectHeader's, for the second caller's reads of the
-	// effect). The scoped-keys check sends the first caller's key as the
+	// effect; when the second caller may not read it, as an effect at a
+	// URL that names the first caller, it is read as the first caller). The scoped-keys check sends the first caller's key as the
 	// second caller: it must never get the first caller's answer. Nil
 	// makes that check not applicable.
 	OtherHeader http.Header
@@ -123,6 +138,12 @@ type Config struct {
 	// EffectHeader holds the headers of the effect's GET; nil means Header
 	// (without Content-Type).
 	EffectHeader http.Header
+	// EffectSettle is how long the probe waits after the last check
+	// before it reads the effect once more, so that an execution that
+	// lands after its answer (a duplicate run on another node) is
+	// counted; 0 means DefaultEffectSettle, a negative value reads it
+	// right after the last check.
+	EffectSettle time.Duration
 	// Insecure skips the verification of the server's TLS certificate.
 	Insecure bool
 	// Client sends the requests; nil means a client of the probe's own
@@ -158,6 +179,37 @@ func overlay(h, over http.Header) http.Header {
 	return out
 }
 
+// canonical returns a copy of h with each name in its canonical form (the
+// values of names that differ only in case together); nil for nil.
+func canonical(h http.Header) http.Header {
+	if h == nil {
+		return nil
+	}
+	out := make(http.Header, len(h))
+	for name, v := range h {
+		k := http.CanonicalHeaderKey(name)
+		out[k] = append(out[k], v...)
+	}
+	return out
+}
+
+// badHeader says what in h no request can carry (a name that is not a
+// token, a value with a control character other than a tab: a line
+// break would end the header); "" when nothing.
+func badHeader(h http.Header) string {
+	for name, values := range h {
+		if !isToken(name) {
+			return fmt.Sprintf("%q is not a header name", name)
+		}
+		for _, v := range values {
+			if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+				return fmt.Sprintf("%s: %q holds a control character; a header's value is one line of text", name, v)
+			}
+		}
+	}
+	return ""
+}
+
 // ConfigError is a Config the probe cannot run with: Field names the
 // field, Msg says what is wrong and how to fix it.
 type ConfigError struct {
@@ -173,12 +225,20 @@ func (e *ConfigError) Error() string { return "probe: " + e.Field + ": " + e.Msg
 type NotAcceptedError struct {
 	Status int
 	Body   string // the start of the answer's body
-	Err    error
+	// Location is where a redirect (3xx) pointed: the probe follows
+	// none, so the URL to probe is that one.
+	Location string
+	Err      error
 }
 
 func (e *NotAcceptedError) Error() string {
-	if e.Err != nil {
+	switch {
+	case e.Err != nil:
 		return "the first request got no answer: " + e.Err.Error()
+	case e.Location != "":
+		return fmt.Sprintf("the first request, with a fresh key, was answered %s to %s: the probe follows no redirect, probe the URL it points to", statusText(e.Status), e.Location)
+	case e.Body == "":
+		return fmt.Sprintf("the first request, with a fresh key, was answered %s, with no body", statusText(e.Status))
 	}
 	return fmt.Sprintf("the first request, with a fresh key, was answered %s: %s", statusText(e.Status), e.Body)
 }
@@ -317,7 +377,13 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		return nil, err
 	}
 	defer p.close()
-	return p.run(ctx)
+	rep, err := p.run(ctx)
+	if err != nil && ctx.Err() != nil {
+		// A request or a read of the effect cut short by the context
+		// says nothing of the API: the run was interrupted.
+		return nil, ctx.Err()
+	}
+	return rep, err
 }
 
 func (c *Config) normalize() error {
@@ -372,7 +438,18 @@ func (c *Config) normalize() error {
 	if c.Retention > 0 && c.Retention < MinRetention {
 		return &ConfigError{Field: "Retention", Msg: fmt.Sprintf("%v is too short to tell from the time a request takes; give %v or more", c.Retention, MinRetention)}
 	}
-	c.Header = c.Header.Clone()
+	// Names as written (a map literal in lower case) name the header
+	// they spell: canonical, a header the probe sets or replaces is that
+	// one, not one more beside it.
+	c.Header, c.OtherHeader, c.EffectHeader = canonical(c.Header), canonical(c.OtherHeader), canonical(c.EffectHeader)
+	for _, h := range []struct {
+		field string
+		h     http.Header
+	}{{"Header", c.Header}, {"OtherHeader", c.OtherHeader}, {"EffectHeader", c.EffectHeader}} {
+		if msg := badHeader(h.h); msg != "" {
+			return &ConfigError{Field: h.field, Msg: msg}
+		}
+	}
 	if c.Header == nil {
 		c.Header = http.Header{}
 	}
@@ -521,10 +598,14 @@ type quotedState struct {
 	first *answer
 }
 
+// mismatchState is the mismatch check's key: the other body it sent
+// first, and what that body got.
 type mismatchState struct {
-	key    string
-	first  *answer
-	got422 bool
+	key     string
+	body    []byte    // the other body the API accepted; nil when it took none
+	first   *answer   // its answer
+	refused []*answer // the answers of the other bodies refused under a fresh key
+	got422  bool
 }
 
 func newProber(c *Config) (*prober, error) {
@@ -547,7 +628,7 @@ func newProber(c *Config) (*prober, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	p.planned = 3 + c.Concurrency + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 4
+	p.planned = 3 + c.Concurrency + c.Concurrency + 2 + 1 + 2 + 2 + 2 + 2 + 1 + 1 + len(malformedKeys) + 1 + 2 + 6
 	if c.ServerErrorBody != nil {
 		p.planned += 3
 	}
@@ -601,16 +682,24 @@ type request struct {
 	// other sends the request as the second caller (Config.OtherHeader):
 	// its executions are the check's other ones.
 	other bool
+	// whole keeps the answer's body whole (up to maxAnswer), not its
+	// first keptAnswer bytes: the effect's, whose count is read.
+	whole bool
 }
 
 // answer is what a request got.
 type answer struct {
 	status int
 	header http.Header
-	body   []byte
+	body   []byte // the body's first keptAnswer bytes (the effect's: all of it)
+	size   int64  // the body's length
+	sum    [sha256.Size]byte
 	err    error
 	took   time.Duration // from sending the request to the end of the answer
 }
+
+// sameBody reports whether a and b have the same body.
+func (a *answer) sameBody(b *answer) bool { return a.size == b.size && a.sum == b.sum }
 
 func (a *answer) ok() bool { return a.err == nil && a.status >= 200 && a.status <= 299 }
 
@@ -646,7 +735,7 @@ func (a *answer) same(b *answer) bool {
 	return a.err == nil && b.err == nil && a.status == b.status &&
 		a.header.Get("Content-Type") == b.header.Get("Content-Type") &&
 		a.header.Get("Location") == b.header.Get("Location") &&
-		bytes.Equal(a.body, b.body)
+		a.sameBody(b)
 }
 
 // String describes the answer in a reason: its status and the start of
@@ -657,9 +746,9 @@ func (a *answer) String() string {
 	}
 	s := statusText(a.status)
 	if name, value := a.marker(); name != "" {
-		s += " marked " + name + ": " + value
+		s += " marked " + name + ": " + printable(value)
 	}
-	if len(a.body) > 0 {
+	if a.size > 0 {
 		s += " " + excerpt(a.body)
 	}
 	return s
@@ -672,14 +761,15 @@ func statusText(status int) string {
 	return strconv.Itoa(status)
 }
 
-// excerpt returns the start of body, on one line, for a reason.
+// excerpt returns the start of body, on one line, for a reason: printable
+// (see printable), and cut after 120 bytes.
 func excerpt(body []byte) string {
 	const max = 120
 	s := string(body)
 	if !utf8.ValidString(s) {
 		return fmt.Sprintf("(%d bytes, not UTF-8)", len(body))
 	}
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if len(s) > max {
 		cut := max
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -688,6 +778,29 @@ func excerpt(body []byte) string {
 		s = s[:cut] + "…"
 	}
 	return s
+}
+
+// printable returns s, a text an API sent, with what a terminal would
+// not print as text escaped as Go escapes it: control characters (an
+// escape sequence would reach the terminal of whoever reads the report),
+// bidirectional controls (which reorder what is shown) and bytes that are
+// not UTF-8.
+func printable(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // check is the state of the check running.
@@ -824,20 +937,47 @@ func (p *prober) do(ctx context.Context, method, target string, rq request, h ht
 		req.Host = host
 		h.Del("Host")
 	}
+	// Answers are judged by what they say, not by how they travel: the
+	// transport asks for gzip and decodes it, where an Accept-Encoding
+	// of the caller's (copied from a browser: gzip, deflate, br) would
+	// leave the bytes encoded, the effect unreadable.
+	h.Del("Accept-Encoding")
 	start := time.Now()
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return &answer{err: err, took: time.Since(start)}
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
-	if err == nil && len(b) > maxAnswer {
+	keep := keptAnswer
+	if rq.whole {
+		keep = maxAnswer
+	}
+	sum := sha256.New()
+	kept := &prefixBuffer{max: keep}
+	n, err := io.Copy(io.MultiWriter(sum, kept), io.LimitReader(resp.Body, maxAnswer+1))
+	if err == nil && n > maxAnswer {
 		err = fmt.Errorf("the answer's body is over %d bytes", maxAnswer)
 	}
 	if err != nil {
 		return &answer{err: fmt.Errorf("reading the answer: %w", err)}
 	}
-	return &answer{status: resp.StatusCode, header: resp.Header, body: b, took: time.Since(start)}
+	a := &answer{status: resp.StatusCode, header: resp.Header, body: kept.b, size: n, took: time.Since(start)}
+	sum.Sum(a.sum[:0])
+	return a
+}
+
+// prefixBuffer keeps the first max bytes written to it, and takes the
+// rest without keeping it.
+type prefixBuffer struct {
+	b   []byte
+	max int
+}
+
+func (w *prefixBuffer) Write(p []byte) (int, error) {
+	if room := w.max - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
 }
 
 func (p *prober) progress() {
@@ -862,7 +1002,7 @@ func (p *prober) countAs(ctx context.Context, other bool) (int64, error) {
 	if other {
 		h = p.cfg.otherEffectHeader
 	}
-	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true}, h.Clone())
+	a := p.do(ctx, http.MethodGet, p.cfg.EffectURL, request{get: true, whole: true}, h.Clone())
 	if a.err != nil {
 		return 0, &EffectError{URL: p.cfg.EffectURL, Msg: a.err.Error()}
 	}
@@ -949,6 +1089,25 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 	}
 	eff := effectInfo.result()
 	if p.effectOn {
+		// An execution the answers do not show may land a moment after
+		// its request was answered (a duplicate run on another node):
+		// the count is read once more after a quiet while, so that one
+		// of the last check lands in the run.
+		var late int64
+		if settle := p.cfg.EffectSettle; settle >= 0 {
+			if settle == 0 {
+				settle = DefaultEffectSettle
+			}
+			if err := sleepUntil(ctx, time.Now().Add(settle)); err != nil {
+				return nil, err
+			}
+			n, err := p.count(ctx)
+			if err != nil {
+				return nil, err
+			}
+			late = n - p.lastCount
+			p.lastCount = n
+		}
 		rep.Effect = &Effect{URL: p.cfg.EffectURL, Path: p.path.String(), Before: before, After: p.lastCount, Expected: expected}
 		moved := p.lastCount - before
 		eff.EffectDelta = &moved
@@ -959,6 +1118,9 @@ func (p *prober) run(ctx context.Context) (*Report, error) {
 		} else {
 			eff.Status = Fail
 			eff.Reason = fmt.Sprintf("%s at %s went from %d to %d, by %d, where the answers show %s", p.path, p.cfg.EffectURL, before, p.lastCount, moved, executionsText(int(expected)))
+			if late != 0 {
+				eff.Reason += fmt.Sprintf(" (by %d after the last check: effects that landed after their answers)", late)
+			}
 		}
 	} else {
 		eff.Status = NotApplicable

@@ -33,6 +33,9 @@ func fakeConfig(base string) *probe.Config {
 		KeyRequired:     true,
 		EffectURL:       base + "/count",
 		EffectPath:      "count",
+		// The fake's effects land with their answers: no read after a
+		// quiet while (TestLateEffect has one).
+		EffectSettle: -1,
 	}
 }
 
@@ -109,6 +112,16 @@ func TestBrokenAPIs(t *testing.T) {
 		{name: "refusals not problem details", k: knobs{plainErrors: true}, coreOK: true, failed: []string{"problem-bodies"}},
 		{name: "keys shared, refused to others", k: knobs{globalKeys: true, fpCaller: true, rawFingerprint: true}, coreOK: true,
 			failed: []string{"reordered-json"}, warned: []string{"scoped-keys"}},
+		{name: "keys shared, refused to others with 403", k: knobs{globalKeys: true, foreignKey: http.StatusForbidden}, coreOK: true,
+			warned: []string{"scoped-keys"}},
+		// A validation ahead of the idempotency layer refuses the probe's
+		// other body whatever its key: a refusal of the body, not of the
+		// key, and no defect.
+		{name: "unknown members refused with 400", k: knobs{strictMembers: 400}, coreOK: true},
+		{name: "unknown members refused with 422", k: knobs{strictMembers: 422}, coreOK: true},
+		// The fingerprint of the parsed request: a member it does not
+		// know is no other request.
+		{name: "fingerprint of the known members", k: knobs{fpKnown: true}, coreOK: true},
 		// Defects: core fails.
 		{name: "no idempotency", k: knobs{noIdempotency: true}, coreOK: false,
 			failed: []string{"concurrent", "concurrent-mismatch", "header-case", "malformed-key", "mismatch-422", "missing-key", "overlong-key",
@@ -117,6 +130,10 @@ func TestBrokenAPIs(t *testing.T) {
 			warned: []string{"stored-4xx"}},
 		{name: "ignores the body", k: knobs{ignoreBody: true}, coreOK: false, failed: []string{"mismatch-422"}, na: []string{"after-mismatch"},
 			maybe: []string{"concurrent-mismatch"}},
+		// Its 422 to the other body is the validation's, not the key's:
+		// an accepted other body gets the first answer.
+		{name: "ignores the body, refuses unknown members with 422", k: knobs{ignoreBody: true, strictMembers: 422}, coreOK: false,
+			failed: []string{"mismatch-422"}, na: []string{"after-mismatch"}, maybe: []string{"concurrent-mismatch"}},
 		{name: "in flight, waits and replays any body", k: knobs{waitNoCompare: true, execDelay: delay}, coreOK: false},
 		{name: "poisoned after 422", k: knobs{poisonAfter422: true}, coreOK: false, failed: []string{"after-mismatch"}},
 		{name: "500 without a key", k: knobs{missing500: true}, coreOK: false, failed: []string{"missing-key"}},
@@ -132,6 +149,7 @@ func TestBrokenAPIs(t *testing.T) {
 		{name: "executes retries, answers replays", k: knobs{reexecutes: true}, coreOK: false,
 			failed: []string{"after-mismatch", "bare-key", "concurrent", "concurrent-mismatch", "effect", "header-case", "quoted-key", "reordered-json", "retry-replay", "scoped-keys"}},
 		{name: "Set-Cookie replayed", k: knobs{storeCookie: true}, coreOK: false, failed: []string{"private-headers"}},
+		{name: "Set-Cookie replayed, folded into one line", k: knobs{foldCookie: true}, coreOK: false, failed: []string{"private-headers"}},
 		{name: "keys shared between callers", k: knobs{globalKeys: true}, coreOK: false, failed: []string{"scoped-keys"}},
 		{name: "keys shared, replays unmarked", k: knobs{globalKeys: true, noReplayHeader: true}, coreOK: false,
 			failed: []string{"replay-marker", "scoped-keys"}, warned: []string{"stored-4xx"}},
@@ -143,15 +161,21 @@ func TestBrokenAPIs(t *testing.T) {
 			f, base := startFake(t, c.k)
 			rep := run(t, fakeConfig(base))
 			conflicts, cross := f.did()
-			// The checks scheduling decides are judged by what the fake did.
+			// The checks scheduling decides are judged by what the fake did:
+			// concurrent-409 by the 409s to the concurrent check's key (one
+			// body), retry-after by those of both concurrent checks.
 			want := map[string]probe.Status{}
 			switch {
 			case conflicts == 0:
-				want["concurrent-409"], want["retry-after"] = probe.Warning, probe.NotApplicable
+				want["retry-after"] = probe.NotApplicable
 			case c.k.no409After:
-				want["concurrent-409"], want["retry-after"] = probe.Pass, probe.Fail
+				want["retry-after"] = probe.Fail
 			default:
-				want["concurrent-409"], want["retry-after"] = probe.Pass, probe.Pass
+				want["retry-after"] = probe.Pass
+			}
+			want["concurrent-409"] = probe.Pass
+			if f.conflictsOneBody() == 0 {
+				want["concurrent-409"] = probe.Warning
 			}
 			if c.k.waitNoCompare {
 				// The defect shows only when another body came in flight.
@@ -442,6 +466,10 @@ func TestConfigErrors(t *testing.T) {
 		{probe.Config{URL: "http://x/", EffectURL: "x", EffectPath: "count"}, "EffectURL"},
 		{probe.Config{URL: "http://x/", EffectURL: "http://x/", EffectPath: "a..b"}, "EffectPath"},
 		{probe.Config{URL: "http://x/", Profiles: []string{"stripe", "nope"}}, "Profiles"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"X-A": {"b\r\nX-B: c"}}}, "Header"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"Bad Name": {"b"}}}, "Header"},
+		{probe.Config{URL: "http://x/", Header: http.Header{"X-User": {"1"}}, OtherHeader: http.Header{"X-User": {"2\x00"}}}, "OtherHeader"},
+		{probe.Config{URL: "http://x/", EffectURL: "http://x/c", EffectPath: "n", EffectHeader: http.Header{"X-T": {"\x7f"}}}, "EffectHeader"},
 	} {
 		_, err := probe.Run(context.Background(), &c.cfg)
 		var ce *probe.ConfigError
