@@ -213,7 +213,7 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	fs.StringVar(&o.method, "X", http.MethodPost, "request `METHOD` (POST, PATCH, PUT, DELETE; not GET)")
 	fs.Var(&o.headers, "H", "request header `'Name: value'`, sent with every request (repeatable): authentication, identity, Content-Type")
 	fs.StringVar(&o.data, "d", "", "request body: `DATA`, @FILE or @- (standard input); a request the API accepts and executes")
-	fs.StringVar(&o.data4xx, "d4xx", "", "a body the API refuses with a 4xx other than 409 (`DATA`, @FILE or @-), for the stored-4xx check (none: n/a)")
+	fs.StringVar(&o.data4xx, "d4xx", "", "a body the API refuses with a 4xx while running it (an unknown product; not a validation error), other than 409 (`DATA`, @FILE or @-), for the stored-4xx check (none: n/a)")
 	fs.StringVar(&o.data5xx, "d5xx", "", "a body the API answers with a 5xx (`DATA`, @FILE or @-), for the released-5xx check (none: n/a)")
 	fs.Var(&o.headers2, "H2", "header `'Name: value'` of a second caller, replacing the -H header of that name (repeatable), for the scoped-keys check (none: n/a)")
 	fs.BoolVar(&o.requireKey, "require-key", false, "the API requires a key: a request without one must be refused with 400 (without: n/a when it runs)")

@@ -16,51 +16,6 @@ import (
 	"github.com/idemkit/idem/cmd/internal/probe"
 )
 
-// TestProbeJSONAfterURL: flags may follow the URL, -json among them; a
-// probe that cannot run then prints its error as JSON all the same (a CI
-// job that parses standard output got nothing when -json followed the
-// URL, or a bad flag).
-func TestProbeJSONAfterURL(t *testing.T) {
-	t.Parallel()
-	base, created := api(t, false)
-	closed := httptest.NewServer(http.NotFoundHandler())
-	closed.Close()
-	for _, c := range []struct {
-		args []string
-		code int
-		kind string
-		want string
-	}{
-		{[]string{base + "/items", "-json", "-n", "1"}, 2, "usage", "-n:"},
-		// The flag parser stops at a bad flag: a -json after it counts.
-		{[]string{"-n", "x", "-json", base + "/items"}, 2, "usage", "-n"},
-		{[]string{"-nope", "--json", base + "/items"}, 2, "usage", "-nope"},
-		{[]string{base + "/items", "-nope", "-json=true"}, 2, "usage", "-nope"},
-		{[]string{base + "/items", "-json", "-nope"}, 2, "usage", "-nope"},
-		{[]string{base + "/items", "-json", "-effect-url", base + "/count"}, 2, "usage", "-effect-url without -effect-json-path"},
-		{[]string{base + "/items", "-d", `{"name":"refuse"}`, "-json"}, 1, "not_accepted", "400 Bad Request"},
-		{[]string{closed.URL + "/items", "-json", "-d", `{"name":"pen"}`}, 1, "no_answer", "got no answer"},
-	} {
-		r := runIdem(t, "", append([]string{"probe"}, c.args...)...)
-		var out struct {
-			OK    *bool `json:"ok"`
-			Error struct {
-				Kind    string `json:"kind"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		dec := json.NewDecoder(strings.NewReader(r.stdout))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&out); err != nil || r.code != c.code || out.OK == nil || *out.OK || out.Error.Kind != c.kind ||
-			!strings.Contains(out.Error.Message, c.want) || !strings.Contains(r.stderr, out.Error.Message) {
-			t.Errorf("idem probe %q: exit %d, %v, stdout %q, stderr %q; want exit %d, kind %s, %q", c.args, r.code, err, r.stdout, r.stderr, c.code, c.kind, c.want)
-		}
-	}
-	if created.Load() != 0 {
-		t.Errorf("%d created", created.Load())
-	}
-}
-
 // TestProbeInterrupted: a probe interrupted while its first request
 // waits for an answer says so (kind interrupted, no verdict), not that
 // the server did not answer.

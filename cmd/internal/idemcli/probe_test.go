@@ -234,7 +234,8 @@ func TestProbeUsageErrors(t *testing.T) {
 		{[]string{"ftp://example.com/"}, "URL:"},
 		{[]string{"-H2", "NoColon", u}, "-H2"},
 		{[]string{"-H2", "Idempotency-Key: k", u}, "-H2: holds Idempotency-Key"},
-		{[]string{"-H", "X-User: 1", "-H2", "X-User: 1", u}, "-H2: names no header"},
+		{[]string{"-H", "X-User: 1", "-H2", "X-User: 1", u}, "-H2: names no header of identity"},
+		{[]string{"-H", "X-User: 1", "-H2", "Content-Type: text/plain", "-H2", "accept: text/html", u}, "-H2: names no header of identity"},
 		{[]string{"-d5xx", "@", u}, "-d5xx @"},
 		{[]string{"-d", "@-", "-d5xx", "@-", u}, "-d5xx @-"},
 		{[]string{"-retention", "-1s", u}, "-retention: negative"},
@@ -278,9 +279,10 @@ func TestProbeRunErrors(t *testing.T) {
 	}
 }
 
-// TestProbeJSONErrors: with -json, a probe that cannot run prints {ok:
-// false, error: {kind, message}} on standard output (and the message on
-// standard error), with the exit status of the error.
+// TestProbeJSONErrors: with -json, before or after the URL or a bad flag,
+// a probe that cannot run prints {ok: false, error: {kind, message}} on
+// standard output (and the message on standard error), with the exit
+// status of the error.
 func TestProbeJSONErrors(t *testing.T) {
 	t.Parallel()
 	base, created := api(t, false)
@@ -298,6 +300,18 @@ func TestProbeJSONErrors(t *testing.T) {
 		{[]string{"-json", "-d", `{"name":"refuse"}`, base + "/items"}, 1, "not_accepted", "400 Bad Request"},
 		{[]string{"-json", "-d", `{"name":"pen"}`, closed.URL + "/items"}, 1, "no_answer", "got no answer"},
 		{[]string{"-json", "-d", `{"name":"pen"}`, "-effect-url", base + "/count", "-effect-json-path", "count", base + "/items"}, 1, "effect", "401"},
+		// Flags may follow the URL, -json among them; the flag parser
+		// stops at a bad flag, and a -json after it counts all the same (a
+		// CI job that parses standard output got nothing).
+		{[]string{base + "/items", "-json", "-n", "1"}, 2, "usage", "-n:"},
+		// The flag parser stops at a bad flag: a -json after it counts.
+		{[]string{"-n", "x", "-json", base + "/items"}, 2, "usage", "-n"},
+		{[]string{"-nope", "--json", base + "/items"}, 2, "usage", "-nope"},
+		{[]string{base + "/items", "-nope", "-json=true"}, 2, "usage", "-nope"},
+		{[]string{base + "/items", "-json", "-nope"}, 2, "usage", "-nope"},
+		{[]string{base + "/items", "-json", "-effect-url", base + "/count"}, 2, "usage", "-effect-url without -effect-json-path"},
+		{[]string{base + "/items", "-d", `{"name":"refuse"}`, "-json"}, 1, "not_accepted", "400 Bad Request"},
+		{[]string{closed.URL + "/items", "-json", "-d", `{"name":"pen"}`}, 1, "no_answer", "got no answer"},
 	} {
 		r := runIdem(t, "", append([]string{"probe"}, c.args...)...)
 		var out struct {

@@ -406,18 +406,7 @@ func (w gzipWriter) Write(b []byte) (int, error) { return w.z.Write(b) }
 // stopped) and the refusals are problem details.
 func TestAcceptEncodingGiven(t *testing.T) {
 	t.Parallel()
-	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var created atomic.Int64
-	mux := http.NewServeMux()
-	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
-	})))
-	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"count":%d}`, created.Load()) })
+	mux, created := creatingMux(t)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 			mux.ServeHTTP(w, r)
@@ -488,17 +477,7 @@ func TestLateEffect(t *testing.T) {
 // another path but the POST's).
 func TestGetServedByKey(t *testing.T) {
 	t.Parallel()
-	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var created atomic.Int64
-	mux := http.NewServeMux()
-	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
-	})))
+	mux, created := creatingMux(t)
 	mux.HandleFunc("GET /api", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"items":%d}`, created.Load()) })
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"service":"shop"}`) })
 	type stored struct {
@@ -533,4 +512,24 @@ func TestGetServedByKey(t *testing.T) {
 			t.Errorf("get-untouched %s: %s; want a failure", r.Status, r.Reason)
 		}
 	}
+}
+
+// creatingMux serves POST /api behind idemhttp's middleware (on memstore),
+// creating an item per execution (201 {"id": n}), and GET /count
+// ({"count": n}); the caller adds its own routes.
+func creatingMux(t *testing.T) (*http.ServeMux, *atomic.Int64) {
+	t.Helper()
+	mw, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created atomic.Int64
+	mux := http.NewServeMux()
+	mux.Handle("POST /api", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, created.Add(1))
+	})))
+	mux.HandleFunc("GET /count", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, `{"count":%d}`, created.Load()) })
+	return mux, &created
 }

@@ -52,7 +52,7 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 	b := c.settle(ctx, asOther(key))
 	switch {
 	case b.replayed():
-		return Fail, "the second caller, sending the first caller's key, got a replay (" + b.String() + "): keys are not scoped to the caller, and one caller's answer reaches another", nil
+		return Fail, "the second caller, sending the first caller's key, got a replay (" + b.String() + ")" + sharedPrivate(first, own, b) + ": keys are not scoped to the caller, and one caller's answer reaches another", nil
 	case b.err == nil && b.status >= 400 && b.status <= 499:
 		// Refused (409, 422, or a 403 or 400 that says the key is
 		// another caller's), where its own key was taken: nothing of the
@@ -81,7 +81,7 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 			c.mu.Lock()
 			c.other--
 			c.mu.Unlock()
-			return Fail, fmt.Sprintf("the second caller, sending the first caller's key, got %s, and its effect did not move: it got the first caller's answer", b), nil
+			return Fail, fmt.Sprintf("the second caller, sending the first caller's key, got %s%s, and its effect did not move: it got the first caller's answer", b, sharedPrivate(first, own, b)), nil
 		default:
 			return Fail, fmt.Sprintf("the second caller's effect moved by %d where its answers show %s", moved, executionsText(c.other)), nil
 		}
@@ -98,7 +98,7 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 		c.mu.Lock()
 		c.other--
 		c.mu.Unlock()
-		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + "), where its own key got an answer of its own: keys are not scoped to the caller", nil
+		return Fail, "the second caller, sending the first caller's key, got the first caller's answer byte for byte (" + first.String() + ")" + sharedPrivate(first, own, b) + ", where its own key got an answer of its own: keys are not scoped to the caller", nil
 	}
 	if !b.same(bRetry) {
 		return Fail, "the second caller's retry of the key got " + bRetry.String() + "; its first answer was " + b.String() + ": the key is not guarded for the second caller", nil
@@ -108,6 +108,23 @@ func checkScoped(ctx context.Context, c *check) (Status, string, error) {
 		return Fail, "the first caller's retry, after the second caller used its key, got " + a.String() + "; its first answer was " + first.String(), nil
 	}
 	return Pass, "the second caller, sending the first caller's key, executed on its own (" + statusText(b.status) + "), and each caller's retry replayed its own answer", nil
+}
+
+// sharedPrivate says which private headers of first the leaked answer b
+// carried too, and own (the second caller's own execution) did not (""
+// when none): the first caller's session handed to the second.
+func sharedPrivate(first, own, b *answer) string {
+	fv, ov := privateValues(first), privateValues(own)
+	var names []string
+	for _, v := range privateValues(b) {
+		if slices.Contains(fv, v) && !slices.Contains(ov, v) && !slices.Contains(names, shown(v)) {
+			names = append(names, shown(v))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " with the first caller's " + strings.Join(names, ", ")
 }
 
 // privateHeaders are the response headers that belong to the caller an

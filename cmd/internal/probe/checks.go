@@ -219,7 +219,9 @@ var Checks = []Info{
 		Explain: "Sends the -d4xx body (one the API refuses with a 4xx other than 401, 403, 407, 408, 409, 425 and " +
 			"429, and without Retry-After) with a " +
 			"fresh key twice: the retry must replay the refusal byte for byte, marked as a replay (unmarked, " +
-			"it cannot be told from the request running again). Not applicable without -d4xx.",
+			"it cannot be told from the request running again). Give a body the API refuses while running (an " +
+			"unknown product, a declined card), not in validation of the request's shape: an API may keep " +
+			"nothing of a request it refused before running it, as Stripe does. Not applicable without -d4xx.",
 		run: checkStored4xx,
 	},
 	{
@@ -288,8 +290,9 @@ var Checks = []Info{
 			"first check, again shortly before the retention ends (a second and twice the first request's time " +
 			"before, or a hundredth of the retention if more, at most a fifth: it must still replay, as a record " +
 			"that expires early lets a late retry execute twice), and after the retention and a second (it must execute " +
-			"again: the key is free, and its record gone). The run lasts at least the retention. Not applicable " +
-			"without -retention.",
+			"again: the key is free, and its record gone; still replayed some time after, a warning: records " +
+			"outlive the retention given, which loses no effect). The run lasts at least the retention. Not " +
+			"applicable without -retention.",
 		run:   checkExpiry,
 		start: startExpiry,
 	},
@@ -671,9 +674,12 @@ func checkMalformed(ctx context.Context, c *check) (Status, string, error) {
 			c.p.noteRefusal(m.what, a)
 			continue
 		}
-		if i == 0 {
+		switch {
+		case i == 0:
 			bad = append(bad, m.what+" got "+a.String())
-		} else {
+		case a.err == nil && a.status >= 500:
+			lenient = append(lenient, m.what+" got "+a.String()+" (a server error, not a refusal)")
+		default:
 			lenient = append(lenient, m.what+" got "+a.String())
 		}
 	}
@@ -733,7 +739,8 @@ func checkStored4xx(ctx context.Context, c *check) (Status, string, error) {
 	case !first.same(a):
 		return Fail, "the retry got " + a.String() + "; the first answer was " + first.String(), nil
 	case !a.replayed() && c.p.marksReplays():
-		return Fail, "the retry got the same " + statusText(a.status) + " unmarked where the API marks its replays: the refusal was not stored (the request ran again)", nil
+		return Fail, "the retry got the same " + statusText(a.status) + " unmarked where the API marks its replays: the refusal was not stored (the request ran again). " +
+			"An API that refuses a request in validation, before it runs, may keep nothing (Stripe does): give -d4xx a body it refuses while running (an unknown product, a declined card)", nil
 	case !a.replayed():
 		c.p.replays = append(c.p.replays, a)
 		return Warning, "the retry got the same " + statusText(a.status) + ", unmarked (as every replay of the API): a stored refusal cannot be told from the request refused again", nil

@@ -104,7 +104,7 @@ func checkExpiry(ctx context.Context, c *check) (Status, string, error) {
 		case !known:
 			return Warning, fmt.Sprintf("%v after the retention of %v the key got the first answer's bytes, unmarked: an execution cannot be told from a replay without -effect-url", late, ret), nil
 		case time.Now().After(deadline):
-			return Fail, fmt.Sprintf("%v after the retention of %v the key still replayed its first answer: records outlive the retention the API documents", late, ret), nil
+			return Warning, fmt.Sprintf("%v after the retention of %v the key still replayed its first answer: records outlive the retention given (harmless to idempotency, but the documented retention is not the API's)", late, ret), nil
 		}
 		if err := sleepUntil(ctx, time.Now().Add(step)); err != nil {
 			return "", "", err

@@ -73,6 +73,10 @@ const maxAnswer = 16 << 20
 // count is read, is kept whole.
 const keptAnswer = 64 << 10
 
+// maxAnswerHeader bounds an answer's header block, with the probe's own
+// client.
+const maxAnswerHeader = 1 << 20
+
 // Config says what to probe and how. The zero value of each field means
 // its default; URL is required.
 type Config struct {
@@ -166,6 +170,15 @@ type Config struct {
 // tell "before the retention" from "after it" across the time requests
 // take.
 const MinRetention = time.Second
+
+// representationHeaders describe a request's content or the answer it
+// wants, never who sends it: a second caller that differs only in them is
+// the first caller again.
+var representationHeaders = map[string]bool{
+	"Content-Type": true, "Content-Length": true, "Content-Encoding": true, "Content-Language": true,
+	"Accept": true, "Accept-Encoding": true, "Accept-Language": true, "Accept-Charset": true,
+	"User-Agent": true, "Cache-Control": true, "Pragma": true, "Connection": true,
+}
 
 // overlay returns h with each header of over replacing h's of that name.
 func overlay(h, over http.Header) http.Header {
@@ -471,14 +484,14 @@ func (c *Config) normalize() error {
 				return &ConfigError{Field: "OtherHeader", Msg: fmt.Sprintf("holds %s; the probe sends keys of its own, remove it", c.KeyHeader)}
 			}
 		}
-		same := true
+		identity := false
 		for name, v := range c.OtherHeader {
-			if !slices.Equal(c.Header.Values(name), v) {
-				same = false
+			if !slices.Equal(c.Header.Values(name), v) && !representationHeaders[http.CanonicalHeaderKey(name)] {
+				identity = true
 			}
 		}
-		if same {
-			return &ConfigError{Field: "OtherHeader", Msg: "names no header the first caller sends otherwise; give the second caller's own credentials or identity"}
+		if !identity {
+			return &ConfigError{Field: "OtherHeader", Msg: "names no header of identity the first caller sends otherwise (Content-Type, Accept and their kin describe the request, not who sends it); give the second caller's own credentials or identity"}
 		}
 	}
 	if (c.EffectURL == "") != (c.EffectPath == "") {
@@ -617,6 +630,9 @@ func newProber(c *Config) (*prober, error) {
 	if p.client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = c.Concurrency
+		// Every answer's headers are kept for the run: bound them as the
+		// bodies are (Go's default is 10 MB).
+		tr.MaxResponseHeaderBytes = maxAnswerHeader
 		if c.Insecure {
 			tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
 		}
