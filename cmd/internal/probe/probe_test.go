@@ -517,3 +517,27 @@ func TestAnswerHeadersBounded(t *testing.T) {
 		t.Fatalf("Run: %v; want a NotAcceptedError for the headers' size", err)
 	}
 }
+
+// TestCallerDefectsWithoutEffect: a replayed Set-Cookie and a GET served
+// from a POST's record are found from the answers alone, without
+// -effect-url (both passed, with it and without, before those checks).
+func TestCallerDefectsWithoutEffect(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		k     knobs
+		check string
+	}{
+		{knobs{storeCookie: true}, "private-headers"},
+		{knobs{getFromRecord: true}, "get-untouched"},
+		{knobs{globalKeys: true}, "scoped-keys"},
+	} {
+		_, base := startFake(t, c.k)
+		cfg := fakeConfig(base)
+		cfg.EffectURL, cfg.EffectPath = "", ""
+		rep := run(t, cfg)
+		if failed := statuses(rep, probe.Fail); !slices.Equal(failed, []string{c.check}) || rep.CoreOK {
+			logReport(t, rep)
+			t.Errorf("%+v: failed %q, core OK %v; want %s failed alone", c.k, failed, rep.CoreOK, c.check)
+		}
+	}
+}
