@@ -129,7 +129,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return exitOK
 		}
 		err = usagef("%v; run 'idem help %s'", err, name)
-		if f := fs.Lookup("json"); f != nil && (f.Value.String() == "true" || jsonAmong(rest)) {
+		if fs.Lookup("json") != nil && jsonAmong(rest) {
 			writeJSONError(stdout, err)
 		}
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)

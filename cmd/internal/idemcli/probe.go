@@ -230,7 +230,6 @@ func probeFlags(fs *flag.FlagSet) func(*env) int {
 	fs.BoolVar(&o.insecure, "k", false, "do not verify the server's TLS certificate (same as -insecure)")
 	fs.BoolVar(&o.insecure, "insecure", false, "do not verify the server's TLS certificate")
 	return func(e *env) int {
-		e.jsonErrors = o.jsonOut
 		cfg, err := o.config(fs, e)
 		// -json may follow the URL: config parsed it.
 		e.jsonErrors = o.jsonOut

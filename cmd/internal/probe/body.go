@@ -7,6 +7,7 @@ import (
 	"math"
 	"mime"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -54,6 +55,23 @@ func objectMembers(body []byte) (ms []member, ok bool) {
 	return ms, true
 }
 
+// encodeObject writes ms as a JSON object, in their order, each value as
+// written.
+func encodeObject(ms []member) []byte {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, m := range ms {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(m.name)
+		b.WriteByte(':')
+		b.Write(m.value)
+	}
+	b.WriteByte('}')
+	return b.Bytes()
+}
+
 // reordered returns body, a JSON object of two or more members, with its
 // members in reverse order (their values as written); ok is false for any
 // other body.
@@ -62,18 +80,8 @@ func reordered(body []byte) (out []byte, ok bool) {
 	if !ok || len(ms) < 2 {
 		return nil, false
 	}
-	var b bytes.Buffer
-	b.WriteByte('{')
-	for i := len(ms) - 1; i >= 0; i-- {
-		b.Write(ms[i].name)
-		b.WriteByte(':')
-		b.Write(ms[i].value)
-		if i > 0 {
-			b.WriteByte(',')
-		}
-	}
-	b.WriteByte('}')
-	return b.Bytes(), true
+	slices.Reverse(ms)
+	return encodeObject(ms), true
 }
 
 // otherBody returns a body other than body, of the same kind, for the
@@ -82,21 +90,9 @@ func reordered(body []byte) (out []byte, ok bool) {
 // field idem_probe=tag.
 func otherBody(body []byte, contentType, tag string) []byte {
 	if ms, ok := objectMembers(body); ok {
-		var b bytes.Buffer
-		b.WriteByte('{')
-		for _, m := range ms {
-			b.Write(m.name)
-			b.WriteByte(':')
-			b.Write(m.value)
-			b.WriteByte(',')
-		}
 		name, _ := json.Marshal("idem_probe")
 		value, _ := json.Marshal(tag)
-		b.Write(name)
-		b.WriteByte(':')
-		b.Write(value)
-		b.WriteByte('}')
-		return b.Bytes()
+		return encodeObject(append(ms, member{name: name, value: value}))
 	}
 	if isJSON(body) || isJSONType(contentType) {
 		out, _ := json.Marshal(map[string]string{"idem_probe": tag})
@@ -121,22 +117,9 @@ func otherBodies(body []byte, contentType, tag string) [][]byte {
 	var out [][]byte
 	if ms, ok := objectMembers(body); ok {
 		changed := func(i int, value []byte) []byte {
-			var b bytes.Buffer
-			b.WriteByte('{')
-			for j, m := range ms {
-				if j > 0 {
-					b.WriteByte(',')
-				}
-				b.Write(m.name)
-				b.WriteByte(':')
-				if j == i {
-					b.Write(value)
-				} else {
-					b.Write(m.value)
-				}
-			}
-			b.WriteByte('}')
-			return b.Bytes()
+			c := slices.Clone(ms)
+			c[i].value = value
+			return encodeObject(c)
 		}
 		for i, m := range ms {
 			if n, err := strconv.ParseInt(string(m.value), 10, 64); err == nil && n < math.MaxInt64 {

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -362,18 +361,8 @@ func checkConcurrent(ctx context.Context, c *check) (Status, string, error) {
 	n := c.p.cfg.Concurrency
 	key := c.p.newKey()
 	c.p.concurrentKey = key
-	answers := make([]*answer, n)
+	answers := c.sendAtOnce(ctx, n, func(int) request { return c.keyed(key) })
 	defer func() { c.p.concurrent = answers }()
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			answers[i] = c.send(ctx, c.keyed(key))
-		})
-	}
-	close(start)
-	wg.Wait()
 
 	var conflicts, marked, unmarked int
 	var executions []*answer // distinct unmarked 2xx answers

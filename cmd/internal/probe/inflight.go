@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 )
 
 // checkConcurrentMismatch sends -n requests with one key at once, half
@@ -34,19 +33,11 @@ func checkConcurrentMismatch(ctx context.Context, c *check) (Status, string, err
 		}
 	}
 	bodies := [2][]byte{c.p.cfg.Body, other}
-	answers := make([]*answer, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			rq := c.keyed(key)
-			rq.body = bodies[i%2]
-			answers[i] = c.send(ctx, rq)
-		})
-	}
-	close(start)
-	wg.Wait()
+	answers := c.sendAtOnce(ctx, n, func(i int) request {
+		rq := c.keyed(key)
+		rq.body = bodies[i%2]
+		return rq
+	})
 
 	var got [2][]*answer // per body, the answers other than 409 and 422
 	var conflicts, refused [2]int

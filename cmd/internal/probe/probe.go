@@ -453,7 +453,8 @@ func (c *Config) normalize() error {
 	}
 	// Names as written (a map literal in lower case) name the header
 	// they spell: canonical, a header the probe sets or replaces is that
-	// one, not one more beside it.
+	// one, not one more beside it. canonical copies: the caller's maps
+	// are never changed.
 	c.Header, c.OtherHeader, c.EffectHeader = canonical(c.Header), canonical(c.OtherHeader), canonical(c.EffectHeader)
 	for _, h := range []struct {
 		field string
@@ -478,15 +479,12 @@ func (c *Config) normalize() error {
 		if len(c.OtherHeader) == 0 {
 			return &ConfigError{Field: "OtherHeader", Msg: "empty; give the second caller's credentials or identity (X-User-ID: 43)"}
 		}
-		c.OtherHeader = c.OtherHeader.Clone()
-		for name := range c.OtherHeader {
+		identity := false
+		for name, v := range c.OtherHeader {
 			if strings.EqualFold(name, c.KeyHeader) {
 				return &ConfigError{Field: "OtherHeader", Msg: fmt.Sprintf("holds %s; the probe sends keys of its own, remove it", c.KeyHeader)}
 			}
-		}
-		identity := false
-		for name, v := range c.OtherHeader {
-			if !slices.Equal(c.Header.Values(name), v) && !representationHeaders[http.CanonicalHeaderKey(name)] {
+			if !slices.Equal(c.Header.Values(name), v) && !representationHeaders[name] {
 				identity = true
 			}
 		}
@@ -510,8 +508,6 @@ func (c *Config) normalize() error {
 		if c.EffectHeader == nil {
 			c.EffectHeader = c.Header.Clone()
 			c.EffectHeader.Del("Content-Type")
-		} else {
-			c.EffectHeader = c.EffectHeader.Clone()
 		}
 		c.otherEffectHeader = overlay(c.EffectHeader, c.OtherHeader)
 		c.otherEffectHeader.Del("Content-Type")
@@ -869,6 +865,24 @@ func (c *check) send(ctx context.Context, rq request) *answer {
 	c.mu.Unlock()
 	p.progress()
 	return a
+}
+
+// sendAtOnce sends n requests at once, the i-th made by rq(i), and
+// returns their answers in that order: every goroutine is started
+// before any sends.
+func (c *check) sendAtOnce(ctx context.Context, n int, rq func(i int) request) []*answer {
+	answers := make([]*answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			answers[i] = c.send(ctx, rq(i))
+		})
+	}
+	close(start)
+	wg.Wait()
+	return answers
 }
 
 // settle sends rq and, while it is answered 409 (the key's first request
