@@ -19,6 +19,13 @@ local r = read(key)
 local fence, took = 1, 0
 if r[1] then
   local status, fence_was = r[1], tonumber(r[4])
+  if status == 'processing' and r[3] == owner then
+    -- Ours already: the owner is this call's random token, so this is
+    -- the call again (a client such as go-redis sends a script again when
+    -- its reply was lost). Answer what the first run wrote; whether it
+    -- took the key over is not kept.
+    return {1, 0, fence_was, tonumber(r[5]), tonumber(r[7]), tonumber(r[6]), tonumber(r[9])}
+  end
   if now >= tonumber(r[9]) then
     -- Past its ExpiresAt (completed, or processing and abandoned): a new
     -- record replaces it whatever its fingerprint; the fence keeps counting.

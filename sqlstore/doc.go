@@ -84,8 +84,7 @@
 //     read that locks nothing (such a record changes only when its lease
 //     or retention ends). What a new, replaced or taken-over key costs
 //     depends on the dialect; see below.
-//   - Complete, Extend, Release and Delete are one statement each (Extend
-//     on MySQL: two, see below); Sweep is one statement on SQLite and
+//   - Complete, Extend, Release and Delete are one statement each; Sweep is one statement on SQLite and
 //     MySQL and one call of idem_sweep in a READ COMMITTED transaction on
 //     PostgreSQL. Complete, Release, Delete, Extend and Sweep run again
 //     after a deadlock or a serialisation failure, at most 8 times;
@@ -370,9 +369,20 @@
 // statements in READ COMMITTED transactions on MySQL as it does on
 // PostgreSQL.
 //
-// Extend on MySQL is an UPDATE and then a read of the lease (no
-// RETURNING): MySQL's affected-rows count says "changed", not "matched",
-// and an extension to the same millisecond changes nothing.
+// Extend on MySQL is one UPDATE that reports the new lease end as its
+// insert id (LAST_INSERT_ID(expr); no RETURNING), 0 when it matched no
+// row: MySQL's affected-rows count says "changed", not "matched", and an
+// extension to the same millisecond changes nothing.
+//
+// Acquire on MySQL, when the upsert replaced or took over a record, reads
+// the record back in a second statement. If the lease it wrote ends
+// before that read, and another caller takes the key over in between
+// (a lease shorter than one round trip, or a stalled connection), Acquire
+// answers from the record it reads (InFlight, say) rather than Acquired,
+// or, if the record was swept meanwhile, tries again and may acquire a
+// new record: nobody ran under the lost lease, and the next fence is one
+// higher than a history without the lost lease would give. The linearizability
+// check of the stores (cmd/internal/lincheck) models this split.
 //
 // # MySQL and MariaDB: versions and sql_mode
 //

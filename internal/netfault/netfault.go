@@ -7,6 +7,7 @@ package netfault
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // Proxy forwards TCP connections from its own loopback address to a
@@ -20,6 +21,7 @@ type Proxy struct {
 	stalled bool
 	resume  chan struct{} // closed when a stall ends
 	dropIf  func(request []byte) bool
+	latency time.Duration
 	conns   map[net.Conn]struct{}
 	closed  bool
 	wg      sync.WaitGroup
@@ -56,6 +58,30 @@ func (p *Proxy) Drop() {
 	for c := range p.conns {
 		c.Close()
 	}
+}
+
+// Reset closes every open connection with a TCP reset (SO_LINGER 0) on
+// both sides, as a server that crashed or a middlebox that forgot the
+// connection would: the peers see "connection reset by peer" rather than
+// an orderly close.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		c.Close()
+	}
+}
+
+// SetLatency delays every chunk of bytes, in both directions, by d (0:
+// none) before forwarding it, on open and new connections: a slow or
+// distant server.
+func (p *Proxy) SetLatency(d time.Duration) {
+	p.mu.Lock()
+	p.latency = d
+	p.mu.Unlock()
 }
 
 // maxRequest bounds the bytes of a request kept for DropResponsesIf's
@@ -187,9 +213,12 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn, toServer bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			resume, dropIf := p.resume, p.dropIf
+			resume, dropIf, latency := p.resume, p.dropIf, p.latency
 			p.mu.Unlock()
 			<-resume
+			if latency > 0 {
+				time.Sleep(latency)
+			}
 			if toServer {
 				l.mu.Lock()
 				if room := maxRequest - len(l.request); room > 0 {

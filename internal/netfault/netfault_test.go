@@ -2,9 +2,11 @@ package netfault
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -176,5 +178,65 @@ func TestDropResponsesIf(t *testing.T) {
 	defer c2.Close()
 	if line, err := roundTrip(c2, bufio.NewReader(c2), "lose 3", time.Second); err != nil || line != "re: lose 3" {
 		t.Fatalf("after DropResponsesIf(nil): %q, %v", line, err)
+	}
+}
+
+func TestReset(t *testing.T) {
+	p, err := New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	if got, err := roundTrip(c, r, "a", 10*time.Second); err != nil || got != "a" {
+		t.Fatalf("before the reset: %q, %v", got, err)
+	}
+	p.Reset()
+	_, err = roundTrip(c, r, "b", 10*time.Second)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after Reset: %v, want connection reset by peer", err)
+	}
+	// New connections work again.
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if got, err := roundTrip(c2, bufio.NewReader(c2), "c", 10*time.Second); err != nil || got != "c" {
+		t.Fatalf("a new connection after Reset: %q, %v", got, err)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	p, err := New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	const d = 50 * time.Millisecond
+	p.SetLatency(d)
+	start := time.Now()
+	if got, err := roundTrip(c, r, "a", 10*time.Second); err != nil || got != "a" {
+		t.Fatalf("with latency: %q, %v", got, err)
+	}
+	// Each direction waits d at least: a lower bound, which no load can
+	// break.
+	if took := time.Since(start); took < 2*d {
+		t.Errorf("a round trip took %v with %v of latency each way", took, d)
+	}
+	p.SetLatency(0)
+	if got, err := roundTrip(c, r, "b", 10*time.Second); err != nil || got != "b" {
+		t.Fatalf("latency off: %q, %v", got, err)
 	}
 }

@@ -232,17 +232,22 @@ WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
 
 -- name: extend
 -- params: lease_ms lease_ms scope key owner fence
--- Followed by select_lease (no RETURNING on MySQL). Its affected-rows
--- count is not used: MySQL counts changed rows, and an extension to the
--- same millisecond changes nothing.
+-- MySQL has no RETURNING: the statement reports the new lease end as its
+-- insert id, the last value given to LAST_INSERT_ID(expr), which the
+-- assignment evaluates for the row it matched (changed or not); a
+-- statement that matched no row reports 0. Its affected-rows count is not
+-- used: MySQL counts changed rows, and an extension to the same
+-- millisecond changes nothing. A driver that does not report the insert
+-- id makes the store read the lease back with select_lease.
 UPDATE idem_records SET
-    lease_until = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?,
+    lease_until = LAST_INSERT_ID((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?),
     expires_at  = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? + retention_ms
 WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
 
 -- name: select_lease
 -- params: scope key owner fence
+-- After extend, when the driver does not report its insert id.
 SELECT lease_until FROM idem_records
 WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
   AND status = 'processing' AND owner = ? AND fence = ?;
