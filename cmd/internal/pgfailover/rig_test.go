@@ -33,6 +33,9 @@ type rig struct {
 
 	mu   sync.Mutex
 	runs map[string]int // handler executions per key
+	// unsure holds, by key, the effect ids of executions whose commit
+	// failed: the server may have committed it before it died.
+	unsure map[string][]int64
 
 	failed atomic.Int64 // executions that answered 500 (their transaction failed)
 }
@@ -67,7 +70,7 @@ func newRig(t *testing.T, url string) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rg := &rig{db: db, store: store, runs: map[string]int{}}
+	rg := &rig{db: db, store: store, runs: map[string]int{}, unsure: map[string][]int64{}}
 	rg.srv = httptest.NewServer(mw.Handler(http.HandlerFunc(rg.effect)))
 	t.Cleanup(rg.srv.Close)
 	return rg
@@ -106,6 +109,9 @@ func (rg *rig) effect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := tx.Commit(); err != nil {
+		rg.mu.Lock()
+		rg.unsure[key] = append(rg.unsure[key], id)
+		rg.mu.Unlock()
 		fail()
 		return
 	}
