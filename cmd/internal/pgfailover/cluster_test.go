@@ -151,8 +151,25 @@ func freePort(t *testing.T) int {
 // url is the program's URL: both slots, and pgx keeps the one that
 // accepts writes.
 func (c *cluster) url() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5&target_session_attrs=read-write",
-		c.ports[0], c.ports[1])
+	return multiHost(fmt.Sprintf("127.0.0.1:%d", c.ports[0]), fmt.Sprintf("127.0.0.1:%d", c.ports[1]))
+}
+
+// multiHost is a pgx URL naming every server a program may reach, of
+// which pgx uses the first that accepts writes: what a program that
+// follows a failover without a proxy or a virtual IP is given.
+func multiHost(addrs ...string) string {
+	return "postgres://postgres@" + strings.Join(addrs, ",") + "/postgres?sslmode=disable&connect_timeout=5&target_session_attrs=read-write"
+}
+
+// syncPair starts a primary in slot 0 and its synchronous replica in
+// slot 1.
+func syncPair(t *testing.T) (c *cluster, primary, replica *node) {
+	t.Helper()
+	c = newCluster(t)
+	primary = c.initPrimary(0)
+	replica = c.startReplica(1, primary.addr())
+	c.attachSync(primary, replica)
+	return c, primary, replica
 }
 
 // run runs a program as the servers' user and fails t with its output

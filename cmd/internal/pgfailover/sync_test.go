@@ -125,10 +125,7 @@ func TestSyncFailover(t *testing.T) {
 	t.Parallel()
 	rounds := failoverRounds(t)
 	start := time.Now()
-	c := newCluster(t)
-	primary := c.initPrimary(0)
-	replica := c.startReplica(1, primary.addr())
-	c.attachSync(primary, replica)
+	c, primary, replica := syncPair(t)
 	rg := newRig(t, c.url())
 	setup := time.Since(start)
 
