@@ -181,6 +181,14 @@ func (ty *tally) saw(status int) {
 	ty.statuses[status]++
 }
 
+// failures counts the answers that say the server failed (500, 503) and
+// the requests with no answer.
+func (ty *tally) failures() int64 {
+	ty.mu.Lock()
+	defer ty.mu.Unlock()
+	return int64(ty.statuses[http.StatusInternalServerError]+ty.statuses[http.StatusServiceUnavailable]) + ty.connErrors.Load()
+}
+
 func (ty *tally) String() string {
 	ty.mu.Lock()
 	defer ty.mu.Unlock()
