@@ -10,7 +10,9 @@
 // With synchronous replication (synchronous_commit = on, the replica named
 // in synchronous_standby_names) every key a client was answered 2xx for
 // has exactly one effect row on the promoted server, and a replay of the
-// key answers what the client got. With asynchronous replication the
+// key answers what the client got (TestSyncFailover); a commit whose
+// answer died with the primary is there too, and its retry is a replay
+// (TestSyncFailoverKeepsUnsureCommit). With asynchronous replication the
 // promoted server may lack a commit the old primary acknowledged: the
 // record and its effect are lost together, and a retry runs the handler
 // again. idem's exactly-once holds only as far as the database keeps the
