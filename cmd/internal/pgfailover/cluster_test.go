@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -138,14 +139,22 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// freePort returns a loopback port nothing listens on, below Linux's
+// default ephemeral range (32768 up): a slot's port is free for seconds
+// between a kill and the server rebuilt on it, and there no outgoing
+// connection of the machine's may take it meanwhile.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			ln.Close()
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port in 20000-31999")
+	return 0
 }
 
 // url is the program's URL: both slots, and pgx keeps the one that
