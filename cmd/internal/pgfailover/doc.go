@@ -24,6 +24,7 @@
 // fail, under IDEM_REQUIRE_SERVICES=1). Run as root, the servers run as
 // the postgres OS user. IDEM_FAILOVER_ROUNDS (default 1) is the number of
 // failovers the synchronous test makes, back and forth, the old primary
-// rebuilt each time as the new primary's replica. The package has no code
-// of its own.
+// rebuilt each time as the new primary's replica. The tests build on
+// Linux only: they find a server's processes in /proc. The package has no
+// code of its own.
 package pgfailover
