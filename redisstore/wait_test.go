@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 
 // replicated starts a primary and a replica of it, both of t's own, and
 // returns clients of each once the replica's link is up.
-func replicated(t *testing.T) (primary, replica *redis.Client) {
+func replicated(t testing.TB) (primary, replica *redis.Client) {
 	t.Helper()
 	p := redisproc.Start(t, redisproc.Options{})
 	r := redisproc.Start(t, redisproc.Options{Args: []string{"--replicaof", "127.0.0.1", p.Addr[strings.LastIndexByte(p.Addr, ':')+1:]}})
@@ -173,4 +174,32 @@ func TestWaitReplicas(t *testing.T) {
 			t.Fatalf("Acquire without a replica = %v, want ErrNotReplicated", err)
 		}
 	})
+}
+
+// BenchmarkWaitReplicas measures an Acquire and a Complete on a new key,
+// on a primary with one replica (both of the benchmark's own, on
+// loopback), with and without WaitReplicas 1, in the same run.
+func BenchmarkWaitReplicas(b *testing.B) {
+	primary, _ := replicated(b)
+	resp := idem.Response{StatusCode: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: make([]byte, 256)}
+	for _, bc := range []struct {
+		name string
+		n    int
+	}{{"plain", 0}, {"wait1", 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := newStore(b, primary, &redisstore.Config{WaitReplicas: bc.n})
+			ctx := b.Context()
+			i := 0
+			for b.Loop() {
+				i++
+				res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: "bench", Key: strconv.Itoa(i), Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour})
+				if err != nil || res.Outcome != idem.Acquired {
+					b.Fatal(res.Outcome, err)
+				}
+				if err := s.Complete(ctx, res.Lease, resp, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
