@@ -150,8 +150,8 @@ func (a *app) post(ctx context.Context, key string) answer {
 	return answer{status: resp.StatusCode, replayed: resp.Header.Get(idemhttp.HeaderReplayed) == "true", body: string(body), err: err}
 }
 
-// until sends key's request until it gets a 2xx, or fails t after
-// failoverTimeout; it returns every answer, the 2xx last.
+// until sends key's request until it gets a 2xx, or marks t failed after
+// failoverTimeout; it returns every answer, the 2xx (if any) last.
 func (a *app) until(t *testing.T, key string) []answer {
 	t.Helper()
 	var got []answer
@@ -163,7 +163,9 @@ func (a *app) until(t *testing.T, key string) []answer {
 			return got
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("key %s: no 2xx within %v; last %d %q %v", key, failoverTimeout, ans.status, ans.body, ans.err)
+			// Errorf, not Fatalf: until runs in the load's goroutines.
+			t.Errorf("key %s: no 2xx within %v; last %d %q %v", key, failoverTimeout, ans.status, ans.body, ans.err)
+			return got
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
