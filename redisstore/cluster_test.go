@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem/internal/redisproc"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -72,11 +72,11 @@ func launchCluster(server string) error {
 	}
 	cluster.dir = dir
 	for range 3 {
-		port, err := freePort()
+		port, err := redisproc.FreePort()
 		if err != nil {
 			return err
 		}
-		bus, err := freePort()
+		bus, err := redisproc.FreePort()
 		if err != nil {
 			return err
 		}
@@ -153,14 +153,4 @@ func stopCluster() {
 	if cluster.dir != "" {
 		_ = os.RemoveAll(cluster.dir)
 	}
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -171,8 +171,9 @@
 //     effect is unacceptable.
 //   - Replication is asynchronous. A failover (Sentinel or Cluster) can
 //     lose the last writes the old primary acknowledged: an Acquire or a
-//     Complete that succeeded may be gone on the new primary. WAIT is not
-//     used; it would not make the failover safe either.
+//     Complete that succeeded may be gone on the new primary, and a retry
+//     then runs the effect again. [Config].WaitReplicas closes this for
+//     the writes it covers (see Replicas and failover).
 //   - It cannot complete inside an SQL transaction: it does not implement
 //     [idem.TxCompleter], so [idem.Execution.CompleteTx] answers
 //     [idem.ErrTxUnsupported].
@@ -186,6 +187,45 @@
 //     answering holds each call for the client's ReadTimeout and retries.
 //   - Keys are tagged for a cluster slot, but a record moved by resharding
 //     while Sweep scans a node is skipped by that Sweep (MOVED), not lost.
+//
+// # Replicas and failover
+//
+// With [Config].WaitReplicas set to n, Acquire, Extend and Complete send
+// WAIT n after their script, on the same connection and in the same
+// pipeline, and succeed only once n replicas have acknowledged the
+// write (within [Config].WaitTimeout, 1 s by default); otherwise they
+// fail with an error wrapping [ErrNotReplicated]. A failover that
+// promotes one of those replicas keeps the record: Sentinel promotes the
+// replica with the greatest replication offset, so with n = 1 an
+// acknowledged write survives the loss of the primary as long as the
+// replica that has it is reachable; n = the number of replicas makes
+// that hold whichever replica is promoted. The cost: each write waits
+// for a replica's acknowledgement (one round trip more, inside the same
+// pipeline), and while fewer than n replicas are connected — just after
+// a failover, until the old primary comes back as a replica — every
+// Acquire fails (idemhttp answers 503) and completions are retried.
+//
+//	client := redis.NewFailoverClient(&redis.FailoverOptions{
+//		MasterName: "mymaster", SentinelAddrs: sentinels, ContextTimeoutEnabled: true,
+//	})
+//	store, err := redisstore.New(client, &redisstore.Config{WaitReplicas: 1})
+//
+// WAIT reports; it does not undo. A write whose WAIT fell short stays on
+// the primary and may still reach a replica, or be lost. The store
+// releases an Acquire whose WAIT fell short (the guard answers 503, no
+// effect ran); a Complete that fell short leaves the record completed on
+// the primary and the execution open, and a retried Complete with the
+// same lease answers nil at once on a primary that has it and waits
+// again. A handler whose effect is outside Redis should therefore
+// complete its execution itself and retry Complete while it fails with
+// anything but [idem.ErrLeaseLost] (idemhttp.ExecutionFrom, then
+// Execution.Complete), answering only once it is stored: the middleware's
+// own completion sends the response even when it cannot store it, and
+// leaves the record to its lease. The renewals wait too, so a lease must
+// outlast a failover (the Sentinels' down-after-milliseconds plus the
+// election, a few seconds): a guard that cannot confirm its lease for a
+// whole lease gives the key up. WaitReplicas needs a *redis.Client (a
+// single server, or redis.NewFailoverClient) or a *redis.ClusterClient.
 //
 // Tested against Redis 7.
 //

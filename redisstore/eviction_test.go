@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/redisproc"
 	"github.com/idemkit/idem/redisstore"
 )
 
@@ -28,40 +25,8 @@ import (
 // t (fails it under IDEM_REQUIRE_SERVICES=1).
 func privateServer(t *testing.T, args ...string) *redis.Client {
 	t.Helper()
-	server, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server", "PATH", err)
-	}
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	p := strconv.Itoa(port)
-	log, err := os.Create(filepath.Join(dir, "redis.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(server, append([]string{"--port", p, "--bind", "127.0.0.1",
-		"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no"}, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	setDeathSignal(cmd)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = log.Close()
-	})
-	addr := "127.0.0.1:" + p
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if err := waitFor(ctx, addr, func(c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
-		out, _ := os.ReadFile(log.Name())
-		t.Fatalf("redis-server %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	srv := redisproc.Start(t, redisproc.Options{Args: args})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

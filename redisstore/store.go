@@ -24,7 +24,16 @@ const (
 	// DefaultGrace is how long Redis keeps a completed record past its
 	// ExpiresAt.
 	DefaultGrace = time.Minute
+	// DefaultWaitTimeout bounds each WAIT when Config.WaitReplicas is
+	// positive.
+	DefaultWaitTimeout = time.Second
 )
+
+// ErrNotReplicated means that a write reached the primary but fewer
+// replicas than Config.WaitReplicas acknowledged it within
+// Config.WaitTimeout: a failover may still lose it. Errors wrap it;
+// test with errors.Is.
+var ErrNotReplicated = errors.New("redisstore: not acknowledged by enough replicas")
 
 // Config configures a Store. A nil Config, and the zero value of each
 // field, mean the default.
@@ -49,6 +58,28 @@ type Config struct {
 	// again. By default New refuses it; with AllowAllKeysEviction it logs a
 	// warning and goes on. Default false.
 	AllowAllKeysEviction bool
+	// WaitReplicas, when positive, makes Acquire, Complete and Extend
+	// send Redis' WAIT after their script, on the same connection and in
+	// the same round trip (a pipeline), and succeed only once that many
+	// replicas have acknowledged every write the connection made: a
+	// failover that promotes one of them keeps the record. When fewer
+	// acknowledge within WaitTimeout the call fails with an error
+	// wrapping ErrNotReplicated (the guard answers 503, or keeps the
+	// execution open for a retried Complete); an Acquire that had taken
+	// the lease releases it first, best effort. The write is not undone
+	// on the primary: WAIT only reports how far it got. Release, Delete,
+	// DeleteIf and Sweep do not wait (losing one of them in a failover
+	// brings back a record, never runs an effect twice). It needs a
+	// *redis.Client (a single server, or a Sentinel primary from
+	// redis.NewFailoverClient) or a *redis.ClusterClient; New refuses
+	// other clients. Default 0: no WAIT, replication is asynchronous and
+	// a failover may lose an acknowledged record (see the package doc).
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT when WaitReplicas is positive. Keep it
+	// below the client's ReadTimeout (go-redis' default 3 s), which
+	// bounds the pipeline's answer. Default DefaultWaitTimeout (1 s);
+	// negative is refused.
+	WaitTimeout time.Duration
 	// Logger receives New's messages about the server's maxmemory-policy
 	// (a warning when AllowAllKeysEviction accepts allkeys-*, info when the
 	// policy cannot be read) and Sweep's debug messages. Nil discards them.
@@ -110,6 +141,11 @@ type Store struct {
 	prefix  string
 	graceMS int64
 	log     *slog.Logger
+	// waitN and waitTimeout are Config.WaitReplicas and WaitTimeout;
+	// primary finds the *redis.Client that holds a key when waitN > 0.
+	waitN       int
+	waitTimeout time.Duration
+	primary     func(ctx context.Context, key string) (*redis.Client, error)
 }
 
 var (
@@ -156,6 +192,9 @@ func New(client Client, cfg *Config) (*Store, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{client: client, prefix: c.Prefix, graceMS: millis(c.Grace), log: c.Logger}
+	if err := s.configureWait(c.WaitReplicas, c.WaitTimeout); err != nil {
+		return nil, err
+	}
 	if err := s.checkEviction(c.AllowAllKeysEviction); err != nil {
 		return nil, err
 	}
@@ -270,14 +309,27 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return idem.AcquireResult{}, err
 	}
 	owner := idem.NewOwner()
-	v, err := acquireScript.Run(ctx, s.client, []string{s.recordKey(req.Scope, req.Key)},
-		string(req.Fingerprint), millis(req.Lease), millis(req.Retention), owner).Slice()
+	key := s.recordKey(req.Scope, req.Key)
+	cmd, short := s.run(ctx, acquireScript, key,
+		string(req.Fingerprint), millis(req.Lease), millis(req.Retention), owner)
+	v, err := cmd.Slice()
 	if err != nil {
 		return idem.AcquireResult{}, s.fail(ctx, "acquire", err)
 	}
 	res, err := decodeAcquire(v, req, owner)
 	if err != nil {
 		return idem.AcquireResult{}, fmt.Errorf("redisstore: acquire: %w", err)
+	}
+	if short != nil {
+		if res.Outcome == idem.Acquired {
+			// Nobody will use this lease: free the key for a retry rather
+			// than leave it to the lease's end. Best effort: a release
+			// lost in a failover brings the record back, and its lease
+			// ends as if its process had died.
+			_ = releaseScript.Run(context.WithoutCancel(ctx), s.client, []string{key},
+				owner, strconv.FormatInt(res.Lease.Fence, 10)).Err()
+		}
+		return idem.AcquireResult{}, s.fail(ctx, "acquire", short)
 	}
 	return res, nil
 }
@@ -354,13 +406,22 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	if resp.BodyOmitted {
 		omitted = 1
 	}
-	v, err := completeScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
+	cmd, short := s.run(ctx, completeScript, s.recordKey(l.Scope, l.Key),
 		l.Owner, strconv.FormatInt(l.Fence, 10), millis(retention), s.graceMS,
-		resp.StatusCode, encodeHeader(resp.Header), resp.Body, omitted).Int64()
+		resp.StatusCode, encodeHeader(resp.Header), resp.Body, omitted)
+	v, err := cmd.Int64()
 	if err != nil {
 		return s.fail(ctx, "complete", err)
 	}
-	return leaseLost("complete", v, l)
+	if err := leaseLost("complete", v, l); err != nil {
+		return err
+	}
+	if short != nil {
+		// The record is completed on the primary; a retried Complete with
+		// this lease answers nil there and waits again.
+		return s.fail(ctx, "complete", short)
+	}
+	return nil
 }
 
 // Extend moves the lease's end to the server's now + ttl; see idem.Store.
@@ -374,14 +435,18 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	if err := validateID(l.Scope, l.Key); err != nil {
 		return idem.Lease{}, fmt.Errorf("redisstore: extend: %w", err)
 	}
-	v, err := extendScript.Run(ctx, s.client, []string{s.recordKey(l.Scope, l.Key)},
-		l.Owner, strconv.FormatInt(l.Fence, 10), millis(ttl)).Slice()
+	cmd, short := s.run(ctx, extendScript, s.recordKey(l.Scope, l.Key),
+		l.Owner, strconv.FormatInt(l.Fence, 10), millis(ttl))
+	v, err := cmd.Slice()
 	if err != nil {
 		return idem.Lease{}, s.fail(ctx, "extend", err)
 	}
 	code, _ := v[0].(int64)
 	if code != 0 {
 		return idem.Lease{}, leaseLost("extend", code, l)
+	}
+	if short != nil {
+		return idem.Lease{}, s.fail(ctx, "extend", short)
 	}
 	until, ok := v[1].(int64)
 	if len(v) != 2 || !ok {

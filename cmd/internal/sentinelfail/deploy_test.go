@@ -1,0 +1,194 @@
+package sentinelfail
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idem/internal/redisproc"
+)
+
+// masterName is the name the Sentinels monitor the primary under.
+const masterName = "idemfail"
+
+// failoverTimeout bounds a Sentinel failover and every wait for the
+// deployment to settle: generous, for a loaded 2-core machine.
+const failoverTimeout = 60 * time.Second
+
+// deployment is a primary, its replicas and three Sentinels, all of one
+// test, on loopback.
+type deployment struct {
+	t         *testing.T
+	servers   []*redisproc.Server // the first was the primary at the start
+	sentinels []*redisproc.Server
+	sentinel  *redis.SentinelClient
+}
+
+// deploy starts a primary, replicas replicas and three Sentinels and waits
+// until every Sentinel sees the replicas and the other Sentinels.
+func deploy(t *testing.T, replicas int) *deployment {
+	t.Helper()
+	d := &deployment{t: t}
+	primary := redisproc.Start(t, redisproc.Options{})
+	d.servers = append(d.servers, primary)
+	for range replicas {
+		d.servers = append(d.servers, redisproc.Start(t, redisproc.Options{Args: replicaOf(primary.Addr)}))
+	}
+	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 2\n"+
+		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		"sentinel failover-timeout %[1]s 5000\n"+
+		"sentinel parallel-syncs %[1]s 2\n", masterName, primary.Port)
+	for range 3 {
+		d.sentinels = append(d.sentinels, redisproc.Start(t, redisproc.Options{Conf: conf, Args: []string{"--sentinel"}}))
+	}
+	d.sentinel = redis.NewSentinelClient(&redis.Options{Addr: d.sentinels[0].Addr})
+	t.Cleanup(func() { _ = d.sentinel.Close() })
+	for _, s := range d.sentinels {
+		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+		d.await("Sentinel "+s.Addr+" to see the deployment", func(ctx context.Context) error {
+			m, err := c.Master(ctx, masterName).Result()
+			switch {
+			case err != nil:
+				return err
+			case m["num-slaves"] != strconv.Itoa(replicas) || m["num-other-sentinels"] != "2":
+				return fmt.Errorf("replicas %s, other Sentinels %s", m["num-slaves"], m["num-other-sentinels"])
+			}
+			return nil
+		})
+		_ = c.Close()
+	}
+	for _, r := range d.servers[1:] {
+		d.awaitLink(r.Addr, "up")
+	}
+	return d
+}
+
+// addrs returns the Sentinels' addresses.
+func (d *deployment) addrs() []string {
+	var a []string
+	for _, s := range d.sentinels {
+		a = append(a, s.Addr)
+	}
+	return a
+}
+
+// master returns the primary's address as the Sentinels report it.
+func (d *deployment) master(ctx context.Context) (string, error) {
+	hp, err := d.sentinel.GetMasterAddrByName(ctx, masterName).Result()
+	if err != nil {
+		return "", err
+	}
+	return hp[0] + ":" + hp[1], nil
+}
+
+// server returns the server listening on addr.
+func (d *deployment) server(addr string) *redisproc.Server {
+	for _, s := range d.servers {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	d.t.Fatalf("no server at %s", addr)
+	return nil
+}
+
+// failover kills the primary with SIGKILL and waits until the Sentinels
+// name another; before that, between the kill and the promotion, it
+// calls between (if not nil). It then restarts the killed server as a
+// replica of the new primary, as an operator would, and returns the new
+// primary's address and how long the Sentinels took to promote it.
+func (d *deployment) failover(between func(old string)) (string, time.Duration) {
+	d.t.Helper()
+	old, err := d.master(d.t.Context())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	killed := d.server(old)
+	start := time.Now()
+	killed.Kill()
+	if between != nil {
+		between(old)
+	}
+	var now string
+	d.await("the Sentinels to promote a replica", func(ctx context.Context) error {
+		now, err = d.master(ctx)
+		if err == nil && now == old {
+			err = fmt.Errorf("still %s", old)
+		}
+		return err
+	})
+	took := time.Since(start)
+	d.await("the new primary to take writes", func(ctx context.Context) error {
+		c := redis.NewClient(&redis.Options{Addr: now})
+		defer c.Close()
+		role, err := c.Do(ctx, "role").Slice()
+		if err == nil && (len(role) == 0 || role[0] != "master") {
+			err = fmt.Errorf("role %v", role)
+		}
+		return err
+	})
+	killed.Restart(d.t, replicaOf(now)...)
+	return now, took
+}
+
+// awaitLink waits until the server at addr reports its link to its
+// primary as status (up or down).
+func (d *deployment) awaitLink(addr, status string) {
+	d.t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	d.await("the link of "+addr+" to be "+status, func(ctx context.Context) error {
+		info, err := c.Info(ctx, "replication").Result()
+		if err == nil && !strings.Contains(info, "master_link_status:"+status) {
+			err = fmt.Errorf("link not %s", status)
+		}
+		return err
+	})
+}
+
+// await polls check until it returns nil, failing the test after
+// failoverTimeout.
+func (d *deployment) await(what string, check func(ctx context.Context) error) {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(d.t.Context(), failoverTimeout)
+	defer cancel()
+	for {
+		err := check(ctx)
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			var logs strings.Builder
+			for _, s := range d.sentinels {
+				fmt.Fprintf(&logs, "--- Sentinel %s\n%s", s.Addr, tail(s.Log()))
+			}
+			d.t.Fatalf("waiting for %s: %v (last: %v)\n%s", what, ctx.Err(), err, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func replicaOf(addr string) []string {
+	host, port, _ := strings.Cut(addr, ":")
+	return []string{"--replicaof", host, port}
+}
+
+// tail returns the last lines of a log.
+func tail(s string) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-30):], "\n")
+}
+
+// quiet discards go-redis' own log lines (a dial refused during the
+// failover, the new primary found): the tests report what matters.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quiet{}) }
