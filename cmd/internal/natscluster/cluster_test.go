@@ -110,28 +110,59 @@ func createStream(t *testing.T, js jetstream.JetStream, sc jetstream.StreamConfi
 		s, err = js.CreateStream(context.Background(), sc)
 		return err == nil
 	})
-	waitCurrent(t, s, "")
+	waitCurrent(t, s)
 	return s
 }
 
-// waitCurrent waits until the stream has a leader other than not and
-// every replica is current and online.
-func waitCurrent(t *testing.T, s jetstream.Stream, not string) *jetstream.ClusterInfo {
+// waitCurrent waits until the stream has a leader and every replica
+// is current and online.
+func waitCurrent(t *testing.T, s jetstream.Stream) *jetstream.ClusterInfo {
 	t.Helper()
 	var ci *jetstream.ClusterInfo
 	outboxload.Eventually(t, startTimeout, "the stream's replicas current", func() bool {
 		ci = clusterInfo(t, s)
-		if ci == nil || ci.Leader == "" || ci.Leader == not {
-			return false
-		}
-		for _, r := range ci.Replicas {
-			if !r.Current || r.Offline {
-				return false
-			}
-		}
-		return true
+		return current(ci)
 	})
 	return ci
+}
+
+// consumerCurrent waits until the consumer has a leader and every
+// replica is current and online.
+func consumerCurrent(t *testing.T, c jetstream.Consumer) *jetstream.ClusterInfo {
+	t.Helper()
+	var ci *jetstream.ClusterInfo
+	outboxload.Eventually(t, startTimeout, "the consumer's replicas current", func() bool {
+		ci = consumerInfo(t, c)
+		return current(ci)
+	})
+	return ci
+}
+
+// consumerInfo returns the consumer's cluster info; nil while it cannot
+// be had.
+func consumerInfo(t *testing.T, c jetstream.Consumer) *jetstream.ClusterInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx)
+	if err != nil {
+		return nil
+	}
+	return info.Cluster
+}
+
+// current reports whether ci has a leader and every replica is current
+// and online.
+func current(ci *jetstream.ClusterInfo) bool {
+	if ci == nil || ci.Leader == "" {
+		return false
+	}
+	for _, r := range ci.Replicas {
+		if !r.Current || r.Offline {
+			return false
+		}
+	}
+	return true
 }
 
 // clusterInfo returns the stream's cluster info; nil while it cannot be had.

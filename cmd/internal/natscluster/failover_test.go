@@ -5,18 +5,21 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // "pgx" for testdb.Postgres
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/cmd/internal/outboxload"
+	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/natsjs"
 )
 
 // TestNodeKilledUnderLoad: business transactions commit events into the
 // outbox every 10 ms; a relay publishes them into a stream of three
 // replicas and an inbox consumer (HandleTx) writes one effect row per
-// message. Mid-load a node is killed (SIGKILL) — the stream's leader in
-// one case, a follower in the other — and, once effects flow again
+// message. Mid-load a node is killed (SIGKILL) — the stream's leader,
+// the durable consumer's leader, or a follower of both — and, once
+// effects flow again
 // without it, started again on its store. At the end every committed
 // event is in the stream, has exactly one effect row, and no delivery
 // was dead-lettered or terminated. IDEM_FAILOVER_ROUNDS kills per case
@@ -27,15 +30,22 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	}
 	t.Parallel()
 	rounds := outboxload.Rounds(t)
-	for _, victim := range []string{"leader", "follower"} {
+	for _, victim := range []string{streamLeader, consumerLeader, follower} {
 		t.Run(victim, func(t *testing.T) {
 			t.Parallel()
-			killUnderLoad(t, victim == "leader", rounds)
+			killUnderLoad(t, victim, rounds)
 		})
 	}
 }
 
-func killUnderLoad(t *testing.T, leader bool, rounds int) {
+// The nodes a case kills.
+const (
+	streamLeader   = "stream-leader"
+	consumerLeader = "consumer-leader"
+	follower       = "follower"
+)
+
+func killUnderLoad(t *testing.T, victimOf string, rounds int) {
 	began := time.Now()
 	c := startCluster(t)
 	js := c.connect(t)
@@ -45,7 +55,8 @@ func killUnderLoad(t *testing.T, leader bool, rounds int) {
 	dead := createStream(t, js, jetstream.StreamConfig{
 		Name: "DEAD", Subjects: []string{natsjs.DefaultDeadLetterPrefix + ">"}, Replicas: 3, Storage: jetstream.FileStorage,
 	})
-	l := outboxload.New(t, func(int) string { return "orders.paid" })
+	db, _ := testdb.Postgres(t)
+	l := outboxload.New(t, db, func(int) string { return "orders.paid" })
 	pub, err := natsjs.NewPublisher(js, &natsjs.PublisherConfig{Stream: "ORDERS"})
 	if err != nil {
 		t.Fatal(err)
@@ -65,20 +76,35 @@ func killUnderLoad(t *testing.T, leader bool, rounds int) {
 	l.WaitEffects(t, 100, time.Minute)
 
 	for round := range rounds {
-		ci := waitCurrent(t, stream, "")
-		name := ci.Leader
-		if !leader {
-			name = ci.Replicas[0].Name
+		ci := waitCurrent(t, stream)
+		cc := consumerCurrent(t, cons.JetStreamConsumer())
+		var name string
+		switch victimOf {
+		case streamLeader:
+			name = ci.Leader
+		case consumerLeader:
+			name = cc.Leader
+		case follower:
+			for _, r := range ci.Replicas {
+				if r.Name != cc.Leader {
+					name = r.Name
+				}
+			}
 		}
+		if name == "" {
+			t.Fatalf("no node leads the consumer and follows the stream: stream %+v, consumer %+v", ci, cc)
+		}
+		leader := name == ci.Leader || name == cc.Leader
 		victim := c.node(t, name)
 		before := l.Effects(t)
 		killed := time.Now()
 		victim.Kill(t)
 		var elected time.Duration
 		if leader {
-			outboxload.Eventually(t, time.Minute, "a leader other than "+name, func() bool {
+			outboxload.Eventually(t, time.Minute, "leaders other than "+name, func() bool {
 				ci := clusterInfo(t, stream)
-				return ci != nil && ci.Leader != "" && ci.Leader != name
+				cc := consumerInfo(t, cons.JetStreamConsumer())
+				return ci != nil && ci.Leader != "" && ci.Leader != name && cc != nil && cc.Leader != "" && cc.Leader != name
 			})
 			elected = time.Since(killed)
 		}
@@ -87,9 +113,10 @@ func killUnderLoad(t *testing.T, leader bool, rounds int) {
 		l.WaitEffects(t, before+100, time.Minute)
 		flowing := time.Since(killed)
 		victim.Start(t, startTimeout)
-		waitCurrent(t, stream, "")
-		t.Logf("round %d: killed %s (leader %v); a new leader after %v, 100 more effects after %v, back and current after %v",
-			round+1, name, leader, elected.Round(time.Millisecond), flowing.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+		waitCurrent(t, stream)
+		consumerCurrent(t, cons.JetStreamConsumer())
+		t.Logf("round %d: killed %s (the stream's leader: %v, the consumer's: %v); a new leader after %v, 100 more effects after %v, back and current after %v",
+			round+1, name, name == ci.Leader, name == cc.Leader, elected.Round(time.Millisecond), flowing.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
 	}
 	l.WaitEffects(t, l.Effects(t)+100, time.Minute)
 	stop()

@@ -21,10 +21,7 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // "pgx" for testdb.Postgres
-
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
 )
@@ -64,11 +61,10 @@ type Load struct {
 	Tally       Tally
 }
 
-// New creates the test's schema; topic names the topic of the i-th
-// event.
-func New(t testing.TB, topic func(i int) string) *Load {
+// New creates the tables in db, a PostgreSQL database (or schema) of the
+// test's own; topic names the topic of the i-th event.
+func New(t testing.TB, db *sql.DB, topic func(i int) string) *Load {
 	t.Helper()
-	db, _ := testdb.Postgres(t)
 	db.SetMaxOpenConns(12)
 	ctx := context.Background()
 	ob, err := sqlstore.NewOutboxStore(db, &sqlstore.OutboxConfig{Dialect: sqlstore.PostgreSQL})
