@@ -88,7 +88,9 @@ func (c *cluster) connect(t *testing.T) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(strings.Join(c.urls, ","),
 		nats.Name(t.Name()), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.RetryOnFailedConnect(true))
+		nats.RetryOnFailedConnect(true),
+		// The client's default prints each connection the kills reset.
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
 		t.Fatal(err)
 	}
