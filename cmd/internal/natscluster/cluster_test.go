@@ -42,6 +42,9 @@ func startCluster(t *testing.T) *cluster {
 	for i := range n {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[n+i]))
 	}
+	// Names of this cluster's own: a node that answered on a port of
+	// another test's cluster would not route to this one's.
+	id := fmt.Sprint(time.Now().UnixNano())
 	c := &cluster{}
 	for i := range n {
 		dir := t.TempDir()
@@ -50,11 +53,11 @@ func startCluster(t *testing.T) *cluster {
 listen: 127.0.0.1:%d
 jetstream { store_dir: %q }
 cluster {
-  name: idem
+  name: idem%s
   listen: 127.0.0.1:%d
   routes: [%s]
 }
-`, i, ports[i], filepath.Join(dir, "js"), ports[n+i], strings.Join(routes, ", "))
+`, i, ports[i], filepath.Join(dir, "js"), id, ports[n+i], strings.Join(routes, ", "))
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}

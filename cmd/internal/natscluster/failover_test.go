@@ -110,7 +110,7 @@ func killUnderLoad(t *testing.T, victimOf string, rounds int) {
 		}
 		// More effects than the consumer buffers: messages delivered
 		// after the kill.
-		l.WaitEffects(t, before+100, time.Minute)
+		l.WaitEffects(t, before+100, 2*time.Minute)
 		flowing := time.Since(killed)
 		victim.Start(t, startTimeout)
 		waitCurrent(t, stream)

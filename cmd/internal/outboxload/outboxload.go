@@ -221,9 +221,14 @@ func (l *Load) WaitEffects(t testing.TB, n int, timeout time.Duration) {
 // least one effect row.
 func (l *Load) Drain(t testing.TB, timeout time.Duration) {
 	t.Helper()
-	Eventually(t, timeout, "every event published and handled", func() bool {
-		return l.Pending(t) == 0 && l.count(t, `SELECT COUNT(DISTINCT message_id) FROM effects`) >= l.Committed()
-	})
+	Eventually(t, timeout, "every event published and handled", func() bool { return l.Drained(t) })
+}
+
+// Drained reports whether every event committed so far was confirmed
+// and has at least one effect row.
+func (l *Load) Drained(t testing.TB) bool {
+	t.Helper()
+	return l.Pending(t) == 0 && l.count(t, `SELECT COUNT(DISTINCT message_id) FROM effects`) >= l.Committed()
 }
 
 // IDs returns the IDs of the committed events.

@@ -2,6 +2,7 @@ package outboxload
 
 import (
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -96,20 +97,29 @@ func (s *Server) Tail(t testing.TB) string {
 	return strings.Join(lines[max(0, len(lines)-30):], "\n")
 }
 
-// FreePorts returns n distinct TCP ports free on 127.0.0.1 (held until
-// all were found, then released).
+// FreePorts returns n distinct TCP ports free on 127.0.0.1, chosen at
+// random below the kernel's ephemeral range (32768 and up on Linux): a
+// port the kernel hands out — to a client's connection, or to another
+// test's listener on port 0 — would be taken while a killed server is
+// down, or by another test between this check and the server's bind.
+// The ports are held until all were found, then released.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports := make([]int, 0, n)
+	for range 1000 {
+		if len(ports) == n {
+			return ports
+		}
+		p := 20000 + mathrand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
-			t.Fatal(err)
+			continue // taken
 		}
 		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+		ports = append(ports, p)
 	}
-	return ports
+	t.Fatalf("found %d free ports of %d", len(ports), n)
+	return nil
 }
 
 // Binary returns the path of a server's binary: envVar's value, or the

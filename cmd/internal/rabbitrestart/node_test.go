@@ -3,6 +3,7 @@ package rabbitrestart
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,7 +31,8 @@ const startTimeout = 90 * time.Second
 // the machine's epmd.
 type node struct {
 	*outboxload.Server
-	url string
+	url  string
+	name string // its cluster_name
 }
 
 func startNode(t *testing.T) *node {
@@ -46,8 +48,13 @@ func startNode(t *testing.T) *node {
 		}
 	}
 	ports := outboxload.FreePorts(t, 2)
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "idem-" + hex.EncodeToString(b)
 	files := map[string]string{
-		"rabbitmq.conf":   fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\n", ports[0]),
+		// cluster_name, announced to each AMQP client, tells this node
+		// from any other on the port.
+		"rabbitmq.conf":   fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\ncluster_name = %s\n", ports[0], name),
 		"enabled_plugins": "[].\n",
 		// Read instead of the machine's rabbitmq-env.conf, whose
 		// NODENAME is the machine's node.
@@ -58,15 +65,13 @@ func startNode(t *testing.T) *node {
 			t.Fatal(err)
 		}
 	}
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	n := &node{
 		Server: &outboxload.Server{
 			Name: "rabbitmq", Args: []string{bin}, Log: filepath.Join(dir, "server.log"), Addr: addr,
 			Env: []string{
 				"HOME=" + filepath.Join(dir, "home"), // the Erlang cookie
-				"RABBITMQ_NODENAME=idem-" + hex.EncodeToString(b) + "@localhost",
+				"RABBITMQ_NODENAME=" + name + "@localhost",
 				fmt.Sprint("RABBITMQ_NODE_PORT=", ports[0]),
 				fmt.Sprint("RABBITMQ_DIST_PORT=", ports[1]),
 				"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
@@ -79,7 +84,8 @@ func startNode(t *testing.T) *node {
 				"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
 			},
 		},
-		url: "amqp://guest:guest@" + addr + "/",
+		url:  "amqp://guest:guest@" + addr + "/",
+		name: name,
 	}
 	n.Start(t, startTimeout)
 	n.waitAMQP(t)
@@ -93,18 +99,21 @@ func (n *node) restart(t *testing.T) {
 	n.waitAMQP(t)
 }
 
-// waitAMQP waits until the node takes an AMQP connection: its port
-// opens before it has finished booting.
+// waitAMQP waits until the node takes an AMQP connection (its port
+// opens before it has finished booting), and checks that the node that
+// answers is this one.
 func (n *node) waitAMQP(t *testing.T) {
 	t.Helper()
+	var c *amqp.Connection
 	outboxload.Eventually(t, startTimeout, "an AMQP connection to the test's node", func() bool {
-		c, err := amqp.Dial(n.url)
-		if err != nil {
-			return false
-		}
-		_ = c.Close()
-		return true
+		var err error
+		c, err = amqp.Dial(n.url)
+		return err == nil
 	})
+	defer c.Close()
+	if got := c.Properties["cluster_name"]; got != n.name {
+		t.Fatalf("the node on %s is %v, not the test's %s", n.Addr, got, n.name)
+	}
 }
 
 // channel returns a channel on a connection closed when the test ends
@@ -121,4 +130,30 @@ func (n *node) channel(t *testing.T) *amqp.Channel {
 		t.Fatal(err)
 	}
 	return ch
+}
+
+// depth returns the ready messages of queue, and whether the node has
+// it, on a connection of its own (a passive declare of a missing queue
+// closes its channel).
+func (n *node) depth(t *testing.T, queue string, durable bool, args amqp.Table) (messages int, found bool) {
+	t.Helper()
+	c, err := amqp.Dial(n.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, durable, false, false, false, args)
+	var amqpErr *amqp.Error
+	switch {
+	case err == nil:
+		return q.Messages, true
+	case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+		return 0, false
+	}
+	t.Fatalf("inspect %s: %v", queue, err)
+	return 0, false
 }
