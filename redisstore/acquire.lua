@@ -22,9 +22,10 @@ if r[1] then
   if status == 'processing' and r[3] == owner then
     -- Ours already: the owner is this call's random token, so this is
     -- the call again (a client such as go-redis sends a script again when
-    -- its reply was lost). Answer what the first run wrote; whether it
-    -- took the key over is not kept.
-    return {1, 0, fence_was, tonumber(r[5]), tonumber(r[7]), tonumber(r[6]), tonumber(r[9])}
+    -- its reply was lost). Answer what the first run wrote, whether it
+    -- took the key over included.
+    local took_was = tonumber(redis.call('HGET', key, 'took')) or 0
+    return {1, took_was, fence_was, tonumber(r[5]), tonumber(r[7]), tonumber(r[6]), tonumber(r[9])}
   end
   if now >= tonumber(r[9]) then
     -- Past its ExpiresAt (completed, or processing and abandoned): a new
@@ -47,7 +48,7 @@ if r[1] then
     local lease_until = now + lease
     local expires = lease_until + retention
     redis.call('HSET', key, 'owner', owner, 'fence', int(fence), 'lease_until', int(lease_until),
-      'retention', int(retention), 'expires_at', int(expires))
+      'retention', int(retention), 'expires_at', int(expires), 'took', 1)
     -- Records written by earlier versions of the store carry a TTL.
     redis.call('PERSIST', key)
     return {1, 1, fence, lease_until, tonumber(r[7]), retention, expires}
@@ -58,5 +59,5 @@ local lease_until = now + lease
 local expires = lease_until + retention
 redis.call('HSET', key, 'status', 'processing', 'fp', fp, 'owner', owner, 'fence', int(fence),
   'lease_until', int(lease_until), 'retention', int(retention), 'created_at', int(now),
-  'expires_at', int(expires))
+  'expires_at', int(expires), 'took', took)
 return {1, took, fence, lease_until, now, retention, expires}

@@ -20,8 +20,8 @@ import (
 // time; the second run finds the record the first wrote, under this
 // call's own owner. The linearizability check under faults found that it
 // answered InFlight (the caller's own lease, blocking the key until the
-// lease ended) or took the key over a second time (fence 2). It must
-// answer Acquired with the lease the first run wrote.
+// lease ended) or took the key over a second time (fence + 1), and then
+// that the answer lost TookOver. It must answer what the first run did.
 func TestAcquireSentAgainAfterLostReply(t *testing.T) {
 	p, err := netfault.New(testenv.Redis.Need(t))
 	if err != nil {
@@ -34,41 +34,57 @@ func TestAcquireSentAgainAfterLostReply(t *testing.T) {
 	ctx := context.Background()
 	const key, fp = "k", "fp-of-the-lost-reply"
 
-	for _, lease := range []time.Duration{time.Minute, time.Millisecond} {
-		scope := "lost-reply-" + lease.String() + "-" + t.Name()
-		var lost atomic.Int32
-		// Lose the reply of the first script call that names the key.
-		p.DropResponsesIf(func(req []byte) bool {
-			return bytes.Contains(req, []byte(fp)) && lost.Add(1) == 1
-		})
-		if lease == time.Millisecond {
-			// The second run comes after the lease ended: still ours.
-			p.DropResponsesIf(func(req []byte) bool {
-				if bytes.Contains(req, []byte(fp)) && lost.Add(1) == 1 {
-					time.Sleep(5 * time.Millisecond)
-					return true
+	for _, tc := range []struct {
+		name      string
+		lease     time.Duration
+		abandoned bool // a record whose lease ended is there first
+		fence     int64
+		took      bool
+	}{
+		{"new key", time.Minute, false, 1, false},
+		{"lease ended before the second run", time.Millisecond, false, 1, false},
+		{"takeover", time.Minute, true, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			scope := "lost-reply-" + t.Name()
+			if tc.abandoned {
+				if _, err := s.Acquire(ctx, idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Millisecond, Retention: time.Minute}); err != nil {
+					t.Fatal(err)
 				}
-				return false
+				time.Sleep(5 * time.Millisecond) // the 1 ms lease has ended
+			}
+			var calls atomic.Int32
+			// Lose the reply of the first script call with the fingerprint;
+			// in the second case, let the lease end before the second run.
+			p.DropResponsesIf(func(req []byte) bool {
+				if !bytes.Contains(req, []byte(fp)) || calls.Add(1) != 1 {
+					return false
+				}
+				if tc.lease == time.Millisecond {
+					time.Sleep(5 * time.Millisecond)
+				}
+				return true
 			})
-		}
-		res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: lease, Retention: time.Minute})
-		p.DropResponsesIf(nil)
-		if err != nil {
-			t.Fatalf("lease %v: Acquire: %v", lease, err)
-		}
-		if lost.Load() < 2 {
-			t.Fatalf("lease %v: the reply was not lost and sent again (%d script calls)", lease, lost.Load())
-		}
-		rec, err := s.Get(ctx, scope, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Outcome != idem.Acquired || res.Lease.Fence != 1 || rec.Fence != 1 || rec.Owner != res.Lease.Owner {
-			t.Errorf("lease %v: Acquire sent again answered %v fence %d; the record is fence %d of owner %q (lease owner %q)",
-				lease, res.Outcome, res.Lease.Fence, rec.Fence, rec.Owner, res.Lease.Owner)
-		}
-		if err := s.Complete(ctx, res.Lease, idem.Response{StatusCode: 201}, time.Minute); err != nil {
-			t.Errorf("lease %v: Complete with the lease: %v", lease, err)
-		}
+			res, err := s.Acquire(ctx, idem.AcquireRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: tc.lease, Retention: time.Minute})
+			p.DropResponsesIf(nil)
+			if err != nil {
+				t.Fatalf("Acquire: %v", err)
+			}
+			if calls.Load() < 2 {
+				t.Fatalf("the reply was not lost and sent again (%d script calls)", calls.Load())
+			}
+			rec, err := s.Get(ctx, scope, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Outcome != idem.Acquired || res.Lease.Fence != tc.fence || res.TookOver != tc.took ||
+				rec.Fence != tc.fence || rec.Owner != res.Lease.Owner {
+				t.Errorf("Acquire sent again answered %v fence %d took over %v (want fence %d, took over %v); the record is fence %d of owner %q (lease owner %q)",
+					res.Outcome, res.Lease.Fence, res.TookOver, tc.fence, tc.took, rec.Fence, rec.Owner, res.Lease.Owner)
+			}
+			if err := s.Complete(ctx, res.Lease, idem.Response{StatusCode: 201}, time.Minute); err != nil {
+				t.Errorf("Complete with the lease: %v", err)
+			}
+		})
 	}
 }

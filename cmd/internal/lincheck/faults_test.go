@@ -56,8 +56,9 @@ func inject(p *netfault.Proxy, stall time.Duration) *injector {
 			case "reset":
 				p.Reset()
 			case "lost-reply":
-				var mu sync.Mutex
-				p.DropResponsesIf(func([]byte) bool { mu.Lock(); defer mu.Unlock(); return rnd.IntN(3) == 0 })
+				// Called from the proxy's goroutines: the global source,
+				// which is safe for concurrent use.
+				p.DropResponsesIf(func([]byte) bool { return mrand.IntN(3) == 0 })
 				wait(150 * time.Millisecond)
 				p.DropResponsesIf(nil)
 			case "stall":
@@ -176,7 +177,11 @@ func TestStoresUnderFaults(t *testing.T) {
 			counts := faults.Stop()
 			t.Logf("%v; faults: %v", stats, counts)
 			h.Check(t, lincheck.StoreModel(cfg))
-			if stats.Unknown == 0 && st.name != "tiered" {
+			// go-redis sends a call again after a broken connection, and
+			// tiered goes on with its truth when Redis fails: a run of
+			// theirs may see no call fail. The SQL stores' drivers do not
+			// hide a fault from the call it broke.
+			if stats.Unknown == 0 && st.name != "tiered" && st.name != "redis" {
 				t.Errorf("no call failed: the faults did not reach the store (%v)", counts)
 			}
 			if stats.Acquired == 0 || stats.Replayed == 0 {
