@@ -4,13 +4,20 @@
 -- not evict it under a volatile-* maxmemory policy.
 -- KEYS[2]: the name's fence counter (no TTL; same hash slot).
 -- ARGV: owner, lease ms.
--- Returns the new fence, or 0 if another owner holds the lock.
+-- Returns the new fence (or, to the same owner sent again, the fence it
+-- holds), or 0 if another owner holds the lock.
 -- The lease ends at now + lease + 1: now is truncated to the millisecond,
 -- so the lease never ends before the lease ms have passed since the script
 -- began.
 local now = now_ms()
-local u = redis.call('HGET', KEYS[1], 'u')
-if u and tonumber(u) > now then
+local held = redis.call('HMGET', KEYS[1], 'o', 'f', 'u')
+if held[3] and tonumber(held[3]) > now then
+  if held[1] == ARGV[1] then
+    -- Ours already: the owner is this acquisition's random token, so this
+    -- is the script again (go-redis sends it again when its reply was
+    -- lost). Answer the fence the first run took.
+    return tonumber(held[2])
+  end
   return 0
 end
 local fence = redis.call('INCR', KEYS[2])

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/rediskey"
 	"github.com/idemkit/idem/token"
 )
@@ -108,7 +109,9 @@ func (s *TokenStore) Insert(ctx context.Context, scope, digest string, ttl time.
 	if ttl <= 0 {
 		return time.Time{}, fmt.Errorf("redisstore: token insert: ttl %v is not positive", ttl)
 	}
-	exp, err := tokenInsertScript.Run(ctx, s.client, s.keys(scope, digest), scope, millis(ttl), digest).Int64()
+	// The call's own token tells its insert from another's when go-redis
+	// sends the script again after a lost reply.
+	exp, err := tokenInsertScript.Run(ctx, s.client, s.keys(scope, digest), scope, millis(ttl), digest, idem.NewOwner()).Int64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("redisstore: token insert: %w", err)
 	}
@@ -127,7 +130,11 @@ func (s *TokenStore) Consume(ctx context.Context, scope, digest string, sp token
 	if sp.Keep > 0 {
 		keep = millis(sp.Keep)
 	}
-	reply, err := tokenConsumeScript.Run(ctx, s.client, s.keys(scope, digest), scope, sp.Result, sp.Fingerprint, keep, digest).Slice()
+	// use tells this call's use from another's when go-redis sends the
+	// script again after a lost reply: the second run finds the token
+	// spent by the first and must say "spent now", not "spent before".
+	use := idem.NewOwner()
+	reply, err := tokenConsumeScript.Run(ctx, s.client, s.keys(scope, digest), scope, sp.Result, sp.Fingerprint, keep, digest, use).Slice()
 	if err != nil {
 		return fmt.Errorf("redisstore: token consume: %w", err)
 	}
