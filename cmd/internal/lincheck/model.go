@@ -9,6 +9,9 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
+// porcupineModel is the checker's model type.
+type porcupineModel = porcupine.Model
+
 // Never is the return time of a call whose outcome is unknown (it failed
 // with an error that does not say whether it took effect): it may take
 // effect at any time after it began.
