@@ -23,6 +23,8 @@ const (
 	DefaultMaxExecution = 5 * time.Minute
 	DefaultRetention    = 24 * time.Hour
 	DefaultStoreTimeout = 5 * time.Second
+	// DefaultCompleteRetry is GuardConfig.CompleteRetry's default.
+	DefaultCompleteRetry = 10 * time.Second
 )
 
 // GuardConfig configures a Guard. The zero value of each field means its
@@ -49,6 +51,14 @@ type GuardConfig struct {
 	// caller's context and transaction.) Default 5 s; negative means no
 	// bound beyond the caller's context.
 	StoreTimeout time.Duration
+	// CompleteRetry is how long the adapters (Do, idemhttp, idemgrpc)
+	// keep trying to store a response after its completion failed on a
+	// store error (see Execution.CompleteRetrying): a response the client
+	// got but the store did not keep lets a retry run the work again once
+	// the lease has run out, so a store that fails for a moment (a
+	// failover, a dropped connection) is waited for. Default 10 s;
+	// negative means one attempt.
+	CompleteRetry time.Duration
 	// Logger receives the watchdog's warnings. Nil discards them.
 	Logger *slog.Logger
 	// Prepare, when set, turns every response an execution stores into the
@@ -114,6 +124,9 @@ func NewGuard(s Store, cfg *GuardConfig) (*Guard, error) {
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.CompleteRetry == 0 {
+		c.CompleteRetry = DefaultCompleteRetry
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -271,7 +284,7 @@ func (g *Guard) Do(ctx context.Context, scope, key string, fp Fingerprint, work 
 	} else if ok {
 		return stored, false, nil
 	}
-	if cerr := exec.Complete(bg, resp); cerr != nil {
+	if cerr := exec.CompleteRetrying(bg, resp); cerr != nil {
 		exec.Abandon()
 		return resp, false, fmt.Errorf("idem: work done but completion not stored: %w", cerr)
 	}
@@ -790,6 +803,37 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 	}
 	e.settle(err, false)
 	return err
+}
+
+// CompleteRetrying is Complete, tried again while it fails with a store
+// error (not ErrLeaseLost, nor ErrFinished), after 20 ms and then twice as
+// long each time up to 1 s, for up to GuardConfig.CompleteRetry after the
+// first failure and while ctx lasts. A retry is safe: a store answers nil
+// when it finds the record already completed by this lease (the first
+// attempt committed and its reply was lost). The execution's watchdog
+// goes on renewing the lease between attempts. It returns the last
+// error; the execution is then still open (Release or Abandon it).
+func (e *Execution) CompleteRetrying(ctx context.Context, resp Response) error {
+	err := e.Complete(ctx, resp)
+	if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrFinished) || e.g.cfg.CompleteRetry < 0 {
+		return err
+	}
+	deadline := time.Now().Add(e.g.cfg.CompleteRetry)
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if time.Until(deadline) < wait {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		if err = e.Complete(ctx, resp); err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrFinished) {
+			return err
+		}
+	}
 }
 
 // CompleteTx completes the record inside tx, so that the work's effect and

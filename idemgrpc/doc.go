@@ -108,8 +108,10 @@
 //   - The store cannot be reached to acquire the key: Unavailable
 //     IDEMPOTENCY_STORE_UNAVAILABLE with a RetryInfo (or, with
 //     Config.FailOpen, the handler runs unguarded). If the answer cannot
-//     be stored afterwards, the caller still gets it, and the record is
-//     left to its lease (a retry within it is answered Aborted).
+//     be stored afterwards, it is tried again for up to the guard's
+//     GuardConfig.CompleteRetry (10 s by default); if it still cannot,
+//     the caller gets it, and the record is left to its lease (a retry
+//     within it is answered Aborted).
 //   - The lease was lost while the handler ran (another call took the key
 //     over): the caller gets the answer of the execution that took it
 //     over, if it completed, else Aborted.

@@ -375,7 +375,7 @@ func (i *Interceptor) get(ctx context.Context, scope, key string) (idem.Record, 
 // complete stores resp and ends exec; it returns the store's error (after
 // logging those that are not about a lost lease).
 func (i *Interceptor) complete(ctx context.Context, exec *idem.Execution, resp idem.Response) error {
-	err := exec.Complete(ctx, resp)
+	err := exec.CompleteRetrying(ctx, resp)
 	switch {
 	case err == nil, errors.Is(err, idem.ErrFinished), errors.Is(err, idem.ErrLeaseLost):
 	default:

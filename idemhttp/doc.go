@@ -134,10 +134,14 @@
 // reader over the bytes the middleware read and fingerprinted. Its
 // response is held back: the record is completed (or released) first, and
 // only then does the client get the answer, so a client that retries after
-// getting it always gets a replay. If the completion cannot be stored
-// because the store is down, the client still gets the real response; the
-// error is logged and the record is left to its lease, after which a retry
-// runs the handler again. If the lease was lost, see below.
+// getting it always gets a replay. If the completion fails because the
+// store is down, it is tried again for up to the guard's
+// GuardConfig.CompleteRetry (10 s by default; a store failing over comes
+// back within it), the lease renewed meanwhile, before the client gets
+// its answer. If it still cannot be stored, the client gets the real
+// response; the error is logged and the record is left to its lease,
+// after which a retry runs the handler again. If the lease was lost, see
+// below.
 //
 // Replayable response headers are an allow-list: Content-Type,
 // Content-Encoding, Content-Language, Content-Disposition, Location, ETag

@@ -721,7 +721,7 @@ func (m *Middleware) answerLost(r *http.Request, exec *idem.Execution, fp idem.F
 // complete stores resp and ends exec; it returns the store's error (after
 // logging those that are not about a lost lease).
 func (m *Middleware) complete(ctx context.Context, exec *idem.Execution, resp idem.Response) error {
-	err := exec.Complete(ctx, resp)
+	err := exec.CompleteRetrying(ctx, resp)
 	switch {
 	case err == nil, errors.Is(err, idem.ErrFinished), errors.Is(err, idem.ErrLeaseLost):
 		// ErrFinished: the handler ended the execution itself.

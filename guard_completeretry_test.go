@@ -1,0 +1,89 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+)
+
+// flakyComplete fails the first fails Complete calls with a store error;
+// with lostReply, the first one completes the record and then fails, as
+// a completion whose reply was lost.
+type flakyComplete struct {
+	idem.Store
+	fails     int32
+	lostReply bool
+	calls     atomic.Int32
+}
+
+func (s *flakyComplete) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
+	n := s.calls.Add(1)
+	if n == 1 && s.lostReply {
+		if err := s.Store.Complete(ctx, l, resp, retention); err != nil {
+			return err
+		}
+		return errors.New("connection reset after the completion committed")
+	}
+	if n <= s.fails {
+		return errors.New("store unreachable")
+	}
+	return s.Store.Complete(ctx, l, resp, retention)
+}
+
+// TestCompleteRetrying: work whose completion fails for a moment (a store
+// failing over) is stored once the store answers again, rather than left
+// to its lease, after which a retry would run the work again. A
+// completion whose reply was lost is found completed by its retry.
+func TestCompleteRetrying(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		fails     int32
+		lostReply bool
+		retry     time.Duration
+		stored    bool
+	}{
+		{"store back after 3 failures", 3, false, 0, true},
+		{"reply of the first lost", 0, true, 0, true},
+		{"no retry", 1, false, -1, false},
+		{"store down longer than CompleteRetry", 1000, false, 100 * time.Millisecond, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ms := memstore.New(nil)
+			s := &flakyComplete{Store: ms, fails: c.fails, lostReply: c.lostReply}
+			g, err := idem.NewGuard(s, &idem.GuardConfig{CompleteRetry: c.retry})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runs := 0
+			work := func(context.Context) (idem.Response, error) {
+				runs++
+				return idem.Response{StatusCode: 201, Body: []byte("order 1")}, nil
+			}
+			_, _, err = g.Do(t.Context(), "s", "k", "fp", work)
+			rec, gerr := ms.Get(t.Context(), "s", "k")
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			if c.stored {
+				if err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "order 1" {
+					t.Fatalf("Do = %v; record %s %+v; want completed with the work's response", err, rec.Status, rec.Response)
+				}
+				// A retry replays: the work ran once.
+				resp, replayed, err := g.Do(t.Context(), "s", "k", "fp", work)
+				if err != nil || !replayed || string(resp.Body) != "order 1" || runs != 1 {
+					t.Fatalf("retry: %q replayed %v, %v; work ran %d times", resp.Body, replayed, err, runs)
+				}
+			} else if err == nil || rec.Status != idem.StatusProcessing {
+				t.Fatalf("Do = %v; record %s; want an error and the record left processing", err, rec.Status)
+			}
+			if want := c.fails + 1; c.stored && !c.lostReply && s.calls.Load() != want {
+				t.Errorf("Complete called %d times, want %d", s.calls.Load(), want)
+			}
+		})
+	}
+}
