@@ -25,6 +25,8 @@ const (
 	DefaultMaxDeliver = 20
 	// DefaultAckTimeout is Config.AckTimeout's default.
 	DefaultAckTimeout = 5 * time.Second
+	// DefaultPullExpiry is Config.PullExpiry's default.
+	DefaultPullExpiry = 5 * time.Second
 	// DefaultDeadLetterPrefix starts the default dead-letter subject,
 	// "idem.dead.<stream>.<durable>".
 	DefaultDeadLetterPrefix = "idem.dead."
@@ -107,6 +109,14 @@ type Config struct {
 	// Prefetch is how many messages the client buffers. Default 2 ×
 	// Workers, at least 16. A buffered message's AckWait runs already.
 	Prefetch int
+	// PullExpiry is how long each pull request the client sends lives;
+	// the server's heartbeats come every half of it, and two missed ones
+	// make the client pull again. It bounds how long the consumer sits
+	// idle after the server holding its pulls is gone (the consumer's
+	// leader in a cluster, killed or restarted): nats.go's own 30 s left
+	// a consumer idle for 30 s after such a loss (the cluster failover
+	// test found it). Default 5 s; at least 1 s.
+	PullExpiry time.Duration
 	// DeadLetterSubject is where a dead message is published (with
 	// JetStream, awaiting its ack) before it is terminated, so that it
 	// can be observed and retried: a stream must capture the subject
@@ -210,6 +220,11 @@ func NewConsumer(ctx context.Context, js jetstream.JetStream, p Process, cfg *Co
 		return nil, fmt.Errorf("natsjs: NewConsumer: negative setting in %+v", c)
 	case c.AckWait > 0 && c.AckWait < 100*time.Millisecond:
 		return nil, fmt.Errorf("natsjs: NewConsumer: AckWait %v is shorter than 100ms", c.AckWait)
+	case c.PullExpiry != 0 && c.PullExpiry < time.Second:
+		return nil, fmt.Errorf("natsjs: NewConsumer: PullExpiry %v is shorter than 1s", c.PullExpiry)
+	}
+	if c.PullExpiry == 0 {
+		c.PullExpiry = DefaultPullExpiry
 	}
 	if c.AckWait == 0 {
 		c.AckWait = DefaultAckWait
@@ -373,7 +388,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cons := c.JetStreamConsumer()
 	for {
 		cur := cons
-		cc, err := cur.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
+		cc, err := cur.Consume(deliver, jetstream.PullMaxMessages(c.cfg.Prefetch), jetstream.PullExpiry(c.cfg.PullExpiry), jetstream.ConsumeErrHandler(func(cc jetstream.ConsumeContext, err error) {
 			c.log.WarnContext(ctx, "natsjs: consume", "durable", c.cfg.Durable, "err", err)
 			if errors.Is(err, jetstream.ErrNoHeartbeat) {
 				// A durable deleted while the connection was down gets
