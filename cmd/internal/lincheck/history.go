@@ -2,6 +2,7 @@ package lincheck
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -124,6 +125,24 @@ func (h *History) explain(model porcupine.Model, info porcupine.LinearizationInf
 		fmt.Fprintf(&b, "the first calls it could not place:\n")
 		for _, op := range rest[:min(len(rest), 12)] {
 			fmt.Fprintf(&b, "  %s\n", h.line(model, op))
+		}
+		fmt.Fprintf(&b, "the partition's calls of unknown outcome:\n")
+		for _, op := range parts[i] {
+			if op.Return >= Never {
+				fmt.Fprintf(&b, "  %s\n", h.line(model, op))
+			}
+		}
+		if dir := os.Getenv("IDEM_LINCHECK_DUMP"); dir != "" {
+			var all strings.Builder
+			sorted := slices.Clone(parts[i])
+			slices.SortFunc(sorted, func(a, b porcupine.Operation) int { return int(a.Call - b.Call) })
+			for _, op := range sorted {
+				fmt.Fprintf(&all, "%s\n", h.line(model, op))
+			}
+			path := filepath.Join(dir, fmt.Sprintf("lincheck-%d.txt", time.Now().UnixNano()))
+			if err := os.WriteFile(path, []byte(all.String()), 0o644); err == nil {
+				fmt.Fprintf(&b, "the partition's calls: %s\n", path)
+			}
 		}
 		break
 	}
