@@ -33,6 +33,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{"", 0, false},
 		{"-1", 0, false},
 		{"1.5", 0, false},
+		{"99999999999999999999x", 0, false}, // overflows before the 'x'
 		{"soon", 0, false},
 	} {
 		got, ok := parseRetryAfter(tc.in, now)
