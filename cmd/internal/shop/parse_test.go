@@ -1,7 +1,10 @@
 package shop
 
 import (
+	"bytes"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -132,6 +135,44 @@ func FuzzParseBroker(f *testing.F) {
 		}
 		if ok && len(pw) >= 6 && strings.Contains(shown, pw) && strings.Count(raw, pw) == 1 {
 			t.Fatalf("parseBroker(%q) shows the password %q: %s", raw, pw, shown)
+		}
+	})
+}
+
+// FuzzCheckoutForm: whatever checkout form is accepted holds a valid SKU,
+// a quantity from 1 to MaxQuantity, a coupon (0 for none) and a token;
+// the same order sent as JSON to POST /orders parses to the same request
+// with the same canonical form (the fingerprint of its submit token), and
+// two orders share a canonical form only when they are the same order.
+func FuzzCheckoutForm(f *testing.F) {
+	for _, s := range []string{"sku=BOOK-1&quantity=2&token=t", "sku=A&quantity=1&coupon_id=7&token=t", "sku=A&sku=B&quantity=1&token=t",
+		"sku=+A+&quantity=01&token=t", "sku=A&quantity=1&coupon_id=0&token=t", "sku=A&quantity=1&coupon_id=&token=%20", "sku=A;quantity=1"} {
+		f.Add(s, "sku=A&quantity=1&token=t")
+	}
+	f.Fuzz(func(t *testing.T, form, other string) {
+		parse := func(form string) (orderRequest, string, error) {
+			r := httptest.NewRequest(http.MethodPost, "/checkout", strings.NewReader(form))
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			return checkoutForm(r)
+		}
+		req, tok, err := parse(form)
+		if err != nil {
+			return
+		}
+		if checkSKU(req.SKU) != nil || req.Quantity < 1 || req.Quantity > MaxQuantity || req.CouponID < 0 || tok == "" {
+			t.Fatalf("accepted %q as %+v, token %q", form, req, tok)
+		}
+		body, _ := json.Marshal(map[string]any{"sku": req.SKU, "quantity": req.Quantity})
+		if req.CouponID != 0 {
+			body, _ = json.Marshal(map[string]any{"sku": req.SKU, "quantity": req.Quantity, "coupon_id": req.CouponID})
+		}
+		asJSON, err := parseCreateOrder(body)
+		if err != nil || asJSON != req || !bytes.Equal(asJSON.canonical(), req.canonical()) {
+			t.Fatalf("form %q is %+v; as JSON %s it is %+v, %v", form, req, body, asJSON, err)
+		}
+		req2, _, err := parse(other)
+		if err == nil && bytes.Equal(req2.canonical(), req.canonical()) != (req2 == req) {
+			t.Fatalf("%+v and %+v: canonical forms %q and %q", req, req2, req.canonical(), req2.canonical())
 		}
 	})
 }
