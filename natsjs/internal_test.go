@@ -1,12 +1,14 @@
 package natsjs
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
@@ -128,6 +130,64 @@ func FuzzSubjectMatches(f *testing.F) {
 		}
 		if SubjectMatches(subject+".>", subject) {
 			t.Fatalf("%q.> matches %q", subject, subject)
+		}
+	})
+}
+
+// fakeMsg is a JetStream message with the given subject, headers, data
+// and metadata; its other methods are not called.
+type fakeMsg struct {
+	jetstream.Msg
+	subject string
+	header  nats.Header
+	data    []byte
+	meta    *jetstream.MsgMetadata
+}
+
+func (m *fakeMsg) Subject() string                           { return m.subject }
+func (m *fakeMsg) Headers() nats.Header                      { return m.header }
+func (m *fakeMsg) Data() []byte                              { return m.data }
+func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) { return m.meta, nil }
+
+// FuzzMessage checks the inbox's view of a JetStream message: the ID is
+// its Nats-Msg-Id when it has one and the fallback ID otherwise, the
+// topic its subject, the key its Idem-Key, the payload its data as sent,
+// and each header its first value.
+func FuzzMessage(f *testing.F) {
+	f.Add("orders.paid", "id-1", "order-1", "Event", "paid", "second", []byte("p"), "ORDERS", uint64(7))
+	f.Add("x", "", "", "", "", "", []byte(nil), "S", uint64(1))
+	f.Add("x", "", "k", "Nats-Msg-Id", "", "", []byte{0}, "S:1", uint64(0))
+	f.Fuzz(func(t *testing.T, subject, id, key, name, value, second string, data []byte, stream string, seq uint64) {
+		h := nats.Header{}
+		if name != "" {
+			h[name] = []string{value, second}
+		}
+		if id != "" {
+			h.Set(jetstream.MsgIDHeader, id)
+		}
+		if key != "" {
+			h.Set(KeyHeader, key)
+		}
+		meta := &jetstream.MsgMetadata{Stream: stream, Timestamp: time.Unix(0, 1)}
+		meta.Sequence.Stream = seq
+		m, err := Message(&fakeMsg{subject: subject, header: h, data: data, meta: meta})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantID := h.Get(jetstream.MsgIDHeader)
+		if wantID == "" {
+			wantID = seqID(meta)
+		}
+		if m.ID != wantID || m.Topic != subject || m.Key != h.Get(KeyHeader) || !bytes.Equal(m.Payload, data) {
+			t.Fatalf("message (%q, %q, %q, %q) read as (%q, %q, %q, %q)", wantID, subject, h.Get(KeyHeader), data, m.ID, m.Topic, m.Key, m.Payload)
+		}
+		for n, vs := range h {
+			if m.Headers[n] != vs[0] {
+				t.Fatalf("header %q = %q, want %q", n, m.Headers[n], vs[0])
+			}
+		}
+		if len(m.Headers) != len(h) {
+			t.Fatalf("headers %q from %q", m.Headers, h)
 		}
 	})
 }
