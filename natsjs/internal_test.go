@@ -3,6 +3,7 @@ package natsjs
 import (
 	"bytes"
 	"fmt"
+	"net/textproto"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/outbox"
 )
 
 func TestTermReasonSupported(t *testing.T) {
@@ -188,6 +190,48 @@ func FuzzMessage(f *testing.F) {
 		}
 		if len(m.Headers) != len(h) {
 			t.Fatalf("headers %q from %q", m.Headers, h)
+		}
+	})
+}
+
+// FuzzPublishedHeaders: the headers and key of a message outbox.Validate
+// accepts arrive as they were added. The header block is written as
+// nats.go writes it (the value trimmed, its line breaks replaced by
+// spaces, see its writeHeaderValue) and read back by nats.go's own
+// decoder.
+func FuzzPublishedHeaders(f *testing.F) {
+	f.Add("k", "X-Tenant", "acme", "traceparent", "00-ab-cd-01")
+	f.Add("k", "x", "a\x00b", "y", "\u2028")
+	f.Fuzz(func(t *testing.T, key, n1, v1, n2, v2 string) {
+		m := outbox.Message{ID: "id", Topic: "t", Key: key, Headers: map[string]string{n1: v1, n2: v2}}
+		if m.Validate() != nil {
+			return
+		}
+		h := nats.Header{}
+		for k, v := range m.Headers {
+			h.Set(k, v)
+		}
+		if m.Key != "" {
+			h.Set(KeyHeader, m.Key)
+		}
+		block := "NATS/1.0\r\n"
+		clean := strings.NewReplacer("\r", " ", "\n", " ")
+		for k, vs := range h {
+			for _, v := range vs {
+				block += k + ": " + clean.Replace(textproto.TrimString(v)) + "\r\n"
+			}
+		}
+		got, err := nats.DecodeHeadersMsg([]byte(block + "\r\n"))
+		if err != nil {
+			t.Fatalf("%q: %v", block, err)
+		}
+		for k, v := range m.Headers {
+			if got.Get(k) != v {
+				t.Fatalf("header %q = %q arrives as %q", k, v, got.Get(k))
+			}
+		}
+		if got.Get(KeyHeader) != m.Key {
+			t.Fatalf("key %q arrives as %q", m.Key, got.Get(KeyHeader))
 		}
 	})
 }
