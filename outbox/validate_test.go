@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,7 +32,7 @@ func FuzzValidate(f *testing.F) {
 		if err := json.Unmarshal(b, &back); err != nil || !maps.Equal(back, m.Headers) {
 			t.Fatalf("headers %q stored as %s come back as %q, %v", m.Headers, b, back, err)
 		}
-		for _, v := range []string{key, v1, v2} {
+		for _, v := range append(slices.Collect(maps.Values(m.Headers)), key) {
 			if strings.ContainsAny(v, "\r\n") || strings.Trim(v, " \t") != v {
 				t.Fatalf("accepted %q, which a NATS header does not carry as is", v)
 			}
