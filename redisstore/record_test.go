@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"math"
 	"reflect"
 	"strconv"
 	"testing"
@@ -11,7 +12,8 @@ import (
 
 // FuzzDecodeRecord checks decodeRecord on any hash fields, as HMGET
 // returns them: a record decodes exactly when its status is known and its
-// numeric fields are integers (or absent); what decodes holds those
+// numeric fields are integers (or absent), the retention one that a
+// time.Duration holds; what decodes holds those
 // integers, and written back as the scripts write it, decodes to the same
 // record. A nil status is no record.
 func FuzzDecodeRecord(f *testing.F) {
@@ -45,6 +47,10 @@ func FuzzDecodeRecord(f *testing.F) {
 		valid := status == string(idem.StatusProcessing) || status == string(idem.StatusCompleted) && isInt(code) && headerErr == nil
 		for _, n := range numbers {
 			valid = valid && isInt(n)
+		}
+		// A retention a time.Duration cannot hold is refused.
+		if r, _ := strconv.ParseInt(retention, 10, 64); r > math.MaxInt64/int64(time.Millisecond) || r < math.MinInt64/int64(time.Millisecond) {
+			valid = false
 		}
 		if (err == nil) != valid || err == nil && !found {
 			t.Fatalf("%q: found %v, error %v; want valid %v", v, found, err, valid)
