@@ -414,6 +414,12 @@ func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	if v[0] >= '0' && v[0] <= '9' {
+		// ParseUint reports a range error as soon as the digits overflow,
+		// before it sees a byte that is no digit: "99999999999999999999x"
+		// is refused here, not taken for the longest wait.
+		if strings.Trim(v, "0123456789") != "" {
+			return 0, false
+		}
 		secs, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			if errors.Is(err, strconv.ErrRange) {

@@ -195,6 +195,29 @@ func isJSONMediaType(ct string) bool {
 	}
 	ct = strings.TrimSpace(ct)
 	const suffix = "+json"
-	return strings.EqualFold(ct, "application/json") ||
-		len(ct) > len(suffix) && strings.IndexByte(ct, '/') > 0 && strings.EqualFold(ct[len(ct)-len(suffix):], suffix)
+	return asciiEqualFold(ct, "application/json") ||
+		len(ct) > len(suffix) && strings.IndexByte(ct, '/') > 0 && asciiEqualFold(ct[len(ct)-len(suffix):], suffix)
+}
+
+// asciiEqualFold reports whether a and b are equal but for the case of
+// ASCII letters, as media types compare (RFC 9110 §8.3.1).
+// strings.EqualFold would also take "ſ" (U+017F) for "s" and "K" (U+212A)
+// for "k": "application/jſon" is no JSON type.
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

@@ -1,11 +1,16 @@
 package idemhttp_test
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,4 +221,166 @@ func TestFingerprintV1AmbiguousNames(t *testing.T) {
 			t.Errorf("%s and %s: different fingerprints", pair[0], pair[1])
 		}
 	}
+}
+
+// FuzzFingerprintV1 checks FingerprintV1 on a request and on a second one
+// with the same method and Content-Type but its own target and body:
+//   - the fingerprint is the documented algorithm's, computed here
+//     independently from the doc comment;
+//   - it does not change when the query's parameters are put in order of
+//     name (equal names keeping their order) or a JSON body is re-indented;
+//   - two requests with the same fingerprint are the same request to a
+//     handler: the same method and escaped path, the same url.Values, and
+//     the same body bytes or (both JSON) bodies that encoding/json decodes
+//     alike.
+func FuzzFingerprintV1(f *testing.F) {
+	const js = "application/json"
+	for _, s := range [][6]string{
+		{"POST", "/a?x=1&y=2", js, `{"a":1,"b":[1,2]}`, "/a?y=2&x=1", " { \"b\" : [1, 2], \"a\": 1 }\n"},
+		{"POST", "/a", "application/json; charset=utf-8", `{"a":"é"}`, "/a", `{"a":"\u00e9"}`},
+		{"PATCH", "/a", "application/merge-patch+json", `{"b":1,"a":2}`, "/a", `{"a":2,"b":1}`},
+		{"POST", "/a?q=a+b", "", "", "/a?q=a%20b", ""},
+		{"POST", "/a?x=&y", "", "", "/a?y=&x", ""},
+		{"POST", "/a?&x=1&&", "", "", "/a?x=1", ""},
+		{"POST", "/a?x=1&x=2", js, `{"a":1}`, "/a?x=2&x=1", `{"a":1}`},
+		{"POST", "/a?a=%zz", "", "", "/a?a=%25zz", ""},
+		{"POST", "/a%2Fb", js, `{"a":1,"a":1}`, "/a/b", `{"a":1,"a":1}`},
+		{"POST", "/a?a%3Db=c", "text/plain", `{"a":1}`, "/a?a=b%3Dc", `{"a": 1}`},
+		{"POST", "/a?x=1;y=2", js, `{"quantity":1,"Quantity":1000}`, "/a?x=1;y=3", `{"Quantity":1000,"quantity":1}`},
+	} {
+		f.Add(s[0], s[1], s[2], []byte(s[3]), s[4], []byte(s[5]))
+	}
+	f.Fuzz(func(t *testing.T, method, target, contentType string, body []byte, target2 string, body2 []byte) {
+		a, err := fuzzRequest(method, target, contentType)
+		if err != nil {
+			return
+		}
+		fp, err := idemhttp.FingerprintV1(a, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := documentedV1(a, body); fp != want {
+			t.Fatalf("%s %q %q %q: fingerprint %s, the documented algorithm gives %s", method, target, contentType, body, fp, want)
+		}
+
+		// Parameters in order of name, and a JSON body re-indented.
+		same := *a.URL
+		same.RawQuery = sortedQuery(a.URL.RawQuery)
+		same2, body3 := *a, body
+		same2.URL = &same
+		if canon, err := idemhttp.CanonicalJSON(nil, body); err == nil && jsonType(contentType) {
+			var ind bytes.Buffer
+			if err := json.Indent(&ind, canon, " ", "\t"); err != nil {
+				t.Fatalf("canonical %q does not indent: %v", canon, err)
+			}
+			body3 = ind.Bytes()
+		}
+		if fp3, _ := idemhttp.FingerprintV1(&same2, body3); fp3 != fp {
+			t.Fatalf("%q %q and %q %q: different fingerprints", target, body, same.RawQuery, body3)
+		}
+
+		b, err := fuzzRequest(method, target2, contentType)
+		if err != nil {
+			return
+		}
+		if fp2, _ := idemhttp.FingerprintV1(b, body2); fp2 != fp {
+			return
+		}
+		if a.URL.EscapedPath() != b.URL.EscapedPath() {
+			t.Fatalf("%q and %q share a fingerprint but not a path", target, target2)
+		}
+		if qa, qb := a.URL.Query(), b.URL.Query(); !reflect.DeepEqual(qa, qb) {
+			t.Fatalf("%q and %q share a fingerprint but a handler reads %q and %q", target, target2, qa, qb)
+		}
+		if !jsonType(contentType) && !bytes.Equal(body, body2) {
+			t.Fatalf("%q bodies %q and %q share a fingerprint", contentType, body, body2)
+		}
+		sameDecoding(t, body, body2)
+	})
+}
+
+// fuzzRequest is a request with the method, target (a URL or a path) and
+// Content-Type given.
+func fuzzRequest(method, target, contentType string) (*http.Request, error) {
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, err
+	}
+	r := &http.Request{Method: method, URL: u, Header: http.Header{}}
+	if contentType != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
+	return r, nil
+}
+
+// jsonType reports whether FingerprintV1 reads a body of type ct as JSON,
+// as its doc says: application/json or a +json suffix, parameters ignored.
+func jsonType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	typ, sub, ok := strings.Cut(mt, "/")
+	return mt == "application/json" || ok && typ != "" && len(sub) >= len("+json") && strings.HasSuffix(mt, "+json") && mt != "+json"
+}
+
+// sortedQuery is raw's parameters sorted by name (as they decode), equal
+// names keeping their order.
+func sortedQuery(raw string) string {
+	segs := strings.Split(raw, "&")
+	name := func(seg string) string {
+		n, v, _ := strings.Cut(seg, "=")
+		dn, err1 := url.QueryUnescape(n)
+		_, err2 := url.QueryUnescape(v)
+		if err1 != nil || err2 != nil {
+			return n
+		}
+		return dn
+	}
+	slices.SortStableFunc(segs, func(x, y string) int { return strings.Compare(name(x), name(y)) })
+	return strings.Join(segs, "&")
+}
+
+// documentedV1 is FingerprintV1 as its doc comment describes it.
+func documentedV1(r *http.Request, body []byte) idem.Fingerprint {
+	field := func(b []byte, s string) []byte {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+		return append(b, s...)
+	}
+	in := []byte("idemhttp-fingerprint-v1\n")
+	in = field(in, r.Method)
+	in = field(in, r.URL.EscapedPath())
+	type param struct {
+		tag         byte
+		name, value string
+	}
+	var ps []param
+	for _, seg := range strings.Split(r.URL.RawQuery, "&") {
+		if seg == "" {
+			continue
+		}
+		n, v, _ := strings.Cut(seg, "=")
+		dn, err1 := url.QueryUnescape(n)
+		dv, err2 := url.QueryUnescape(v)
+		if err1 == nil && err2 == nil {
+			ps = append(ps, param{0, dn, dv})
+		} else {
+			ps = append(ps, param{1, n, v})
+		}
+	}
+	slices.SortStableFunc(ps, func(x, y param) int { return strings.Compare(x.name, y.name) })
+	in = binary.BigEndian.AppendUint64(in, uint64(len(ps)))
+	for _, p := range ps {
+		in = append(in, p.tag)
+		in = field(in, p.name)
+		in = field(in, p.value)
+	}
+	canon, err := idemhttp.CanonicalJSON(nil, body)
+	if len(body) > 0 && jsonType(r.Header.Get("Content-Type")) && err == nil {
+		in = append(in, 'J')
+		in = field(in, string(canon))
+	} else {
+		in = append(in, 'R')
+		in = field(in, string(body))
+	}
+	sum := sha256.Sum256(in)
+	return idem.Fingerprint("v1:" + hex.EncodeToString(sum[:]))
 }

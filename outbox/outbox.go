@@ -80,7 +80,10 @@ type Message struct {
 // byte (a PostgreSQL text column cannot hold one, and no broker takes it
 // in a subject), headers whose values are valid UTF-8 (headers are stored
 // as JSON, which would replace the invalid bytes: the message would be
-// published other than it was added), and header names of 1 to
+// published other than it was added), a key and header values without a
+// line break or a space or tab at either end (NATS carries a header
+// value on one line, trimmed: it would arrive otherwise), and header
+// names of 1 to
 // MaxHeaderNameLen printable ASCII characters other than
 // ( ) , / : ; < = > ? @ [ \ ] { } and " (what NATS and AMQP both carry: a
 // name that a broker refuses would fail every publish of the message, and
@@ -123,6 +126,8 @@ func (m Message) Validate() error {
 		return fmt.Errorf("%w: topic has a NUL byte", ErrInvalid)
 	case strings.IndexByte(m.Key, 0) >= 0:
 		return fmt.Errorf("%w: key has a NUL byte", ErrInvalid)
+	case alteredInHeader(m.Key):
+		return fmt.Errorf("%w: key %q has a line break, or a space or tab at an end, which a NATS header (Idem-Key) does not carry", ErrInvalid, m.Key)
 	}
 	for name, v := range m.Headers {
 		switch {
@@ -134,6 +139,8 @@ func (m Message) Validate() error {
 			return fmt.Errorf("%w: header name %q: only printable ASCII other than %s", ErrInvalid, name, headerNameForbidden)
 		case !utf8.ValidString(v):
 			return fmt.Errorf("%w: header %q: value is not UTF-8", ErrInvalid, name)
+		case alteredInHeader(v):
+			return fmt.Errorf("%w: header %q: value has a line break, or a space or tab at an end, which a NATS header does not carry", ErrInvalid, name)
 		}
 		if why := reservedHeader(name); why != "" {
 			return fmt.Errorf("%w: header %q is reserved: %s", ErrInvalid, name, why)
@@ -166,6 +173,13 @@ func reservedHeader(name string) string {
 		return "the publishers carry the message's Key in it"
 	}
 	return ""
+}
+
+// alteredInHeader reports whether v would come out of a NATS header other
+// than it went in: NATS writes a value on one line, its line breaks
+// replaced by spaces, and trims spaces and tabs around it.
+func alteredInHeader(v string) bool {
+	return strings.ContainsAny(v, "\r\n") || v != strings.Trim(v, " \t")
 }
 
 func badHeaderNameRune(r rune) bool {

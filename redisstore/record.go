@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -50,6 +51,11 @@ func decodeRecord(scope, key string, v []any) (rec idem.Record, found bool, err 
 		}
 		return time.Time{}
 	}
+	retention := num(5)
+	if retention > math.MaxInt64/int64(time.Millisecond) || retention < math.MinInt64/int64(time.Millisecond) {
+		// A time.Duration would overflow: no store wrote it.
+		errs = append(errs, fmt.Errorf("field retention: %d ms is out of range", retention))
+	}
 	rec = idem.Record{
 		Scope:       scope,
 		Key:         key,
@@ -58,7 +64,7 @@ func decodeRecord(scope, key string, v []any) (rec idem.Record, found bool, err 
 		Owner:       str(2),
 		Fence:       num(3),
 		LeaseUntil:  msTime(4),
-		Retention:   time.Duration(num(5)) * time.Millisecond,
+		Retention:   time.Duration(retention) * time.Millisecond,
 		CreatedAt:   msTime(6),
 		CompletedAt: msTime(7),
 		ExpiresAt:   msTime(8),

@@ -77,3 +77,34 @@ func FuzzHeaderEncoding(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeHeader reads any text as a response_header column: it decodes
+// or fails without panicking, and what decodes encodes to a text without
+// NUL that decodes to the same header, in the version the header needs
+// (1 when every name and value is UTF-8).
+func FuzzDecodeHeader(f *testing.F) {
+	for _, s := range []string{
+		`{"Content-Type":["application/json"],"Link":["\u003c/a\u003e; rel=next","\u003c/b\u003e"],"X-E":[""]}`,
+		`2:{"WC3/":["Yf9i","gA==",""],"WC1Paw==":["b2s="],"WC1OaWw=":null}`,
+		`{"a":null,"b":[],"c":[null]}`, `{"\ud800":["\udfff"]}`, "{\"a\":[\"\xff\"]}",
+		"[]", "2:{", "2:{\"!!\":[]}", "2:{\"QQ==\":[\"!\"]}", "2:{\"QQ=\\r\\n=\":[]}", "3:{}", "x", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		h, err := decodeHeader(text)
+		if err != nil || len(h) == 0 {
+			return
+		}
+		again, err := encodeHeader(h)
+		if err != nil {
+			t.Fatalf("%q decodes to %q, which does not encode: %v", text, h, err)
+		}
+		if strings.ContainsRune(again, 0) || strings.HasPrefix(again, headerV2) == validHeader(h) {
+			t.Fatalf("%q decodes to %q, encoded as %q", text, h, again)
+		}
+		if h2, err := decodeHeader(again); err != nil || !equalHeader(h2, h) {
+			t.Fatalf("%q decodes to %q, encoded as %q, which decodes to %q, %v", text, h, again, h2, err)
+		}
+	})
+}

@@ -18,8 +18,11 @@ func (s *store) entryKey(scope, key string) string {
 
 // entryVersion is the first byte of every entry. An entry of another
 // version is treated as a miss, so a rolling upgrade that changes the
-// encoding only costs cache misses.
-const entryVersion = 1
+// encoding only costs cache misses. Version 1 kept a time as its Unix
+// nanoseconds, which int64 holds only from 1678 to 2262: a record
+// expiring later (a retention of a few centuries) came back with another
+// ExpiresAt. Version 2 keeps seconds and nanoseconds apart.
+const entryVersion = 2
 
 // encodeEntry encodes rec (scope and key excepted: the entry's name holds
 // them) as:
@@ -31,7 +34,8 @@ const entryVersion = 1
 //
 // Strings are a uvarint length and the bytes; integers are varints;
 // durations are nanoseconds; a time is a flag byte (0 zero, 1 set) and, if
-// set, its unix nanoseconds.
+// set, its Unix seconds (varint) and nanoseconds within the second
+// (uvarint, below 1e9), which hold every time a store returns.
 func encodeEntry(rec idem.Record) []byte {
 	size := 64 + len(rec.Fingerprint) + len(rec.Owner)
 	if r := rec.Response; r != nil {
@@ -61,7 +65,8 @@ func encodeEntry(rec idem.Record) []byte {
 			continue
 		}
 		b = append(b, 1)
-		b = binary.AppendVarint(b, t.UnixNano())
+		b = binary.AppendVarint(b, t.Unix())
+		b = binary.AppendUvarint(b, uint64(t.Nanosecond()))
 	}
 	if rec.Status != idem.StatusCompleted {
 		return b
@@ -158,7 +163,11 @@ func (r *entryReader) time() time.Time {
 	case 0:
 		return time.Time{}
 	case 1:
-		return time.Unix(0, r.varint()).UTC()
+		sec, nsec := r.varint(), r.uvarint()
+		if nsec >= 1e9 {
+			break
+		}
+		return time.Unix(sec, int64(nsec)).UTC()
 	}
 	r.bad = true
 	return time.Time{}

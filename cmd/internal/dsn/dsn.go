@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,15 +173,62 @@ func Redact(raw string) string {
 }
 
 // RedactErr returns err's text with raw (which may hold a password)
-// replaced by its redacted form, and any password parameter hidden.
+// replaced by its redacted form, as written or quoted (net/url's errors
+// quote the URL: a password with a '"' or a control character in it
+// would show, escaped), and any password parameter hidden.
+//
+// A library may also quote a part of raw (go-redis quotes the URL without
+// its fragment): the user info's password is hidden wherever it shows as
+// ":PASSWORD@", as written or escaped.
 func RedactErr(err error, raw string) string {
-	return redactParams(strings.ReplaceAll(err.Error(), raw, Redact(raw)))
+	redacted := Redact(raw)
+	msg := strings.ReplaceAll(err.Error(), strconv.Quote(raw), strconv.Quote(redacted))
+	msg = strings.ReplaceAll(msg, raw, redacted)
+	return redactParams(hidePassword(msg, raw))
 }
 
-// redactURL is u without its user info's password or a password
-// parameter.
+// hidePassword replaces in s the password userinfoPassword finds in raw,
+// or in raw without its fragment (as net/url quotes it), wherever it
+// shows as ":PASSWORD@", as written or escaped.
+func hidePassword(s, raw string) string {
+	beforeFragment, _, _ := strings.Cut(raw, "#")
+	for _, pw := range []string{userinfoPassword(raw), userinfoPassword(beforeFragment)} {
+		if pw == "" {
+			continue
+		}
+		quoted := strconv.Quote(pw)
+		s = strings.ReplaceAll(s, ":"+quoted[1:len(quoted)-1]+"@", ":xxxxx@")
+		s = strings.ReplaceAll(s, ":"+pw+"@", ":xxxxx@")
+	}
+	return s
+}
+
+// userinfoPassword returns what raw, parsable or not, holds as a password
+// in its user info: after the scheme (through "://", or the first ':'),
+// the text between the first ':' and the last '@'.
+func userinfoPassword(raw string) string {
+	rest := raw
+	if i := strings.Index(raw, "://"); i >= 0 {
+		rest = raw[i+3:]
+	} else if _, after, ok := strings.Cut(raw, ":"); ok {
+		rest = after
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return ""
+	}
+	_, pw, _ := strings.Cut(rest[:at], ":")
+	return pw
+}
+
+// redactURL is u without its user info's password, a password parameter
+// or its fragment: no database or Redis URL has one, so a fragment is a
+// password's tail after a '#' written unescaped. A user info that a '?'
+// or '#' in the user name moved into the query or fragment is hidden too.
 func redactURL(u *url.URL) string {
-	return redactParams(u.Redacted())
+	c := *u
+	c.Fragment, c.RawFragment = "", ""
+	return redactParams(hidePassword(c.Redacted(), u.String()))
 }
 
 // passwordParam matches a password parameter, name=value, in a URL's

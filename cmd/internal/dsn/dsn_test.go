@@ -1,6 +1,8 @@
 package dsn
 
 import (
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -165,4 +167,58 @@ func TestPasswordOutsideTheUserInfo(t *testing.T) {
 			t.Errorf("%q: the error shows the password: %v", raw, err)
 		}
 	}
+}
+
+// FuzzNoPasswordShown builds database and Redis values around a password
+// (in the user info of each URL form, in a raw MySQL DSN, or as a
+// password= parameter) with any text around it (the password holding no
+// character that would end it there): neither the Display of
+// what is accepted nor the error of what is refused shows the password,
+// as written or escaped.
+func FuzzNoPasswordShown(f *testing.F) {
+	for i := range 8 {
+		f.Add(uint8(i), "user", "s3cretpw", "db.example:5432/app?sslmode=disable")
+	}
+	f.Add(uint8(4), "u", "s3cretpw", "h:6379/x")
+	f.Add(uint8(6), "u", "s3cretpw", "tcp(h:3306)/d?x=%zz")
+	f.Add(uint8(7), "u", "s3cretpw", "h/d")
+	f.Fuzz(func(t *testing.T, form uint8, user, pass, rest string) {
+		// A '/', '?' or '#' ends the user info (or a MySQL DSN's password;
+		// a user name with a delimiter is no user name),
+		// and '&', ';', '@' or a space ends a parameter: what follows is no
+		// longer the password.
+		if len(pass) < 6 || strings.Contains(user+rest, pass) || strings.ContainsAny(pass, "/?#") || strings.ContainsAny(user, "/?#@:") ||
+			form%8 >= 6 && strings.ContainsAny(pass, "@&; \t\n\f\r") {
+			return
+		}
+		raw := strings.NewReplacer("USER", user, "PASS", pass, "REST", rest).Replace([]string{
+			"postgres://USER:PASS@REST", "postgresql://USER:PASS@REST", "mysql://USER:PASS@REST",
+			"redis://USER:PASS@REST", "rediss://USER:PASS@REST", "mysql:USER:PASS@REST",
+			"postgres://USER@REST&password=PASS", "postgres://USER@REST?sslpassword=PASS",
+		}[form%8])
+		var shown string
+		if IsRedis(raw) {
+			_, display, err := ParseRedis(raw)
+			shown = display
+			if err != nil {
+				shown = err.Error()
+			}
+		} else {
+			db, err := ParseDB(raw)
+			shown = db.Display
+			if err != nil {
+				shown = err.Error()
+			}
+		}
+		forms := []string{pass, strings.Trim(strconv.Quote(pass), `"`)}
+		if dec, err := url.PathUnescape(pass); err == nil {
+			forms = append(forms, dec)
+		}
+		for _, p := range forms {
+			if len(p) >= 6 && strings.Contains(shown, p) && !strings.Contains(user+rest, p) &&
+				!strings.Contains(strconv.Quote(user)+strconv.Quote(rest), p) {
+				t.Fatalf("%q shows the password %q: %s", raw, p, shown)
+			}
+		}
+	})
 }

@@ -270,6 +270,9 @@ func parseRoutes(raw string) ([]route, error) {
 		if !ok || pattern == "" {
 			return nil, usagef("-routes: %q is not METHOD PATH, e.g. 'POST /orders'", item)
 		}
+		if !validHeaderName(method) {
+			return nil, usagef("-routes: %q: %q is not a method (letters, digits and !#$%%&'*+-.^_`|~)", item, method)
+		}
 		if method != strings.ToUpper(method) {
 			return nil, usagef("-routes: %q: methods are case-sensitive, write %s", item, strings.ToUpper(method))
 		}

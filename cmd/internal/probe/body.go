@@ -74,14 +74,39 @@ func encodeObject(ms []member) []byte {
 
 // reordered returns body, a JSON object of two or more members, with its
 // members in reverse order (their values as written); ok is false for any
-// other body.
+// other body, and for an object with two names a decoder can take for
+// one (equal once unescaped, or but for case, as encoding/json matches
+// struct fields): the last of them wins, so reversed it is another
+// request, which an API rightly does not answer as the first.
 func reordered(body []byte) (out []byte, ok bool) {
 	ms, ok := objectMembers(body)
 	if !ok || len(ms) < 2 {
 		return nil, false
 	}
+	for i := range ms {
+		if shadowed(ms, i) {
+			return nil, false
+		}
+	}
 	slices.Reverse(ms)
 	return encodeObject(ms), true
+}
+
+// shadowed reports whether a member after ms[i] has a name a decoder can
+// take for its name (equal once unescaped, or but for case, as
+// encoding/json matches struct fields): that member's value is the one
+// read.
+func shadowed(ms []member, i int) bool {
+	var name string
+	_ = json.Unmarshal(ms[i].name, &name)
+	for _, m := range ms[i+1:] {
+		var later string
+		_ = json.Unmarshal(m.name, &later)
+		if strings.EqualFold(name, later) {
+			return true
+		}
+	}
+	return false
 }
 
 // otherBody returns a body other than body, of the same kind, for the
@@ -108,7 +133,8 @@ func otherBody(body []byte, contentType, tag string) []byte {
 // otherBodies returns the bodies other than body that the mismatch
 // checks may send, in the order they are tried: for a JSON object, the
 // object with its first integer member plus one, then with its first
-// string member with "-idem-probe" appended (a value the API reads, so
+// string member with "-idem-probe" appended (of the members no later
+// member shadows) (a value the API reads, so
 // that a fingerprint of the parsed request, which drops members it does
 // not know, differs too); then otherBody. An API that validates its
 // payload may refuse a value or a member: the mismatch checks take the
@@ -122,6 +148,9 @@ func otherBodies(body []byte, contentType, tag string) [][]byte {
 			return encodeObject(c)
 		}
 		for i, m := range ms {
+			if shadowed(ms, i) {
+				continue // a change there is read by no one
+			}
 			if n, err := strconv.ParseInt(string(m.value), 10, 64); err == nil && n < math.MaxInt64 {
 				out = append(out, changed(i, strconv.AppendInt(nil, n+1, 10)))
 				break
@@ -129,7 +158,7 @@ func otherBodies(body []byte, contentType, tag string) [][]byte {
 		}
 		for i, m := range ms {
 			var s string
-			if json.Unmarshal(m.value, &s) == nil {
+			if !shadowed(ms, i) && json.Unmarshal(m.value, &s) == nil {
 				v, _ := json.Marshal(s + "-idem-probe")
 				out = append(out, changed(i, v))
 				break

@@ -537,7 +537,7 @@ func checkAfterMismatch(ctx context.Context, c *check) (Status, string, error) {
 func checkReordered(ctx context.Context, c *check) (Status, string, error) {
 	other, ok := reordered(c.p.cfg.Body)
 	if !ok {
-		return NotApplicable, "the body is not a JSON object of two members or more", nil
+		return NotApplicable, "the body is not a JSON object of two members or more whose names differ (but for case)", nil
 	}
 	key := c.p.newKey()
 	first := c.settle(ctx, c.keyed(key))
