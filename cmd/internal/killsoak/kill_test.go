@@ -21,6 +21,7 @@ const killEvery = 6 * time.Second
 // again on its port at once. When the traffic has stopped and the shop
 // has settled, every invariant holds in the database.
 func TestKillLoop(t *testing.T) {
+	t.Parallel()
 	rounds := 4
 	if v := os.Getenv(envKillRounds); v != "" {
 		n, err := strconv.Atoi(v)
