@@ -94,12 +94,18 @@ var orderNoRE = regexp.MustCompile(`ord_[0-9a-zA-Z]+`)
 // invariant; it returns the figures.
 func (r *rig) check(t *testing.T, led *ledger) effects {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := r.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	tx, err := r.db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
+	return r.checkIn(t, tx, led)
+}
+
+// checkIn is check reading in tx.
+func (r *rig) checkIn(t testing.TB, tx *sql.Tx, led *ledger) effects {
+	t.Helper()
+	ctx := context.Background()
 	e := effects{byStatus: map[string]int{}}
 	errs := 0
 	fail := func(doubled, lost bool, format string, args ...any) {
