@@ -2,6 +2,7 @@ package killsoak_test
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -60,7 +61,9 @@ func TestKillLoop(t *testing.T) {
 	settled := r.settle(t)
 	e := r.check(t, tr.led)
 
-	t.Logf("%d kills in %v of traffic (restarted in %v); settled in %v", rounds, traffic.Round(time.Second), restarts, settled.Round(time.Second))
+	slices.Sort(restarts)
+	t.Logf("%d kills in %v of traffic (listening again %v to %v after the kill, median %v); settled in %v", rounds, traffic.Round(time.Second),
+		restarts[0].Round(time.Millisecond), restarts[len(restarts)-1].Round(time.Millisecond), restarts[len(restarts)/2].Round(time.Millisecond), settled.Round(time.Second))
 	t.Logf("clients: %v", fig)
 	t.Logf("operations: %v", tr.led.ops)
 	t.Logf("database: %v", e)

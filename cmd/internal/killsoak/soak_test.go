@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 )
 
 // envSoak sets the duration of TestSoak's traffic (a Go duration: 10m).
-// Without it the soak runs for 40 s.
+// Without it the soak runs for 30 s.
 const envSoak = "IDEM_SOAK"
 
 // faultEvery is the time from the end of one fault to the start of the
@@ -34,7 +35,7 @@ type fault struct {
 // or reset (RST), stalled for 2 s, slowed by 40 ms each way for 3 s, new
 // ones refused for 2 s (the open ones reset), and replies lost after the
 // server acted for 3 s (those where lose says so).
-func proxyFaults(server string, p func(*rig) []*netfault.Proxy, lose func(request []byte) bool) []fault {
+func proxyFaults(server string, p func(*rig) []*netfault.Proxy, lose func(request []byte) bool, lost *atomic.Int64) []fault {
 	each := func(r *rig, f func(*netfault.Proxy)) {
 		for _, x := range p(r) {
 			f(x)
@@ -59,7 +60,15 @@ func proxyFaults(server string, p func(*rig) []*netfault.Proxy, lose func(reques
 			func(x *netfault.Proxy) { x.Refuse(true); x.Reset() },
 			func(x *netfault.Proxy) { x.Refuse(false) })},
 		{server + " lost replies 3s", hold(3*time.Second,
-			func(x *netfault.Proxy) { x.DropResponsesIf(lose) },
+			func(x *netfault.Proxy) {
+				x.DropResponsesIf(func(req []byte) bool {
+					if lose(req) {
+						lost.Add(1)
+						return true
+					}
+					return false
+				})
+			},
 			func(x *netfault.Proxy) { x.DropResponsesIf(nil) })},
 	}
 }
@@ -69,7 +78,11 @@ func oneIn(n int) func([]byte) bool { return func([]byte) bool { return rand.Int
 
 // soakFaults are the faults TestSoak injects, in turn: each kind of
 // fault on each server's proxy in turn, and a kill after every third.
-func soakFaults() []fault {
+// lost counts the replies lost, by server.
+func soakFaults(lost map[string]*atomic.Int64) []fault {
+	for _, s := range []string{"postgres", "redis", "nats", "http"} {
+		lost[s] = &atomic.Int64{}
+	}
 	kill := fault{"shopd SIGKILL", func(r *rig) error {
 		in := r.insts[rand.IntN(len(r.insts))]
 		in.kill()
@@ -79,15 +92,15 @@ func soakFaults() []fault {
 		// PostgreSQL: a COMMIT's reply lost after the server committed.
 		proxyFaults("postgres", func(r *rig) []*netfault.Proxy { return []*netfault.Proxy{r.pg} }, func(req []byte) bool {
 			return bytes.Contains(bytes.ToLower(req), []byte("commit")) && rand.IntN(3) == 0
-		}),
-		proxyFaults("redis", func(r *rig) []*netfault.Proxy { return []*netfault.Proxy{r.redis} }, oneIn(3)),
-		proxyFaults("nats", func(r *rig) []*netfault.Proxy { return []*netfault.Proxy{r.broker} }, oneIn(5)),
+		}, lost["postgres"]),
+		proxyFaults("redis", func(r *rig) []*netfault.Proxy { return []*netfault.Proxy{r.redis} }, oneIn(3), lost["redis"]),
+		proxyFaults("nats", func(r *rig) []*netfault.Proxy { return []*netfault.Proxy{r.broker} }, oneIn(5), lost["nats"]),
 		// Clients to shopd: the answer to a POST lost after shopd
 		// handled it.
 		proxyFaults("http", func(r *rig) []*netfault.Proxy { return r.front }, func(req []byte) bool {
 			rq, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(req)))
 			return err == nil && rq.Method == http.MethodPost && rand.IntN(3) == 0
-		}),
+		}, lost["http"]),
 	}
 	var out []fault
 	for kind := range servers[0] {
@@ -111,7 +124,7 @@ func soakFaults() []fault {
 // IDEM_SOAK=10m soaks for ten minutes.
 func TestSoak(t *testing.T) {
 	t.Parallel()
-	duration, rate := 40*time.Second, 4.0
+	duration, rate := 30*time.Second, 4.0
 	if v := os.Getenv(envSoak); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -128,7 +141,8 @@ func TestSoak(t *testing.T) {
 	var started, skipped int64
 	wg.Go(func() { started, skipped = tr.runRate(rate, 200, 400, stop) })
 	start := time.Now()
-	faults := soakFaults()
+	lost := map[string]*atomic.Int64{}
+	faults := soakFaults(lost)
 	first := rand.IntN(len(faults)) // a short run covers other faults each time
 	injected := map[string]int{}
 	var faultErr error
@@ -158,6 +172,8 @@ func TestSoak(t *testing.T) {
 	sort.Strings(kinds)
 	t.Logf("%v of traffic at %.0f scenarios/s (%d started, %d skipped at 400 in flight); settled in %v", traffic.Round(time.Second), rate, started, skipped, settled.Round(time.Second))
 	t.Logf("%d faults: %s", total, strings.Join(kinds, ", "))
+	t.Logf("replies lost after the server acted: %d COMMITs of PostgreSQL, %d of Redis, %d of NATS, %d HTTP answers",
+		lost["postgres"].Load(), lost["redis"].Load(), lost["nats"].Load(), lost["http"].Load())
 	t.Logf("clients: %v", fig)
 	t.Logf("operations: %v", tr.led.ops)
 	t.Logf("database: %v", e)
