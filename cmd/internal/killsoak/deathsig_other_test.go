@@ -1,0 +1,7 @@
+//go:build !linux
+
+package killsoak_test
+
+import "os/exec"
+
+func setDeathSignal(*exec.Cmd) {}
