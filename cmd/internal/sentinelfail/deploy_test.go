@@ -30,7 +30,7 @@ type deployment struct {
 }
 
 // deploy starts a primary, replicas replicas and three Sentinels and waits
-// until every Sentinel sees the replicas and the other Sentinels.
+// until the deployment has settled (see settle).
 func deploy(t *testing.T, replicas int) *deployment {
 	t.Helper()
 	d := &deployment{t: t}
@@ -48,23 +48,7 @@ func deploy(t *testing.T, replicas int) *deployment {
 	}
 	d.sentinel = redis.NewSentinelClient(&redis.Options{Addr: d.sentinels[0].Addr})
 	t.Cleanup(func() { _ = d.sentinel.Close() })
-	for _, s := range d.sentinels {
-		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
-		d.await("Sentinel "+s.Addr+" to see the deployment", func(ctx context.Context) error {
-			m, err := c.Master(ctx, masterName).Result()
-			switch {
-			case err != nil:
-				return err
-			case m["num-slaves"] != strconv.Itoa(replicas) || m["num-other-sentinels"] != "2":
-				return fmt.Errorf("replicas %s, other Sentinels %s", m["num-slaves"], m["num-other-sentinels"])
-			}
-			return nil
-		})
-		_ = c.Close()
-	}
-	for _, r := range d.servers[1:] {
-		d.awaitLink(r.Addr, "up")
-	}
+	d.settle(primary.Addr)
 	return d
 }
 
@@ -100,8 +84,9 @@ func (d *deployment) server(addr string) *redisproc.Server {
 // failover kills the primary with SIGKILL and waits until the Sentinels
 // name another; before that, between the kill and the promotion, it
 // calls between (if not nil). It then restarts the killed server as a
-// replica of the new primary, as an operator would, and returns the new
-// primary's address and how long the Sentinels took to promote it.
+// replica of the new primary, as an operator would, waits until the
+// deployment has settled (see settle), and returns the new primary's
+// address and how long the Sentinels took to promote it.
 func (d *deployment) failover(between func(old string)) (string, time.Duration) {
 	d.t.Helper()
 	old, err := d.master(d.t.Context())
@@ -133,7 +118,69 @@ func (d *deployment) failover(between func(old string)) (string, time.Duration) 
 		return err
 	})
 	killed.Restart(d.t, replicaOf(now)...)
+	d.settle(now)
+	d.t.Logf("failover: %s promoted %v after the kill, settled %v after it", now, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	return now, took
+}
+
+// settle waits until every Sentinel names primary, has no failover of
+// its own in progress, and sees the other Sentinels and every other
+// server as a replica of primary with its link up, and until each of
+// those replicas reports its link up.
+//
+// The next kill must wait for it. A Sentinel that led a failover stays
+// in it (reconfiguring the replicas) until each replica has its link up
+// or failover-timeout has passed; if the new primary dies meanwhile,
+// the other Sentinels fail it over at a higher epoch, which the leader
+// learns without changing the primary it is still failing over; when
+// its failover ends it switches to the primary it promoted, at that
+// same epoch, and from then on ignores the others' configuration
+// (not newer than its own): a permanent split. A client that asks that
+// Sentinel (go-redis' failover client asks one) is sent to a replica,
+// and every write fails READONLY.
+func (d *deployment) settle(primary string) {
+	d.t.Helper()
+	for _, s := range d.sentinels {
+		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+		d.await("Sentinel "+s.Addr+" to settle on "+primary, func(ctx context.Context) error {
+			hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
+			if err != nil {
+				return err
+			}
+			if addr := hp[0] + ":" + hp[1]; addr != primary {
+				return fmt.Errorf("it names %s", addr)
+			}
+			m, err := c.Master(ctx, masterName).Result()
+			switch {
+			case err != nil:
+				return err
+			case m["flags"] != "master":
+				return fmt.Errorf("master flags %s", m["flags"])
+			case m["num-other-sentinels"] != strconv.Itoa(len(d.sentinels)-1):
+				return fmt.Errorf("other Sentinels %s", m["num-other-sentinels"])
+			}
+			replicas, err := c.Replicas(ctx, masterName).Result()
+			if err != nil {
+				return err
+			}
+			up := 0
+			for _, r := range replicas {
+				if r["flags"] == "slave" && r["master-link-status"] == "ok" && r["master-host"]+":"+r["master-port"] == primary {
+					up++
+				}
+			}
+			if up != len(d.servers)-1 {
+				return fmt.Errorf("%d of %d replicas up: %v", up, len(d.servers)-1, replicas)
+			}
+			return nil
+		})
+		_ = c.Close()
+	}
+	for _, r := range d.servers {
+		if r.Addr != primary {
+			d.awaitLink(r.Addr, "up")
+		}
+	}
 }
 
 // awaitLink waits until the server at addr reports its link to its
