@@ -48,7 +48,9 @@ func deploy(t *testing.T, replicas int) *deployment {
 	}
 	d.sentinel = redis.NewSentinelClient(&redis.Options{Addr: d.sentinels[0].Addr})
 	t.Cleanup(func() { _ = d.sentinel.Close() })
-	d.settle(primary.Addr)
+	if got := d.settle(); got != primary.Addr {
+		t.Fatalf("the Sentinels settled on %s, not on the primary %s", got, primary.Addr)
+	}
 	return d
 }
 
@@ -118,15 +120,18 @@ func (d *deployment) failover(between func(old string)) (string, time.Duration) 
 		return err
 	})
 	killed.Restart(d.t, replicaOf(now)...)
-	d.settle(now)
-	d.t.Logf("failover: %s promoted %v after the kill, settled %v after it", now, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	return now, took
+	settled := d.settle()
+	d.t.Logf("failover: %s promoted %v after the kill, settled on %s %v after it", now, took.Round(time.Millisecond), settled, time.Since(start).Round(time.Millisecond))
+	return settled, took
 }
 
-// settle waits until every Sentinel names primary, has no failover of
-// its own in progress, and sees the other Sentinels and every other
-// server as a replica of primary with its link up, and until each of
-// those replicas reports its link up.
+// settle waits until every Sentinel names the same primary, has no
+// failover of its own in progress, and sees the other Sentinels and every
+// other server as a replica of that primary with its link up, and until
+// each of those replicas reports its link up; it returns the primary.
+// That is usually the one the failover promoted, but on a loaded machine
+// the Sentinels may find it unresponsive for down-after-milliseconds
+// just after its promotion and fail over once more.
 //
 // The next kill must wait for it. A Sentinel that led a failover stays
 // in it (reconfiguring the replicas) until each replica has its link up
@@ -138,8 +143,26 @@ func (d *deployment) failover(between func(old string)) (string, time.Duration) 
 // (not newer than its own): a permanent split. A client that asks that
 // Sentinel (go-redis' failover client asks one) is sent to a replica,
 // and every write fails READONLY.
-func (d *deployment) settle(primary string) {
+func (d *deployment) settle() string {
 	d.t.Helper()
+	var primary string
+	d.await("the Sentinels to agree on a primary", func(ctx context.Context) error {
+		names := map[string]bool{}
+		for _, s := range d.sentinels {
+			c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+			hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
+			_ = c.Close()
+			if err != nil {
+				return err
+			}
+			primary = hp[0] + ":" + hp[1]
+			names[primary] = true
+		}
+		if len(names) > 1 {
+			return fmt.Errorf("they name %v", names)
+		}
+		return nil
+	})
 	for _, s := range d.sentinels {
 		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
 		d.await("Sentinel "+s.Addr+" to settle on "+primary, func(ctx context.Context) error {
@@ -181,6 +204,7 @@ func (d *deployment) settle(primary string) {
 			d.awaitLink(r.Addr, "up")
 		}
 	}
+	return primary
 }
 
 // awaitLink waits until the server at addr reports its link to its
