@@ -146,65 +146,72 @@ func (d *deployment) failover(between func(old string)) (string, time.Duration) 
 func (d *deployment) settle() string {
 	d.t.Helper()
 	var primary string
-	d.await("the Sentinels to agree on a primary", func(ctx context.Context) error {
-		names := map[string]bool{}
+	// One check of everything per poll: a failover that starts between
+	// two checks (the Sentinels fail the new primary over again) is seen.
+	d.await("the deployment to settle", func(ctx context.Context) error {
+		primary = ""
 		for _, s := range d.sentinels {
-			c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
-			hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
+			if err := d.settled(ctx, s.Addr, &primary); err != nil {
+				return fmt.Errorf("Sentinel %s: %w", s.Addr, err)
+			}
+		}
+		for _, r := range d.servers {
+			if r.Addr == primary {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: r.Addr})
+			info, err := c.Info(ctx, "replication").Result()
 			_ = c.Close()
+			if err == nil && !strings.Contains(info, "master_link_status:up") {
+				err = fmt.Errorf("replica %s: link not up", r.Addr)
+			}
 			if err != nil {
 				return err
 			}
-			primary = hp[0] + ":" + hp[1]
-			names[primary] = true
-		}
-		if len(names) > 1 {
-			return fmt.Errorf("they name %v", names)
 		}
 		return nil
 	})
-	for _, s := range d.sentinels {
-		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
-		d.await("Sentinel "+s.Addr+" to settle on "+primary, func(ctx context.Context) error {
-			hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
-			if err != nil {
-				return err
-			}
-			if addr := hp[0] + ":" + hp[1]; addr != primary {
-				return fmt.Errorf("it names %s", addr)
-			}
-			m, err := c.Master(ctx, masterName).Result()
-			switch {
-			case err != nil:
-				return err
-			case m["flags"] != "master":
-				return fmt.Errorf("master flags %s", m["flags"])
-			case m["num-other-sentinels"] != strconv.Itoa(len(d.sentinels)-1):
-				return fmt.Errorf("other Sentinels %s", m["num-other-sentinels"])
-			}
-			replicas, err := c.Replicas(ctx, masterName).Result()
-			if err != nil {
-				return err
-			}
-			up := 0
-			for _, r := range replicas {
-				if r["flags"] == "slave" && r["master-link-status"] == "ok" && r["master-host"]+":"+r["master-port"] == primary {
-					up++
-				}
-			}
-			if up != len(d.servers)-1 {
-				return fmt.Errorf("%d of %d replicas up: %v", up, len(d.servers)-1, replicas)
-			}
-			return nil
-		})
-		_ = c.Close()
+	return primary
+}
+
+// settled checks one Sentinel for settle; *primary is the primary the
+// Sentinels checked before it named (empty: none yet).
+func (d *deployment) settled(ctx context.Context, addr string, primary *string) error {
+	c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
+	if err != nil {
+		return err
 	}
-	for _, r := range d.servers {
-		if r.Addr != primary {
-			d.awaitLink(r.Addr, "up")
+	switch named := hp[0] + ":" + hp[1]; {
+	case *primary == "":
+		*primary = named
+	case named != *primary:
+		return fmt.Errorf("it names %s, another %s", named, *primary)
+	}
+	m, err := c.Master(ctx, masterName).Result()
+	switch {
+	case err != nil:
+		return err
+	case m["flags"] != "master":
+		return fmt.Errorf("master flags %s", m["flags"])
+	case m["num-other-sentinels"] != strconv.Itoa(len(d.sentinels)-1):
+		return fmt.Errorf("other Sentinels %s", m["num-other-sentinels"])
+	}
+	replicas, err := c.Replicas(ctx, masterName).Result()
+	if err != nil {
+		return err
+	}
+	up := 0
+	for _, r := range replicas {
+		if r["flags"] == "slave" && r["master-link-status"] == "ok" && r["master-host"]+":"+r["master-port"] == *primary {
+			up++
 		}
 	}
-	return primary
+	if up != len(d.servers)-1 {
+		return fmt.Errorf("%d of %d replicas up: %v", up, len(d.servers)-1, replicas)
+	}
+	return nil
 }
 
 // awaitLink waits until the server at addr reports its link to its
