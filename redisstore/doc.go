@@ -227,6 +227,23 @@
 // whole lease gives the key up. WaitReplicas needs a *redis.Client (a
 // single server, or redis.NewFailoverClient) or a *redis.ClusterClient.
 //
+// redis.NewFailoverClient asks one Sentinel (the first to answer) where
+// the primary is, and follows that Sentinel's +switch-master messages; it
+// does not compare Sentinels. A Sentinel that names a replica sends every
+// connection there: each script fails READONLY (go-redis closes the
+// connection, asks the same Sentinel and dials the same replica again)
+// and the guard answers 503 for as long as that Sentinel is wrong. No
+// FailoverOptions field avoids it: MaxRetries repeats the same answer,
+// ReplicaOnly and RouteByLatency read from replicas, which a store
+// cannot use. Redis 7's Sentinel can be left so for good: when the new
+// primary dies while the Sentinel that promoted it is still in that
+// failover (reconfiguring the replicas, up to failover-timeout), the
+// others fail it over at a higher epoch, and that Sentinel, at the end
+// of its failover, switches to the server it promoted at that same
+// epoch and ignores the others from then on (SENTINEL RESET does not
+// clear it). Watch that every Sentinel's SENTINEL
+// get-master-addr-by-name agrees.
+//
 // Tested against Redis 7.
 //
 // # Locks

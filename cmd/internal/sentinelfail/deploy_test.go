@@ -30,7 +30,7 @@ type deployment struct {
 }
 
 // deploy starts a primary, replicas replicas and three Sentinels and waits
-// until every Sentinel sees the replicas and the other Sentinels.
+// until the deployment has settled (see settle).
 func deploy(t *testing.T, replicas int) *deployment {
 	t.Helper()
 	d := &deployment{t: t}
@@ -48,22 +48,8 @@ func deploy(t *testing.T, replicas int) *deployment {
 	}
 	d.sentinel = redis.NewSentinelClient(&redis.Options{Addr: d.sentinels[0].Addr})
 	t.Cleanup(func() { _ = d.sentinel.Close() })
-	for _, s := range d.sentinels {
-		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
-		d.await("Sentinel "+s.Addr+" to see the deployment", func(ctx context.Context) error {
-			m, err := c.Master(ctx, masterName).Result()
-			switch {
-			case err != nil:
-				return err
-			case m["num-slaves"] != strconv.Itoa(replicas) || m["num-other-sentinels"] != "2":
-				return fmt.Errorf("replicas %s, other Sentinels %s", m["num-slaves"], m["num-other-sentinels"])
-			}
-			return nil
-		})
-		_ = c.Close()
-	}
-	for _, r := range d.servers[1:] {
-		d.awaitLink(r.Addr, "up")
+	if got := d.settle(); got != primary.Addr {
+		t.Fatalf("the Sentinels settled on %s, not on the primary %s", got, primary.Addr)
 	}
 	return d
 }
@@ -100,8 +86,9 @@ func (d *deployment) server(addr string) *redisproc.Server {
 // failover kills the primary with SIGKILL and waits until the Sentinels
 // name another; before that, between the kill and the promotion, it
 // calls between (if not nil). It then restarts the killed server as a
-// replica of the new primary, as an operator would, and returns the new
-// primary's address and how long the Sentinels took to promote it.
+// replica of the new primary, as an operator would, waits until the
+// deployment has settled (see settle), and returns the new primary's
+// address and how long the Sentinels took to promote it.
 func (d *deployment) failover(between func(old string)) (string, time.Duration) {
 	d.t.Helper()
 	old, err := d.master(d.t.Context())
@@ -133,7 +120,98 @@ func (d *deployment) failover(between func(old string)) (string, time.Duration) 
 		return err
 	})
 	killed.Restart(d.t, replicaOf(now)...)
-	return now, took
+	settled := d.settle()
+	d.t.Logf("failover: %s promoted %v after the kill, settled on %s %v after it", now, took.Round(time.Millisecond), settled, time.Since(start).Round(time.Millisecond))
+	return settled, took
+}
+
+// settle waits until every Sentinel names the same primary, has no
+// failover of its own in progress, and sees the other Sentinels and every
+// other server as a replica of that primary with its link up, and until
+// each of those replicas reports its link up; it returns the primary.
+// That is usually the one the failover promoted, but on a loaded machine
+// the Sentinels may find it unresponsive for down-after-milliseconds
+// just after its promotion and fail over once more.
+//
+// The next kill must wait for it. A Sentinel that led a failover stays
+// in it (reconfiguring the replicas) until each replica has its link up
+// or failover-timeout has passed; if the new primary dies meanwhile,
+// the other Sentinels fail it over at a higher epoch, which the leader
+// learns without changing the primary it is still failing over; when
+// its failover ends it switches to the primary it promoted, at that
+// same epoch, and from then on ignores the others' configuration
+// (not newer than its own): a permanent split. A client that asks that
+// Sentinel (go-redis' failover client asks one) is sent to a replica,
+// and every write fails READONLY.
+func (d *deployment) settle() string {
+	d.t.Helper()
+	var primary string
+	// One check of everything per poll: a failover that starts between
+	// two checks (the Sentinels fail the new primary over again) is seen.
+	d.await("the deployment to settle", func(ctx context.Context) error {
+		primary = ""
+		for _, s := range d.sentinels {
+			if err := d.settled(ctx, s.Addr, &primary); err != nil {
+				return fmt.Errorf("Sentinel %s: %w", s.Addr, err)
+			}
+		}
+		for _, r := range d.servers {
+			if r.Addr == primary {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: r.Addr})
+			info, err := c.Info(ctx, "replication").Result()
+			_ = c.Close()
+			if err == nil && !strings.Contains(info, "master_link_status:up") {
+				err = fmt.Errorf("replica %s: link not up", r.Addr)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return primary
+}
+
+// settled checks one Sentinel for settle; *primary is the primary the
+// Sentinels checked before it named (empty: none yet).
+func (d *deployment) settled(ctx context.Context, addr string, primary *string) error {
+	c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	hp, err := c.GetMasterAddrByName(ctx, masterName).Result()
+	if err != nil {
+		return err
+	}
+	switch named := hp[0] + ":" + hp[1]; {
+	case *primary == "":
+		*primary = named
+	case named != *primary:
+		return fmt.Errorf("it names %s, another %s", named, *primary)
+	}
+	m, err := c.Master(ctx, masterName).Result()
+	switch {
+	case err != nil:
+		return err
+	case m["flags"] != "master":
+		return fmt.Errorf("master flags %s", m["flags"])
+	case m["num-other-sentinels"] != strconv.Itoa(len(d.sentinels)-1):
+		return fmt.Errorf("other Sentinels %s", m["num-other-sentinels"])
+	}
+	replicas, err := c.Replicas(ctx, masterName).Result()
+	if err != nil {
+		return err
+	}
+	up := 0
+	for _, r := range replicas {
+		if r["flags"] == "slave" && r["master-link-status"] == "ok" && r["master-host"]+":"+r["master-port"] == *primary {
+			up++
+		}
+	}
+	if up != len(d.servers)-1 {
+		return fmt.Errorf("%d of %d replicas up: %v", up, len(d.servers)-1, replicas)
+	}
+	return nil
 }
 
 // awaitLink waits until the server at addr reports its link to its
