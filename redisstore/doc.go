@@ -208,7 +208,7 @@
 //	client := redis.NewFailoverClient(&redis.FailoverOptions{
 //		MasterName: "mymaster", SentinelAddrs: sentinels, ContextTimeoutEnabled: true,
 //	})
-//	store, err := redisstore.New(client, &redisstore.Config{WaitReplicas: 1})
+//	store, err := redisstore.New(client, &redisstore.Config{WaitReplicas: 2}) // both replicas
 //
 // WAIT reports; it does not undo. A write whose WAIT fell short stays on
 // the primary and may still reach a replica, or be lost. The store
@@ -216,12 +216,10 @@
 // effect ran); a Complete that fell short leaves the record completed on
 // the primary and the execution open, and a retried Complete with the
 // same lease answers nil at once on a primary that has it and waits
-// again. A handler whose effect is outside Redis should therefore
-// complete its execution itself and retry Complete while it fails with
-// anything but [idem.ErrLeaseLost] (idemhttp.ExecutionFrom, then
-// Execution.Complete), answering only once it is stored: the middleware's
-// own completion sends the response even when it cannot store it, and
-// leaves the record to its lease. The renewals wait too, so a lease must
+// again. The guard's adapters (Guard.Do, idemhttp, idemgrpc) retry a
+// completion that fails so for up to idem.GuardConfig.CompleteRetry (10 s
+// by default) before answering; make it outlast a failover. The
+// renewals wait too, so a lease must
 // outlast a failover (the Sentinels' down-after-milliseconds plus the
 // election, a few seconds): a guard that cannot confirm its lease for a
 // whole lease gives the key up. WaitReplicas needs a *redis.Client (a

@@ -77,9 +77,9 @@ func TestRedisCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Names: 6})
+		h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Names: 6, SplitResend: true})
 		t.Logf("%v", counts)
-		h.Check(t, lincheck.LockModel(margin, true))
+		h.Check(t, lincheck.LockModel(margin))
 	})
 	t.Run("token", func(t *testing.T) {
 		s, err := redisstore.NewTokenStore(c, &redisstore.TokenConfig{Prefix: testdb.RandomName("lin")})

@@ -18,7 +18,7 @@ func TestCheckerCatchesBrokenLocksAndTokens(t *testing.T) {
 	for _, bug := range []string{"two-holders", "fence-reused", "extend-after-takeover"} {
 		t.Run("lock/"+bug, func(t *testing.T) {
 			h, _ := lincheck.RunLocks(context.Background(), &buggyLocks{bug: bug, locks: map[string]*buggyLock{}}, lincheck.LockWorkload{})
-			if h.Linearizable(lincheck.LockModel(margin, false)) {
+			if h.Linearizable(lincheck.LockModel(margin)) {
 				t.Errorf("the checker passed a lock backend whose %s", bug)
 			}
 		})

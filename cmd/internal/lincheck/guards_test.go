@@ -73,7 +73,7 @@ func TestLocks(t *testing.T) {
 			t.Parallel()
 			h, counts := lincheck.RunLocks(context.Background(), c.new(t), lincheck.LockWorkload{})
 			t.Logf("%v", counts)
-			h.Check(t, lincheck.LockModel(margin, false))
+			h.Check(t, lincheck.LockModel(margin))
 			if counts["Acquire <nil>"] == 0 || counts["Acquire lock: held by another owner"] == 0 {
 				t.Errorf("the workload did little: %v", counts)
 			}
@@ -158,9 +158,9 @@ func TestLocksAndTokensUnderFaults(t *testing.T) {
 				b = sqlLocks(t, srv.d, func(*testing.T) *sqlDB { return db })
 			}
 			faults := inject(p, 700*time.Millisecond)
-			h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Timeout: 500 * time.Millisecond})
+			h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Timeout: 500 * time.Millisecond, SplitResend: srv.redis})
 			t.Logf("%v; faults: %v", counts, faults.Stop())
-			h.Check(t, lincheck.LockModel(margin, srv.redis))
+			h.Check(t, lincheck.LockModel(margin))
 		})
 		t.Run("token/"+srv.name, func(t *testing.T) {
 			t.Parallel()
