@@ -109,6 +109,11 @@ type Config struct {
 	// means idem.DefaultLease (30 s), idem.DefaultMaxExecution (5 min),
 	// idem.DefaultRetention (24 h) and idem.DefaultStoreTimeout (5 s).
 	Lease, MaxExecution, Retention, StoreTimeout time.Duration
+	// CompleteRetry is how long a completion that failed on a store error
+	// is tried again before the caller gets its answer, as in idemhttp
+	// (idem.GuardConfig.CompleteRetry). Zero means
+	// idem.DefaultCompleteRetry (10 s); negative means one attempt.
+	CompleteRetry time.Duration
 
 	// Release reports whether the code a handler returned releases the
 	// record (so that a retry runs the handler again) instead of storing
@@ -364,14 +369,15 @@ func New(cfg *Config) (*Interceptor, error) {
 		i.retryDelay = DefaultRetryDelay
 	}
 	guard, err := idem.NewGuard(c.Store, &idem.GuardConfig{
-		Lease:        c.Lease,
-		MaxExecution: c.MaxExecution,
-		Retention:    c.Retention,
-		StoreTimeout: c.StoreTimeout,
-		Logger:       logger,
-		Observer:     c.Observer,
-		StoreName:    i.storeName,
-		LogKeys:      c.LogKeys,
+		Lease:         c.Lease,
+		MaxExecution:  c.MaxExecution,
+		Retention:     c.Retention,
+		StoreTimeout:  c.StoreTimeout,
+		CompleteRetry: c.CompleteRetry,
+		Logger:        logger,
+		Observer:      c.Observer,
+		StoreName:     i.storeName,
+		LogKeys:       c.LogKeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemgrpc: %w", err)

@@ -115,6 +115,13 @@ type Config struct {
 	// beyond the request's context.
 	StoreTimeout time.Duration
 
+	// CompleteRetry is how long a completion that failed on a store error
+	// is tried again before the client gets its answer
+	// (idem.GuardConfig.CompleteRetry): a response the store did not keep
+	// lets a retry run the handler again once the lease has run out. Zero
+	// means idem.DefaultCompleteRetry (10 s); negative means one attempt.
+	CompleteRetry time.Duration
+
 	// MaxRequestBody is the largest request body accepted on a guarded
 	// request; a larger one is answered 413 BODY_TOO_LARGE before any
 	// record is created. Zero means DefaultMaxRequestBody (1 MiB).
@@ -420,15 +427,16 @@ func New(cfg *Config) (*Middleware, error) {
 	// middleware, or the handler with Complete or CompleteTx), goes
 	// through storable.
 	guard, err := idem.NewGuard(c.Store, &idem.GuardConfig{
-		Lease:        c.Lease,
-		MaxExecution: c.MaxExecution,
-		Retention:    c.Retention,
-		StoreTimeout: c.StoreTimeout,
-		Logger:       logger,
-		Prepare:      m.storable,
-		Observer:     c.Observer,
-		StoreName:    m.storeName,
-		LogKeys:      c.LogKeys,
+		Lease:         c.Lease,
+		MaxExecution:  c.MaxExecution,
+		Retention:     c.Retention,
+		StoreTimeout:  c.StoreTimeout,
+		CompleteRetry: c.CompleteRetry,
+		Logger:        logger,
+		Prepare:       m.storable,
+		Observer:      c.Observer,
+		StoreName:     m.storeName,
+		LogKeys:       c.LogKeys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)

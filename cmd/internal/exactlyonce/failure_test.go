@@ -39,7 +39,7 @@ type failureRig struct {
 
 const rigLease = time.Second
 
-func newFailureRig(t *testing.T) *failureRig {
+func newFailureRig(t *testing.T, opts ...func(*idemhttp.Config)) *failureRig {
 	pg := testenv.Postgres.Need(t)
 	ctx := context.Background()
 	proxy, err := netfault.New(hostOf(t, pg))
@@ -71,12 +71,16 @@ func newFailureRig(t *testing.T) *failureRig {
 		t.Fatal(err)
 	}
 	r := &failureRig{t: t, proxy: proxy, direct: direct, run: fmt.Sprintf("fail-%d", time.Now().UnixNano())}
-	mw, err := idemhttp.New(&idemhttp.Config{
+	cfg := &idemhttp.Config{
 		Store:        store,
 		Lease:        rigLease,
 		StoreTimeout: 300 * time.Millisecond,
 		Scope:        func(*http.Request) (string, error) { return r.run, nil },
-	})
+	}
+	for _, o := range opts {
+		o(cfg)
+	}
+	mw, err := idemhttp.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,14 +298,16 @@ func TestStoreStallsOnCommit(t *testing.T) {
 }
 
 // The store stalls when the middleware completes a record after the
-// handler's effect committed on its own (no CompleteTx): the completion
-// times out (StoreTimeout), the client still gets the handler's real 201,
-// and the record is left processing to its lease, so a retry within the
-// lease gets 409 and the effect is not run again. (After the lease a retry
-// runs the handler again: an effect outside the record's transaction must
-// be idempotent itself; that is why the shop uses CompleteTx.)
+// handler's effect committed on its own (no CompleteTx), and stays
+// stalled longer than the completion is retried (here: not at all,
+// CompleteRetry < 0): the completion times out (StoreTimeout), the client
+// still gets the handler's real 201, and the record is left processing to
+// its lease, so a retry within the lease gets 409 and the effect is not
+// run again. (After the lease a retry runs the handler again: an effect
+// outside the record's transaction must be idempotent itself; that is
+// why the shop uses CompleteTx.)
 func TestStoreStallsOnComplete(t *testing.T) {
-	r := newFailureRig(t)
+	r := newFailureRig(t, func(c *idemhttp.Config) { c.CompleteRetry = -1 })
 	r.plain = true
 	r.hook = func(where string) {
 		if where == "after" && r.calls.Load() == 1 {
@@ -320,6 +326,40 @@ func TestStoreStallsOnComplete(t *testing.T) {
 		t.Fatalf("retry within the lease: %d %s; want 409 PROCESSING", w.Code, w.Body)
 	}
 	if n := r.effects("k5"); n != 1 || r.calls.Load() != 1 {
+		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
+	}
+}
+
+// The store stalls for a moment (less than CompleteRetry) when the
+// middleware completes the record: the completion is tried again until
+// the store answers, and only then does the client get its 201. The
+// record is completed, a retry replays it, and the effect ran once.
+func TestStoreStallsBrieflyOnComplete(t *testing.T) {
+	r := newFailureRig(t)
+	r.plain = true
+	stalled := make(chan struct{})
+	r.hook = func(where string) {
+		if where == "after" && r.calls.Load() == 1 {
+			r.proxy.Stall()
+			close(stalled)
+		}
+	}
+	go func() {
+		<-stalled
+		time.Sleep(700 * time.Millisecond) // over two StoreTimeouts, under CompleteRetry
+		r.proxy.Resume()
+	}()
+	w := r.post("k6")
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first: %d %s; want the handler's real 201", w.Code, w.Body)
+	}
+	if s := r.status("k6"); s != "completed" {
+		t.Fatalf("record is %s; want completed once the store answered again", s)
+	}
+	if w := r.post("k6"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %s; want the 201 replayed", w.Code, w.Body)
+	}
+	if n := r.effects("k6"); n != 1 || r.calls.Load() != 1 {
 		t.Fatalf("%d effects, %d runs; want 1, 1", n, r.calls.Load())
 	}
 }

@@ -161,6 +161,13 @@ type TokenWorkload struct {
 	TTLs                  []time.Duration // default 10 ms, 50 ms, 250 ms
 	Timeout, Think        time.Duration   // defaults 3 s, 4 ms
 	Sweep                 bool
+	// SplitResend records an ErrInvalid answer as two calls in its
+	// window: a Consume that may have spent the token unseen, then the
+	// refusal. It is for a store whose client sends a call again after
+	// its reply was lost (go-redis): when the token expires between the
+	// two runs, the second finds it gone (token.Spend.Keep, 24 h by
+	// default, makes that window vanish in practice).
+	SplitResend bool
 }
 
 // RunTokens runs the workload against s and returns its history.
@@ -196,6 +203,9 @@ func RunTokens(ctx context.Context, s token.Store, w TokenWorkload) (*History, m
 			out = TokenOut{Unknown: true}
 			in.Ret = Never
 			time.Sleep(20 * time.Millisecond)
+		}
+		if w.SplitResend && out.Invalid {
+			h.add(client, in, TokenOut{Unknown: true}, in.Call, in.Ret)
 		}
 		h.add(client, in, out, in.Call, in.Ret)
 		mu.Lock()
