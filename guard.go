@@ -808,7 +808,8 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 // CompleteRetrying is Complete, tried again while it fails with a store
 // error (not ErrLeaseLost, nor ErrFinished), after 20 ms and then twice as
 // long each time up to 1 s, for up to GuardConfig.CompleteRetry after the
-// first failure and while ctx lasts. A retry is safe: a store answers nil
+// first failure (a retry still running then is cut short) and while ctx
+// lasts. A retry is safe: a store answers nil
 // when it finds the record already completed by this lease (the first
 // attempt committed and its reply was lost). The execution's watchdog
 // goes on renewing the lease between attempts. It returns the last
@@ -819,6 +820,11 @@ func (e *Execution) CompleteRetrying(ctx context.Context, resp Response) error {
 		return err
 	}
 	deadline := time.Now().Add(e.g.cfg.CompleteRetry)
+	// A retry ends with the deadline too, not StoreTimeout later: a store
+	// that hangs rather than fails must not hold the caller (and its
+	// client) past CompleteRetry.
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		if time.Until(deadline) < wait {
 			return err

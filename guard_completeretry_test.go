@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,5 +86,64 @@ func TestCompleteRetrying(t *testing.T) {
 				t.Errorf("Complete called %d times, want %d", s.calls.Load(), want)
 			}
 		})
+	}
+}
+
+// hangingComplete is a store whose Complete hangs until its context ends
+// (a store that stops answering rather than failing), noting when each
+// call began and the deadline its context carried.
+type hangingComplete struct {
+	idem.Store
+	mu        sync.Mutex
+	deadlines []time.Time
+	ended     time.Time // when the first call gave up
+}
+
+func (s *hangingComplete) Complete(ctx context.Context, _ idem.Lease, _ idem.Response, _ time.Duration) error {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(time.Hour) // no bound: surely too late
+	}
+	s.mu.Lock()
+	s.deadlines = append(s.deadlines, dl)
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	if s.ended.IsZero() {
+		s.ended = time.Now()
+	}
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+// TestCompleteRetryingHangingStore: CompleteRetry bounds how long the
+// completion is tried after its first failure, also when the store hangs
+// rather than fails: no retry may run past that deadline (the client
+// waits for it), as a retry bounded only by StoreTimeout would.
+func TestCompleteRetryingHangingStore(t *testing.T) {
+	const storeTimeout, retry = 2 * time.Second, 300 * time.Millisecond
+	s := &hangingComplete{Store: memstore.New(nil)}
+	g, err := idem.NewGuard(s, &idem.GuardConfig{StoreTimeout: storeTimeout, CompleteRetry: retry, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = g.Do(t.Context(), "s", "k", "fp", func(context.Context) (idem.Response, error) {
+		return idem.Response{StatusCode: 201}, nil
+	})
+	if err == nil {
+		t.Fatal("Do answered nil with a store whose Complete hangs")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.deadlines) < 2 {
+		t.Fatalf("Complete tried %d times, want a retry", len(s.deadlines))
+	}
+	// Slack for the time between the store's giving up and the guard's
+	// noting the failure: well under StoreTimeout.
+	limit := s.ended.Add(retry + time.Second)
+	for i, dl := range s.deadlines[1:] {
+		if dl.After(limit) {
+			t.Errorf("retry %d may run until %v after the first failure, past CompleteRetry (%v)", i+1, dl.Sub(s.ended).Round(time.Millisecond), retry)
+		}
 	}
 }
