@@ -388,6 +388,7 @@ type Execution struct {
 	renewing    bool               // a renewal of the current epoch waits for its answer
 	retryIn     time.Duration      // the wait after the last renewal, if it failed; 0 after a success
 	lostShown   bool               // the lease lost was reported to the Observer
+	unsure      bool               // a completion call failed with a store error: it may have committed
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
@@ -662,6 +663,10 @@ func (e *Execution) tick() {
 	}
 	e.renewing, e.renewCancel = false, nil
 	now = time.Now()
+	// After a completion that may have committed, a record no longer
+	// processing may be that very completion: whether the lease was lost
+	// is for the completion's retry to tell (settle reports it then).
+	ownCompletion := e.unsure && errors.Is(err, ErrLeaseLost)
 	var cause error
 	if errors.Is(err, ErrLeaseLost) {
 		cause = ErrLeaseLost
@@ -687,6 +692,11 @@ func (e *Execution) tick() {
 		}
 		o.End(&e.ctx, Event{Kind: KindLease, Op: OpExtend, Outcome: outcome, Store: e.g.cfg.StoreName,
 			Duration: now.Sub(sent), Err: err, KeyHash: e.keyHash(l)})
+	}
+	if ownCompletion {
+		e.g.cfg.Logger.DebugContext(&e.ctx, "idem: renewal found the record no longer processing after a completion of unknown outcome; its retry will tell whether the lease was lost",
+			LogKey(l.Scope, l.Key, e.g.cfg.LogKeys), slog.Int64(LogFence, l.Fence))
+		return
 	}
 	e.report(l, cause, err)
 }
@@ -766,6 +776,7 @@ func (e *Execution) settle(err error, holdTx bool) {
 		cause = ErrLeaseLost
 		e.endWatch(cause)
 	default:
+		e.unsure = true
 		expired = e.resume()
 	}
 	e.mu.Unlock()
