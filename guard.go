@@ -388,6 +388,7 @@ type Execution struct {
 	renewing    bool               // a renewal of the current epoch waits for its answer
 	retryIn     time.Duration      // the wait after the last renewal, if it failed; 0 after a success
 	lostShown   bool               // the lease lost was reported to the Observer
+	unsure      bool               // a completion call failed with a store error: it may have committed
 	epoch       uint64             // counts halts: a renewal started before the last one is stale
 	renewCancel context.CancelFunc // cancels the running renewal, if any
 	validUntil  time.Time          // local, conservative estimate of the confirmed lease's end
@@ -662,6 +663,10 @@ func (e *Execution) tick() {
 	}
 	e.renewing, e.renewCancel = false, nil
 	now = time.Now()
+	// After a completion that may have committed, a record no longer
+	// processing may be that very completion: whether the lease was lost
+	// is for the completion's retry to tell (settle reports it then).
+	ownCompletion := e.unsure && errors.Is(err, ErrLeaseLost)
 	var cause error
 	if errors.Is(err, ErrLeaseLost) {
 		cause = ErrLeaseLost
@@ -687,6 +692,11 @@ func (e *Execution) tick() {
 		}
 		o.End(&e.ctx, Event{Kind: KindLease, Op: OpExtend, Outcome: outcome, Store: e.g.cfg.StoreName,
 			Duration: now.Sub(sent), Err: err, KeyHash: e.keyHash(l)})
+	}
+	if ownCompletion {
+		e.g.cfg.Logger.DebugContext(&e.ctx, "idem: renewal found the record no longer processing after a completion of unknown outcome; its retry will tell whether the lease was lost",
+			LogKey(l.Scope, l.Key, e.g.cfg.LogKeys), slog.Int64(LogFence, l.Fence))
+		return
 	}
 	e.report(l, cause, err)
 }
@@ -766,6 +776,7 @@ func (e *Execution) settle(err error, holdTx bool) {
 		cause = ErrLeaseLost
 		e.endWatch(cause)
 	default:
+		e.unsure = true
 		expired = e.resume()
 	}
 	e.mu.Unlock()
@@ -808,7 +819,8 @@ func (e *Execution) Complete(ctx context.Context, resp Response) error {
 // CompleteRetrying is Complete, tried again while it fails with a store
 // error (not ErrLeaseLost, nor ErrFinished), after 20 ms and then twice as
 // long each time up to 1 s, for up to GuardConfig.CompleteRetry after the
-// first failure and while ctx lasts. A retry is safe: a store answers nil
+// first failure (a retry still running then is cut short) and while ctx
+// lasts. A retry is safe: a store answers nil
 // when it finds the record already completed by this lease (the first
 // attempt committed and its reply was lost). The execution's watchdog
 // goes on renewing the lease between attempts. It returns the last
@@ -819,6 +831,11 @@ func (e *Execution) CompleteRetrying(ctx context.Context, resp Response) error {
 		return err
 	}
 	deadline := time.Now().Add(e.g.cfg.CompleteRetry)
+	// A retry ends with the deadline too, not StoreTimeout later: a store
+	// that hangs rather than fails must not hold the caller (and its
+	// client) past CompleteRetry.
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		if time.Until(deadline) < wait {
 			return err

@@ -77,7 +77,8 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT when WaitReplicas is positive. Keep it
 	// below the client's ReadTimeout (go-redis' default 3 s), which
-	// bounds the pipeline's answer. Default DefaultWaitTimeout (1 s);
+	// bounds the pipeline's answer. It is rounded up to a whole
+	// millisecond (WAIT's unit). Default DefaultWaitTimeout (1 s);
 	// negative is refused.
 	WaitTimeout time.Duration
 	// Logger receives New's messages about the server's maxmemory-policy

@@ -30,7 +30,12 @@ func (s *Store) configureWait(n int, timeout time.Duration) error {
 	default:
 		return fmt.Errorf("redisstore: Config.WaitReplicas needs a *redis.Client or *redis.ClusterClient, got %T", s.client)
 	}
-	s.waitN, s.waitTimeout = n, timeout
+	// WAIT takes whole milliseconds, and WAIT n 0 blocks without bound:
+	// round up, so that a timeout under a millisecond still bounds it.
+	s.waitN, s.waitTimeout = n, timeout.Truncate(time.Millisecond)
+	if s.waitTimeout < timeout {
+		s.waitTimeout += time.Millisecond
+	}
 	return nil
 }
 

@@ -203,3 +203,25 @@ func BenchmarkWaitReplicas(b *testing.B) {
 		})
 	}
 }
+
+// TestWaitTimeoutBelowAMillisecond: WAIT takes whole milliseconds, and
+// WAIT n 0 blocks until n replicas answer, without bound. A WaitTimeout
+// under a millisecond must still bound the wait, not become WAIT n 0
+// (which, without a replica, held each call until the client's read
+// timeout and then failed it with an i/o timeout rather than
+// ErrNotReplicated).
+func TestWaitTimeoutBelowAMillisecond(t *testing.T) {
+	t.Parallel()
+	alone := privateServer(t)
+	s := newStore(t, alone, &redisstore.Config{WaitReplicas: 1, WaitTimeout: 100 * time.Microsecond})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req := idem.AcquireRequest{Scope: "s", Key: "submilli", Fingerprint: "fp", Lease: time.Minute, Retention: time.Hour}
+	if _, err := s.Acquire(ctx, req); !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Fatalf("Acquire without a replica, WaitTimeout 100µs = %v, want ErrNotReplicated", err)
+	}
+	// The refused Acquire released its lease: the key is free again.
+	if _, err := s.Get(ctx, "s", "submilli"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Get after the refused Acquire = %v, want ErrNotFound (released)", err)
+	}
+}

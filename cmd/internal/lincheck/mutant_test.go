@@ -14,23 +14,33 @@ import (
 // one of the defects below, each a way a real store went wrong or could.
 // A checker that passes them checks nothing.
 func TestCheckerCatchesBrokenStores(t *testing.T) {
-	for _, bug := range []string{"in-flight-acquired", "takeover-keeps-fence", "complete-ignores-lease", "sweep-live-lease", "expires-early", "complete-retry-refused"} {
-		t.Run(bug, func(t *testing.T) {
-			caught := false
-			for range 3 { // a defect on a rare path may need another run
-				h, stats := lincheck.RunStore(context.Background(), &buggyStore{bug: bug, recs: map[string]*idem.Record{}},
-					lincheck.StoreWorkload{Sweep: true, OpsPerClient: 300})
-				if !h.Linearizable(lincheck.StoreModel(lincheck.StoreModelConfig{Margin: int64(5 * time.Millisecond)})) {
-					caught = true
-					break
-				}
-				t.Logf("not caught in a run of %v", stats)
-			}
-			if !caught {
-				t.Errorf("the checker passed a store whose %s", bug)
-			}
-		})
+	for _, bug := range []string{"in-flight-acquired", "takeover-keeps-fence", "complete-ignores-lease", "sweep-live-lease", "expires-early", "complete-retry-refused", "own-lease-in-flight"} {
+		t.Run(bug, func(t *testing.T) { catchesBug(t, bug, false) })
 	}
+}
+
+// TestCheckerCatchesBrokenSplitStores: with StoreWorkload.SplitReadBack
+// (an Acquire recorded as a write of unknown outcome and then its
+// answer), the checker must still fail a store whose Acquire answers
+// with the record its own write made: that lease was no other caller's.
+func TestCheckerCatchesBrokenSplitStores(t *testing.T) {
+	for _, bug := range []string{"own-lease-in-flight", "in-flight-acquired", "takeover-keeps-fence"} {
+		t.Run(bug, func(t *testing.T) { catchesBug(t, bug, true) })
+	}
+}
+
+// catchesBug fails t unless the checker fails a buggyStore with bug in
+// one of three runs (a defect on a rare path may need another run).
+func catchesBug(t *testing.T, bug string, split bool) {
+	for range 3 {
+		h, stats := lincheck.RunStore(context.Background(), &buggyStore{bug: bug, recs: map[string]*idem.Record{}},
+			lincheck.StoreWorkload{Sweep: true, OpsPerClient: 300, SplitReadBack: split})
+		if !h.Linearizable(lincheck.StoreModel(lincheck.StoreModelConfig{Margin: int64(5 * time.Millisecond)})) {
+			return
+		}
+		t.Logf("not caught in a run of %v", stats)
+	}
+	t.Errorf("the checker passed a store whose %s (SplitReadBack %v)", bug, split)
 }
 
 // buggyStore is a store of the contract in memory with one defect.
@@ -61,6 +71,13 @@ func (s *buggyStore) Acquire(_ context.Context, req idem.AcquireRequest) (idem.A
 			Lease: idem.Lease{Scope: n.Scope, Key: n.Key, Owner: n.Owner, Fence: n.Fence, Until: n.LeaseUntil}}, nil
 	}
 	switch {
+	case !ok && s.bug == "own-lease-in-flight":
+		// Writes a lease, then answers in flight with it, as a store that
+		// writes and reads back in two statements could if it mistook its
+		// own record for another's: nobody holds the lease, and the key
+		// is stuck until the lease ends.
+		_, _ = fresh(1, false)
+		return idem.AcquireResult{Outcome: idem.InFlight, Record: *s.recs[req.Key]}, nil
 	case !ok:
 		return fresh(1, false)
 	case !now.Before(expires(r)):

@@ -43,8 +43,12 @@ type StoreIn struct {
 	Body string
 	// Answer marks the second half of an Acquire split in two (see
 	// StoreWorkload.SplitReadBack): the answer, read from the record,
-	// which cannot be Acquired.
+	// which cannot be Acquired, nor be read from the record that the
+	// call's own first half wrote.
 	Answer bool
+	// Seq numbers the call in its history (0: not numbered); the two
+	// halves of a split Acquire share it.
+	Seq uint64
 }
 
 // Errors a call may answer that the model knows.
@@ -112,6 +116,11 @@ type recState struct {
 	ExpLo, ExpHi     int64
 	Retention        int64 // the record's, for Extend
 	Body             string
+	// Writer is the Seq of the Acquire of unknown outcome that may have
+	// written this lease, while its owner is unknown (0 once known): the
+	// answer half of that very Acquire cannot have read it, as the store
+	// that wrote it would have answered Acquired.
+	Writer uint64
 }
 
 // StoreModelConfig says how a store may differ from the plain contract.
@@ -214,6 +223,11 @@ func (m storeModel) acquire(s recState, in StoreIn, out StoreOut) []recState {
 			if out.Unknown {
 				continue
 			}
+			if in.Answer && s.Owner == "" && s.Writer != 0 && s.Writer == in.Seq {
+				// The record of the lease this call's write took: its
+				// answer would have been Acquired.
+				continue
+			}
 			if out.Outcome == b.outcome {
 				if learnt, ok := m.learn(s, out.Rec); ok {
 					next = append(next, learnt)
@@ -227,7 +241,7 @@ func (m storeModel) acquire(s recState, in StoreIn, out StoreOut) []recState {
 				Exists: true, FP: in.FP, Fence: b.fence,
 				UntilLo: until, UntilHi: Never,
 				ExpLo: add(until, in.Retention), ExpHi: Never,
-				Retention: in.Retention,
+				Retention: in.Retention, Writer: in.Seq,
 			})
 			continue
 		}
@@ -257,7 +271,7 @@ func (m storeModel) learn(s recState, r RecView) (recState, bool) {
 		!m.within(r.ExpiresAt, s.ExpLo, s.ExpHi) {
 		return s, false
 	}
-	s.Owner = r.Owner
+	s.Owner, s.Writer = r.Owner, 0
 	s.ExpLo, s.ExpHi = r.ExpiresAt, r.ExpiresAt
 	if s.Completed {
 		if r.Body != s.Body {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -121,6 +122,8 @@ type storeRunner struct {
 	scope string
 	keys  []string
 
+	seq atomic.Uint64 // the last StoreIn.Seq given
+
 	mu     sync.Mutex
 	leases []idem.Lease // every lease granted, for stale calls
 	stats  StoreStats
@@ -220,6 +223,7 @@ func (r *storeRunner) pick(rnd *mrand.Rand, ds []time.Duration) time.Duration {
 func (r *storeRunner) call(ctx context.Context, client int, in StoreIn, f func(ctx context.Context) (StoreOut, error)) StoreOut {
 	ctx, cancel := context.WithTimeout(ctx, r.w.Timeout)
 	defer cancel()
+	in.Seq = r.seq.Add(1)
 	in.Call = now()
 	out, err := f(ctx)
 	in.Ret = now()
