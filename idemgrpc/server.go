@@ -190,7 +190,11 @@ func (i *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServer
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	exec, res, err := i.guard.Begin(o.begin(bctx), scope, key, fp)
-	if !stop() && err == nil && exec != nil {
+	// stop reports false once ctx's end has started the AfterFunc; ctx
+	// can be done a moment before that (its Done closes first), so ctx
+	// is read too. CI caught the handler run for a caller gone in that
+	// moment (TestCallerGoneDuringAcquire, once in many runs).
+	if stopped := stop(); (!stopped || ctx.Err() != nil) && err == nil && exec != nil {
 		// The caller went away just as Begin returned: the handler has
 		// not run, the key goes back.
 		i.releaseExec(context.WithoutCancel(ctx), exec)

@@ -108,7 +108,9 @@ func TestTokenStores(t *testing.T) {
 			h, counts := lincheck.RunTokens(context.Background(), c.new(t), lincheck.TokenWorkload{Sweep: true})
 			t.Logf("%v", counts)
 			h.Check(t, lincheck.TokenModel(margin, c.drops))
-			if counts["Consume ok"] == 0 || counts["Consume used"] == 0 || counts["Consume invalid"] == 0 || counts["Insert duplicate"] == 0 {
+			// Invalid answers (a token expired, or swept) depend on timing
+			// and may not come in a run on a fast store: not required.
+			if counts["Consume ok"] == 0 || counts["Consume used"] == 0 || counts["Insert duplicate"] == 0 {
 				t.Errorf("the workload did little: %v", counts)
 			}
 		})
