@@ -28,13 +28,7 @@ import (
 // lease ended) or took the key over a second time (fence + 1), and then
 // that the answer lost TookOver. It must answer what the first run did.
 func TestAcquireSentAgainAfterLostReply(t *testing.T) {
-	p, err := netfault.New(testenv.Redis.Need(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
+	p, c := resendingClient(t)
 	s := newStore(t, c, nil)
 	ctx := context.Background()
 	const key, fp = "k", "fp-of-the-lost-reply"
@@ -100,13 +94,7 @@ func TestAcquireSentAgainAfterLostReply(t *testing.T) {
 // another submission used the token. The second run must answer that
 // this call spent it. Found by the linearizability check under faults.
 func TestConsumeSentAgainAfterLostReply(t *testing.T) {
-	p, err := netfault.New(testenv.Redis.Need(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
+	p, c := resendingClient(t)
 	s, err := redisstore.NewTokenStore(c, &redisstore.TokenConfig{Prefix: "idemtest-" + strings.ToLower(rand.Text()[:10])})
 	if err != nil {
 		t.Fatal(err)
@@ -139,13 +127,7 @@ func TestConsumeSentAgainAfterLostReply(t *testing.T) {
 // second run must answer the fence the first took. Found by the
 // linearizability check under faults.
 func TestLockAcquireSentAgainAfterLostReply(t *testing.T) {
-	p, err := netfault.New(testenv.Redis.Need(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
+	p, c := resendingClient(t)
 	b, err := redisstore.NewLockBackend(c, &redisstore.LockConfig{Prefix: "idemtest-" + strings.ToLower(rand.Text()[:10])})
 	if err != nil {
 		t.Fatal(err)
@@ -172,13 +154,7 @@ func TestLockAcquireSentAgainAfterLostReply(t *testing.T) {
 // ErrDuplicate for the call's own token. Found by the linearizability
 // check under faults.
 func TestTokenInsertSentAgainAfterLostReply(t *testing.T) {
-	p, err := netfault.New(testenv.Redis.Need(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
+	p, c := resendingClient(t)
 	s, err := redisstore.NewTokenStore(c, &redisstore.TokenConfig{Prefix: "idemtest-" + strings.ToLower(rand.Text()[:10])})
 	if err != nil {
 		t.Fatal(err)
@@ -202,4 +178,20 @@ func TestTokenInsertSentAgainAfterLostReply(t *testing.T) {
 	if err := s.Consume(ctx, "user-1", digest, token.Spend{Keep: time.Minute}); err != nil {
 		t.Fatalf("Consume: %v", err)
 	}
+}
+
+// resendingClient returns a proxy to the Redis server and a go-redis
+// client through it that sends a command again, at once, when its
+// connection breaks before the reply (as go-redis does by default, with
+// a longer backoff); both are closed when t ends.
+func resendingClient(t *testing.T) (*netfault.Proxy, *redis.Client) {
+	t.Helper()
+	p, err := netfault.New(testenv.Redis.Need(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: 3, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return p, c
 }
