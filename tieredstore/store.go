@@ -330,15 +330,24 @@ func (s *store) Release(ctx context.Context, l idem.Lease) error {
 	return nil
 }
 
-// Extend moves the lease's end in the truth, then rewrites the in-flight
-// entry with the new end; see idem.Store.
+// Extend deletes the in-flight entry, moves the lease's end in the truth,
+// then writes the entry again with the new end; see idem.Store.
+//
+// The entry goes first because Extend may move the end earlier: an entry
+// with the old end, read while the truth has the new one, would answer
+// InFlight after the truth's lease had ended (found by the lincheck
+// model). Without the entry, duplicates meanwhile are decided by the
+// truth. If Redis cannot delete it, the entry may answer so until its TTL
+// (which the old lease bounds), as after any cache write Redis missed.
 func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	name := s.entryKey(l.Scope, l.Key)
+	_ = s.del(ctx, name)
 	sent := time.Now()
 	nl, err := s.truth.Extend(ctx, l, ttl)
 	if err != nil {
 		return nl, err
 	}
-	s.refill(ctx, s.entryKey(l.Scope, l.Key), l, idem.StatusProcessing, min(ttl, s.marker), sent)
+	s.refill(ctx, name, l, idem.StatusProcessing, min(ttl, s.marker), sent)
 	return nl, nil
 }
 

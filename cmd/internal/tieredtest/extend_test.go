@@ -1,0 +1,78 @@
+package tieredtest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/tieredstore"
+)
+
+// hookedExtend is a truth whose Extend runs after once the truth has
+// moved the lease, before the tiered store goes on.
+type hookedExtend struct {
+	idem.Store
+	after func(nl idem.Lease)
+}
+
+func (h *hookedExtend) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+	nl, err := h.Store.Extend(ctx, l, ttl)
+	if err == nil && h.after != nil {
+		f := h.after
+		h.after = nil
+		f(nl)
+	}
+	return nl, err
+}
+
+// TestShorterExtendNotAnsweredFromCache: an Extend that moves a lease's
+// end earlier must not leave the in-flight entry answering with the old,
+// later end while the call is in progress. The lincheck model found an
+// Acquire answered InFlight from the entry after the truth's lease had
+// ended and been free for the taking; with the entry deleted before the
+// truth moves the lease, that Acquire is decided by the truth.
+func TestShorterExtendNotAnsweredFromCache(t *testing.T) {
+	t.Parallel()
+	rc := redisClient(t)
+	truth := &hookedExtend{Store: memstore.New(nil)}
+	s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: randomPrefix()})
+	ctx := t.Context()
+	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
+	first, err := s.Acquire(ctx, req)
+	if err != nil || first.Outcome != idem.Acquired {
+		t.Fatalf("Acquire = %v, %v", first.Outcome, err)
+	}
+	// The entry now answers duplicates: InFlight, without the truth.
+	if dup, err := s.Acquire(ctx, req); err != nil || dup.Outcome != idem.InFlight {
+		t.Fatalf("duplicate = %v, %v; want InFlight", dup.Outcome, err)
+	}
+	hitsBefore := s.Stats().Hits
+	var during idem.AcquireResult
+	var duringErr error
+	truth.after = func(nl idem.Lease) {
+		// The truth's lease is now 20 ms long: wait until it has ended,
+		// then ask as a retry would, before Extend rewrites the entry.
+		for time.Now().Before(nl.Until.Add(time.Millisecond)) {
+			time.Sleep(time.Millisecond)
+		}
+		during, duringErr = s.Acquire(ctx, req)
+	}
+	if _, err := s.Extend(ctx, first.Lease, 20*time.Millisecond); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if duringErr != nil || during.Outcome != idem.Acquired {
+		t.Fatalf("Acquire after the shortened lease ended = %v, %v; want Acquired (a takeover)", during.Outcome, duringErr)
+	}
+	if during.Lease.Fence <= first.Lease.Fence {
+		t.Fatalf("takeover fence %d, first %d", during.Lease.Fence, first.Lease.Fence)
+	}
+	if hits := s.Stats().Hits; hits != hitsBefore {
+		t.Fatalf("cache hits %d → %d: the takeover was answered from the cache", hitsBefore, hits)
+	}
+	rec, err := truth.Get(ctx, "t", "k")
+	if err != nil || rec.Owner != during.Lease.Owner || rec.Fence != during.Lease.Fence {
+		t.Fatalf("truth = %+v, %v; want the takeover's lease", rec, err)
+	}
+}
