@@ -43,6 +43,13 @@ type app struct {
 	// take (and the handler tried again); notStored counts responses sent
 	// whose completion was never stored.
 	completeRetries, notStored atomic.Int64
+	// leaseLost counts effects whose completion the execution refused
+	// because its lease was lost (it ended, or could not be renewed, while
+	// the store took no writes); insertFailed counts effect inserts that
+	// failed, which may have committed all the same (the request's context
+	// ended as the commit's reply came). Either lets a retry run the effect
+	// again: the effect is in PostgreSQL, outside the record's store.
+	leaseLost, insertFailed atomic.Int64
 }
 
 // newApp starts the program on d's Sentinels. With wait, the store waits
@@ -98,6 +105,7 @@ func (a *app) effect(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	var id int64
 	if err := a.db.QueryRowContext(ctx, `INSERT INTO effects (key) VALUES ($1) RETURNING id`, key).Scan(&id); err != nil {
+		a.insertFailed.Add(1)
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -114,6 +122,9 @@ func (a *app) effect(w http.ResponseWriter, r *http.Request) {
 	deadline := time.Now().Add(failoverTimeout)
 	for {
 		err := exec.Complete(ctx, resp)
+		if errors.Is(err, idem.ErrLeaseLost) {
+			a.leaseLost.Add(1)
+		}
 		if err == nil || errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrFinished) {
 			break // on a lost lease the middleware answers what a retry would get
 		}
