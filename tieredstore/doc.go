@@ -61,8 +61,12 @@
 // stale entry does is turn away a request the truth would have let run:
 //
 //   - A stale in-flight entry (Release's or Complete's Redis write failed
-//     or timed out, or a write that timed out landed late) answers 409 to
-//     retries until its TTL: in-flight entries live at most
+//     or timed out, a write that timed out landed late, or an Extend still
+//     running, its context live, when its lease was completed or released:
+//     its read-back of the processing record came just before, its entry
+//     write just after; the Guard cancels its renewal before it completes,
+//     and Extend then deletes the entry it wrote) answers 409 to retries
+//     until its TTL: in-flight entries live at most
 //     Config.MarkerTTL (1 s by default; never longer than the lease), after
 //     which duplicates of a still-running execution are answered by the
 //     truth.

@@ -339,6 +339,17 @@ func (s *store) Release(ctx context.Context, l idem.Lease) error {
 // model). Without the entry, duplicates meanwhile are decided by the
 // truth. If Redis cannot delete it, the entry may answer so until its TTL
 // (which the old lease bounds), as after any cache write Redis missed.
+//
+// A caller that ends the lease (Complete, CompleteTx, Release) while its
+// Extend is still running cancels the Extend's context first: the Guard
+// halts its watchdog's renewal so, and does not wait for it. The entry is
+// deleted again when ctx has ended by the time it is written: the
+// read-back may have found the processing record just before the
+// completion, and the entry written from it may land after the
+// completion's, where it would answer InFlight (409) for up to MarkerTTL
+// while the truth holds the response, or no record after a Release. A
+// caller that ends the lease with the Extend still running, its context
+// live, leaves that window open (see the package doc).
 func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	name := s.entryKey(l.Scope, l.Key)
 	_ = s.del(ctx, name)
@@ -348,6 +359,11 @@ func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 		return nl, err
 	}
 	s.refill(ctx, name, l, idem.StatusProcessing, min(ttl, s.marker), sent)
+	if ctx.Err() != nil {
+		// Cancelled before the entry was written, or while it was: the
+		// lease may have ended meanwhile (see above).
+		_ = s.del(ctx, name)
+	}
 	return nl, nil
 }
 
