@@ -23,8 +23,10 @@
 // entry is one of:
 //
 //   - in flight: the processing record, written when the truth answers
-//     Acquired, rewritten by Extend, deleted by Release and CompleteTx,
-//     replaced by Complete. Its TTL is the lease, counted from before the
+//     Acquired, rewritten by Extend, deleted by Release (whatever the truth
+//     answered) and CompleteTx, replaced by Complete (deleted when the
+//     truth answered an error: it may have completed before its reply was
+//     lost). Its TTL is the lease, counted from before the
 //     truth call, so it ends no later than the lease does in the truth.
 //     Only the lease's holder writes it: an InFlight answer of the truth
 //     (someone else's lease, perhaps in a process whose Redis write failed)
@@ -60,8 +62,9 @@
 // away (InFlight, Completed, Mismatch), never let one run. The worst a
 // stale entry does is turn away a request the truth would have let run:
 //
-//   - A stale in-flight entry (Release's or Complete's Redis write failed
-//     or timed out, a write that timed out landed late, or an Extend still
+//   - A stale in-flight entry (Release's or Complete's Redis write failed,
+//     timed out or was skipped while the circuit was open, a write that
+//     timed out landed late, or an Extend still
 //     running, its context live, when its lease was completed or released:
 //     its read-back of the processing record came just before, its entry
 //     write just after; the Guard cancels its renewal before it completes,

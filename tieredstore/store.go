@@ -276,12 +276,19 @@ type RecordCompleter interface {
 
 // Complete stores resp in the truth, then replaces the key's in-flight
 // entry by the completed record; see idem.Store.
+//
+// When the truth answers an error the entry is deleted: the truth may
+// have completed the record before its reply was lost, and an in-flight
+// entry left behind would answer InFlight instead of the stored response
+// until its TTL. (An entry that was another lease's, when the error is
+// idem.ErrLeaseLost, only sends that lease's duplicates to the truth.)
 func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	sent := time.Now()
 	name := s.entryKey(l.Scope, l.Key)
 	if rc, ok := s.truth.(RecordCompleter); ok {
 		rec, err := rc.CompleteRecord(ctx, l, resp, retention)
 		if err != nil {
+			_ = s.del(ctx, name)
 			return err
 		}
 		if rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
@@ -297,6 +304,7 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 		return nil
 	}
 	if err := s.truth.Complete(ctx, l, resp, retention); err != nil {
+		_ = s.del(ctx, name)
 		return err
 	}
 	s.refill(ctx, name, l, idem.StatusCompleted, retention, sent)
@@ -322,12 +330,16 @@ func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp
 
 // Release deletes the record in the truth, then its in-flight entry; see
 // idem.Store.
+//
+// The entry is deleted whatever the truth answered: a Release whose reply
+// was lost deleted the record all the same, and when it is sent again the
+// truth answers idem.ErrLeaseLost. An entry left behind would answer
+// InFlight until its TTL to retries the truth would let run. Deleting an
+// entry is always safe: duplicates then go to the truth.
 func (s *store) Release(ctx context.Context, l idem.Lease) error {
-	if err := s.truth.Release(ctx, l); err != nil {
-		return err
-	}
+	err := s.truth.Release(ctx, l)
 	_ = s.del(ctx, s.entryKey(l.Scope, l.Key))
-	return nil
+	return err
 }
 
 // Extend deletes the in-flight entry, moves the lease's end in the truth,

@@ -2,6 +2,7 @@ package tieredtest_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -101,6 +102,90 @@ func TestExtendRefillRacingCompletion(t *testing.T) {
 				t.Fatalf("truth = %+v, %v; want the completed record", rec, err)
 			}
 			if end == "Release" && (err != nil || rec.Fence == first.Lease.Fence && rec.Owner == first.Lease.Owner) {
+				t.Fatalf("truth = %+v, %v; want the retry's lease", rec, err)
+			}
+		})
+	}
+}
+
+// lostReply is a truth whose Release and Complete act, then answer an
+// error as if the reply had been lost on the way back.
+type lostReply struct {
+	idem.Store
+}
+
+var errReplyLost = errors.New("read tcp: connection reset by peer")
+
+func (l lostReply) Release(ctx context.Context, lease idem.Lease) error {
+	if err := l.Store.Release(ctx, lease); err != nil {
+		return err
+	}
+	return errReplyLost
+}
+
+func (l lostReply) Complete(ctx context.Context, lease idem.Lease, resp idem.Response, retention time.Duration) error {
+	if err := l.Store.Complete(ctx, lease, resp, retention); err != nil {
+		return err
+	}
+	return errReplyLost
+}
+
+// TestEndingWithLostReplyDropsEntry: a Release or Complete whose truth
+// acted but whose reply was lost answers an error, and a Release sent
+// again answers idem.ErrLeaseLost (the record is gone). Neither may leave
+// the in-flight entry behind: it would answer InFlight (409) for up to
+// MarkerTTL to retries that the truth would let run (Release) or answer
+// with the stored response (Complete).
+func TestEndingWithLostReplyDropsEntry(t *testing.T) {
+	t.Parallel()
+	rc := redisClient(t)
+	for _, end := range []string{"Complete", "Release"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			mem := memstore.New(nil)
+			prefix := randomPrefix()
+			s := newTiered(t, rc, rc, lostReply{Store: mem}, &tieredstore.Config{Prefix: prefix, MarkerTTL: time.Hour})
+			ctx := t.Context()
+			req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
+			first, err := s.Acquire(ctx, req)
+			if err != nil || first.Outcome != idem.Acquired {
+				t.Fatalf("Acquire = %v, %v", first.Outcome, err)
+			}
+			if end == "Complete" {
+				err = s.Complete(ctx, first.Lease, idem.Response{StatusCode: 201, Body: []byte("done")}, time.Hour)
+			} else {
+				err = s.Release(ctx, first.Lease)
+				if !errors.Is(err, errReplyLost) {
+					t.Fatalf("Release = %v, want the lost reply", err)
+				}
+				// Sent again, as a caller unsure of the first would.
+				err = s.Release(ctx, first.Lease)
+				if !errors.Is(err, idem.ErrLeaseLost) {
+					t.Fatalf("Release sent again = %v, want ErrLeaseLost", err)
+				}
+			}
+			if err == nil {
+				t.Fatalf("%s = nil, want an error", end)
+			}
+			if b, err := rc.Get(ctx, rediskey.Name(prefix, "t", "k")).Bytes(); err == nil && len(b) > 1 && b[1] == 'p' {
+				t.Errorf("cache entry is the processing record after %s", end)
+			}
+			retry, err := s.Acquire(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := idem.Completed
+			if end == "Release" {
+				want = idem.Acquired
+			}
+			if retry.Outcome != want {
+				t.Fatalf("retry after %s = %v, want %v", end, retry.Outcome, want)
+			}
+			rec, err := mem.Get(ctx, "t", "k")
+			if end == "Complete" && (err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "done") {
+				t.Fatalf("truth = %+v, %v; want the completed record", rec, err)
+			}
+			if end == "Release" && (err != nil || rec.Owner != retry.Lease.Owner || rec.Fence != retry.Lease.Fence) {
 				t.Fatalf("truth = %+v, %v; want the retry's lease", rec, err)
 			}
 		})
