@@ -62,17 +62,18 @@
 // away (InFlight, Completed, Mismatch), never let one run. The worst a
 // stale entry does is turn away a request the truth would have let run:
 //
-//   - A stale in-flight entry (Release's or Complete's Redis write
-//     failed, timed out or was skipped while the circuit was open, a
-//     write that timed out landed late, or an Extend still running, its
-//     context live, when its lease was completed or released: its
-//     read-back of the processing record came just before, its entry write
-//     just after; the Guard cancels its renewal before it completes,
-//     and Extend then deletes the entry it wrote) answers 409 to
-//     retries until its TTL: in-flight entries live at most
+//   - A stale in-flight entry answers 409 to retries until its TTL. It
+//     is left behind when a Redis write of Release, Complete or Extend
+//     (Extend's delete of the entry of a lease it shortens included)
+//     failed, timed out or was skipped while the circuit was open; when a
+//     write that timed out landed late; or when an Extend still running,
+//     its context live, read the processing record back just before its
+//     lease was completed or released and wrote the entry just after (the
+//     Guard cancels its renewal before it completes, and Extend then
+//     deletes the entry it wrote). In-flight entries live at most
 //     Config.MarkerTTL (1 s by default; never longer than the lease),
-//     after which duplicates of a still-running execution are answered
-//     by the truth.
+//     after which duplicates of a still-running execution are answered by
+//     the truth.
 //   - A stale completed entry exists only after a Delete or DeleteIf
 //     (operator eviction) whose Redis delete failed, or raced a Get, an
 //     Acquire or a Complete (of a lease that ended but was not taken over)

@@ -349,8 +349,10 @@ func (s *store) Release(ctx context.Context, l idem.Lease) error {
 // with the old end, read while the truth has the new one, would answer
 // InFlight after the truth's lease had ended (found by the lincheck
 // model). Without the entry, duplicates meanwhile are decided by the
-// truth. If Redis cannot delete it, the entry may answer so until its TTL
-// (which the old lease bounds), as after any cache write Redis missed.
+// truth. If Redis cannot delete it (or the delete is skipped while the
+// circuit is open, and the circuit closes before the entry's TTL ends),
+// the entry may answer so until its TTL (which the old lease and
+// MarkerTTL bound), as after any cache write Redis missed.
 //
 // A caller that ends the lease (Complete, CompleteTx, Release) while its
 // Extend is still running cancels the Extend's context first: the Guard
