@@ -130,6 +130,20 @@ func (l lostReply) Complete(ctx context.Context, lease idem.Lease, resp idem.Res
 	return errReplyLost
 }
 
+// lostReplyRecord is lostReply over a truth that returns the record it
+// completes (sqlstore): its CompleteRecord acts, then reports a lost
+// reply too.
+type lostReplyRecord struct {
+	lostReply
+}
+
+func (l lostReplyRecord) CompleteRecord(ctx context.Context, lease idem.Lease, resp idem.Response, retention time.Duration) (idem.Record, error) {
+	if _, err := l.Store.(tieredstore.RecordCompleter).CompleteRecord(ctx, lease, resp, retention); err != nil {
+		return idem.Record{}, err
+	}
+	return idem.Record{}, errReplyLost
+}
+
 // TestEndingWithLostReplyDropsEntry: a Release or Complete whose truth
 // acted but whose reply was lost answers an error, and a Release sent
 // again answers idem.ErrLeaseLost (the record is gone). Neither may leave
@@ -139,12 +153,18 @@ func (l lostReply) Complete(ctx context.Context, lease idem.Lease, resp idem.Res
 func TestEndingWithLostReplyDropsEntry(t *testing.T) {
 	t.Parallel()
 	rc := redisClient(t)
-	for _, end := range []string{"Complete", "Release"} {
+	for _, end := range []string{"Complete", "CompleteRecord", "Release"} {
 		t.Run(end, func(t *testing.T) {
 			t.Parallel()
-			mem := memstore.New(nil)
+			var mem idem.Store = memstore.New(nil)
+			var truth idem.Store = lostReply{Store: mem}
+			if end == "CompleteRecord" {
+				_, mem = newTruth(t)
+				truth = lostReplyRecord{lostReply{Store: mem}}
+				end = "Complete"
+			}
 			prefix := randomPrefix()
-			s := newTiered(t, rc, rc, lostReply{Store: mem}, &tieredstore.Config{Prefix: prefix, MarkerTTL: time.Hour})
+			s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: prefix, MarkerTTL: time.Hour})
 			ctx := t.Context()
 			req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
 			first, err := s.Acquire(ctx, req)
