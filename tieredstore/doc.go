@@ -23,8 +23,10 @@
 // entry is one of:
 //
 //   - in flight: the processing record, written when the truth answers
-//     Acquired, rewritten by Extend, deleted by Release and CompleteTx,
-//     replaced by Complete. Its TTL is the lease, counted from before the
+//     Acquired, rewritten by Extend, deleted by Release (whatever the truth
+//     answered) and CompleteTx, replaced by Complete (deleted when the
+//     truth answered an error: it may have completed before its reply was
+//     lost). Its TTL is the lease, counted from before the
 //     truth call, so it ends no later than the lease does in the truth.
 //     Only the lease's holder writes it: an InFlight answer of the truth
 //     (someone else's lease, perhaps in a process whose Redis write failed)
@@ -60,12 +62,18 @@
 // away (InFlight, Completed, Mismatch), never let one run. The worst a
 // stale entry does is turn away a request the truth would have let run:
 //
-//   - A stale in-flight entry (Release's or Complete's Redis write failed
-//     or timed out, or a write that timed out landed late) answers 409 to
-//     retries until its TTL: in-flight entries live at most
-//     Config.MarkerTTL (1 s by default; never longer than the lease), after
-//     which duplicates of a still-running execution are answered by the
-//     truth.
+//   - A stale in-flight entry answers 409 to retries until its TTL. It
+//     is left behind when a Redis write of Release, Complete or Extend
+//     (Extend's delete of the entry of a lease it shortens included)
+//     failed, timed out or was skipped while the circuit was open; when a
+//     write that timed out landed late; or when an Extend still running,
+//     its context live, read the processing record back just before its
+//     lease was completed or released and wrote the entry just after (the
+//     Guard cancels its renewal before it completes, and Extend then
+//     deletes the entry it wrote). In-flight entries live at most
+//     Config.MarkerTTL (1 s by default; never longer than the lease),
+//     after which duplicates of a still-running execution are answered by
+//     the truth.
 //   - A stale completed entry exists only after a Delete or DeleteIf
 //     (operator eviction) whose Redis delete failed, or raced a Get, an
 //     Acquire or a Complete (of a lease that ended but was not taken over)

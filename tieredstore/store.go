@@ -276,12 +276,19 @@ type RecordCompleter interface {
 
 // Complete stores resp in the truth, then replaces the key's in-flight
 // entry by the completed record; see idem.Store.
+//
+// When the truth answers an error the entry is deleted: the truth may
+// have completed the record before its reply was lost, and an in-flight
+// entry left behind would answer InFlight instead of the stored response
+// until its TTL. (An entry that was another lease's, when the error is
+// idem.ErrLeaseLost, only sends that lease's duplicates to the truth.)
 func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, retention time.Duration) error {
 	sent := time.Now()
 	name := s.entryKey(l.Scope, l.Key)
 	if rc, ok := s.truth.(RecordCompleter); ok {
 		rec, err := rc.CompleteRecord(ctx, l, resp, retention)
 		if err != nil {
+			_ = s.del(ctx, name)
 			return err
 		}
 		if rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
@@ -297,6 +304,7 @@ func (s *store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 		return nil
 	}
 	if err := s.truth.Complete(ctx, l, resp, retention); err != nil {
+		_ = s.del(ctx, name)
 		return err
 	}
 	s.refill(ctx, name, l, idem.StatusCompleted, retention, sent)
@@ -322,12 +330,16 @@ func (s *txStore) CompleteTx(ctx context.Context, tx *sql.Tx, l idem.Lease, resp
 
 // Release deletes the record in the truth, then its in-flight entry; see
 // idem.Store.
+//
+// The entry is deleted whatever the truth answered: a Release whose reply
+// was lost deleted the record all the same, and when it is sent again the
+// truth answers idem.ErrLeaseLost. An entry left behind would answer
+// InFlight until its TTL to retries the truth would let run. Deleting an
+// entry is always safe: duplicates then go to the truth.
 func (s *store) Release(ctx context.Context, l idem.Lease) error {
-	if err := s.truth.Release(ctx, l); err != nil {
-		return err
-	}
+	err := s.truth.Release(ctx, l)
 	_ = s.del(ctx, s.entryKey(l.Scope, l.Key))
-	return nil
+	return err
 }
 
 // Extend deletes the in-flight entry, moves the lease's end in the truth,
@@ -337,8 +349,21 @@ func (s *store) Release(ctx context.Context, l idem.Lease) error {
 // with the old end, read while the truth has the new one, would answer
 // InFlight after the truth's lease had ended (found by the lincheck
 // model). Without the entry, duplicates meanwhile are decided by the
-// truth. If Redis cannot delete it, the entry may answer so until its TTL
-// (which the old lease bounds), as after any cache write Redis missed.
+// truth. If Redis cannot delete it (or the delete is skipped while the
+// circuit is open, and the circuit closes before the entry's TTL ends),
+// the entry may answer so until its TTL (which the old lease and
+// MarkerTTL bound), as after any cache write Redis missed.
+//
+// A caller that ends the lease (Complete, CompleteTx, Release) while its
+// Extend is still running cancels the Extend's context first: the Guard
+// halts its watchdog's renewal so, and does not wait for it. The entry is
+// deleted again when ctx has ended by the time it is written: the
+// read-back may have found the processing record just before the
+// completion, and the entry written from it may land after the
+// completion's, where it would answer InFlight (409) for up to MarkerTTL
+// while the truth holds the response, or no record after a Release. A
+// caller that ends the lease with the Extend still running, its context
+// live, leaves that window open (see the package doc).
 func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	name := s.entryKey(l.Scope, l.Key)
 	_ = s.del(ctx, name)
@@ -348,6 +373,11 @@ func (s *store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 		return nl, err
 	}
 	s.refill(ctx, name, l, idem.StatusProcessing, min(ttl, s.marker), sent)
+	if ctx.Err() != nil {
+		// Cancelled before the entry was written, or while it was: the
+		// lease may have ended meanwhile (see above).
+		_ = s.del(ctx, name)
+	}
 	return nl, nil
 }
 

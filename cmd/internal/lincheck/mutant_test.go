@@ -14,7 +14,7 @@ import (
 // one of the defects below, each a way a real store went wrong or could.
 // A checker that passes them checks nothing.
 func TestCheckerCatchesBrokenStores(t *testing.T) {
-	for _, bug := range []string{"in-flight-acquired", "takeover-keeps-fence", "complete-ignores-lease", "sweep-live-lease", "expires-early", "complete-retry-refused", "own-lease-in-flight"} {
+	for _, bug := range []string{"in-flight-acquired", "takeover-keeps-fence", "complete-ignores-lease", "sweep-live-lease", "expires-early", "complete-retry-refused", "own-lease-in-flight", "extend-returns-bare-until"} {
 		t.Run(bug, func(t *testing.T) { catchesBug(t, bug, false) })
 	}
 }
@@ -142,6 +142,14 @@ func (s *buggyStore) Extend(_ context.Context, l idem.Lease, ttl time.Duration) 
 	}
 	r.LeaseUntil = time.Now().Add(ttl)
 	r.ExpiresAt = r.LeaseUntil.Add(r.Retention)
+	if s.bug == "extend-returns-bare-until" {
+		// Moves the lease, but returns only its end: a caller that goes
+		// on with the returned lease (as the contract lets it) presents
+		// no owner or fence, its completion is refused, and once the
+		// lease ends another execution takes the key over and runs the
+		// effect again.
+		return idem.Lease{Until: r.LeaseUntil}, nil
+	}
 	l.Until = r.LeaseUntil
 	return l, nil
 }

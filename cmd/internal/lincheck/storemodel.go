@@ -248,7 +248,7 @@ func (m storeModel) acquire(s recState, in StoreIn, out StoreOut) []recState {
 		r := out.Rec
 		if out.Outcome != idem.Acquired || out.TookOver != b.tookOver || out.Fence != b.fence ||
 			!m.within(out.Until, add(w.Call, in.Lease), add(w.Ret, in.Lease)) ||
-			r.FP != in.FP || r.Completed || r.Owner != out.Owner || r.Fence != b.fence ||
+			r.FP != in.FP || r.Completed || out.Owner == "" || r.Owner != out.Owner || r.Fence != b.fence ||
 			!m.within(r.LeaseUntil, out.Until, out.Until) ||
 			!m.within(r.ExpiresAt, add(out.Until, in.Retention), add(out.Until, in.Retention)) {
 			continue
@@ -349,7 +349,11 @@ func (m storeModel) extend(s recState, in StoreIn, out StoreOut) []recState {
 	case out.Unknown:
 		return []recState{s}
 	case out.Err == errNone && held:
-		if !m.within(out.Until, add(in.Call, in.Lease), add(in.Ret, in.Lease)) {
+		// The lease returned is the one extended, with its new end: a
+		// caller goes on with it, and one of another owner or fence
+		// could no longer complete.
+		if out.Owner != in.Owner || out.Fence != in.Fence ||
+			!m.within(out.Until, add(in.Call, in.Lease), add(in.Ret, in.Lease)) {
 			return nil
 		}
 		e := s

@@ -274,8 +274,12 @@ func (r *storeRunner) acquire(ctx context.Context, client int, key, fp string, l
 			return StoreOut{}, err
 		}
 		got = res.Lease
-		return StoreOut{Outcome: res.Outcome, TookOver: res.TookOver, Owner: res.Lease.Owner,
-			Fence: res.Lease.Fence, Until: res.Lease.Until.UnixNano(), Rec: viewOf(res.Record)}, nil
+		out := StoreOut{Outcome: res.Outcome, TookOver: res.TookOver, Owner: res.Lease.Owner,
+			Fence: res.Lease.Fence, Until: res.Lease.Until.UnixNano(), Rec: viewOf(res.Record)}
+		if res.Outcome == idem.Acquired && (res.Lease.Scope != r.scope || res.Lease.Key != key) {
+			out.Owner = "" // a lease of another key: the model refuses it
+		}
+		return out, nil
 	})
 	if out.Unknown {
 		return idem.Lease{}, false
@@ -322,7 +326,13 @@ func (r *storeRunner) extend(ctx context.Context, client int, l idem.Lease, ttl 
 	out := r.call(ctx, client, in, func(ctx context.Context) (StoreOut, error) {
 		nl, err := r.store.Extend(ctx, l, ttl)
 		got = nl
-		return StoreOut{Until: nl.Until.UnixNano()}, err
+		// The lease returned must be the one extended (the model checks
+		// its owner and fence): a caller may go on with it.
+		out := StoreOut{Until: nl.Until.UnixNano(), Owner: nl.Owner, Fence: nl.Fence}
+		if nl.Scope != l.Scope || nl.Key != l.Key {
+			out.Owner = "" // nobody's lease
+		}
+		return out, err
 	})
 	return got, !out.Unknown && out.Err == errNone
 }
