@@ -1034,7 +1034,8 @@ func (s *Store) lost(ctx context.Context, tx *sql.Tx, l idem.Lease) error {
 
 // completedBy reads the record of l after a completion, in tx if not
 // nil, matched no row: it returns the record if l completed it already,
-// and otherwise an error that wraps idem.ErrLeaseLost and says why.
+// and otherwise an error that wraps idem.ErrLeaseLost and says why; if
+// the read fails, its error (which of the two holds is then unknown).
 //
 // The read runs in tx, never on another connection: tx may hold the
 // pool's last connection. It must see the row the completion saw:
@@ -1051,8 +1052,14 @@ func (s *Store) completedBy(ctx context.Context, tx *sql.Tx, l idem.Lease) (idem
 		q = s.st.selectRecordInTx
 	}
 	rec, err := s.scanRecord(ctx, tx, q, &values{scope: l.Scope, key: l.Key})
-	if err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence {
+	switch {
+	case err == nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence:
 		return rec, nil
+	case err != nil && !errors.Is(err, idem.ErrNotFound):
+		// Whether l completed the record (a retry of a completion whose
+		// reply was lost) or lost it is unknown: not ErrLeaseLost, which
+		// would be a definite answer, false in the first case.
+		return idem.Record{}, fmt.Errorf("the completion matched no row, and the read that says why failed: %w", err)
 	}
 	return idem.Record{}, lostBecause(l, rec, err)
 }
