@@ -177,6 +177,7 @@ func TestStoresUnderFaults(t *testing.T) {
 				// sends a script again after a lost reply, by when the lease
 				// its first run wrote may have been taken over.
 				SplitReadBack: st.name == "mariadb" || st.name == "redis",
+				SplitResend:   st.name == "redis",
 			})
 			counts := faults.Stop()
 			t.Logf("%v; faults: %v", stats, counts)

@@ -126,9 +126,6 @@ func TestStores(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			t.Parallel()
-			if st.name == "tiered" {
-				needOpen(t)
-			}
 			store, cfg := st.new(t)
 			stats := checkStore(t, store, cfg, lincheck.StoreWorkload{Sweep: true, SplitReadBack: strings.HasPrefix(st.name, "mariadb")})
 			if stats.Acquired == 0 || stats.Replayed == 0 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,14 @@ type StoreWorkload struct {
 	// No effect can run twice from this (nobody held the lost lease), but
 	// the history is not linearizable without the split.
 	SplitReadBack bool
+	// SplitResend records every Extend, Release and Complete that got an
+	// answer as two calls in its window: one that may have acted unseen,
+	// then the answer. It is for a store whose client sends a call again
+	// after its reply was lost (go-redis, MaxRetries): the first run
+	// acted (an Extend moved the lease, and a read saw that end), and
+	// the second acts again (moves it once more) or, after a takeover,
+	// refuses. Each run is one the store would accept alone.
+	SplitResend bool
 }
 
 func (w *StoreWorkload) defaults() {
@@ -83,11 +92,38 @@ type StoreStats struct {
 	Acquired, TookOver, Replayed, InFlight   int
 	Mismatch, Completed, LeaseLost, Released int
 	Swept                                    int
+	// Errors counts the errors of the calls of unknown outcome, by their
+	// text with digits left out (addresses and ports vary).
+	Errors map[string]int
 }
 
 func (s StoreStats) String() string {
-	return fmt.Sprintf("%d calls (%d unknown): %d acquired (%d taken over), %d replayed, %d in flight, %d mismatched, %d completed, %d released, %d lease lost, %d swept",
+	out := fmt.Sprintf("%d calls (%d unknown): %d acquired (%d taken over), %d replayed, %d in flight, %d mismatched, %d completed, %d released, %d lease lost, %d swept",
 		s.Calls, s.Unknown, s.Acquired, s.TookOver, s.Replayed, s.InFlight, s.Mismatch, s.Completed, s.Released, s.LeaseLost, s.Swept)
+	type kind struct {
+		text string
+		n    int
+	}
+	var kinds []kind
+	for text, n := range s.Errors {
+		kinds = append(kinds, kind{text, n})
+	}
+	slices.SortFunc(kinds, func(a, b kind) int { return b.n - a.n })
+	for i, k := range kinds {
+		if i == 4 {
+			out += fmt.Sprintf("; %d more kinds of error", len(kinds)-i)
+			break
+		}
+		out += fmt.Sprintf("; %d× %q", k.n, k.text)
+	}
+	return out
+}
+
+// errorKind is err's text without digits, cut to 120 bytes.
+func errorKind(err error) string {
+	b := []byte(err.Error())
+	b = slices.DeleteFunc(b, func(c byte) bool { return c >= '0' && c <= '9' })
+	return string(b[:min(len(b), 120)])
 }
 
 // RunStore runs the workload against store and returns the history of
@@ -236,6 +272,13 @@ func (r *storeRunner) call(ctx context.Context, client int, in StoreIn, f func(c
 	default:
 		out = StoreOut{Unknown: true}
 		in.Ret = Never
+		kind := errorKind(err)
+		r.count(func(s *StoreStats) {
+			if s.Errors == nil {
+				s.Errors = map[string]int{}
+			}
+			s.Errors[kind]++
+		})
 	}
 	if out.Unknown {
 		// Let a fault pass rather than pile up calls of unknown outcome,
@@ -250,6 +293,9 @@ func (r *storeRunner) call(ctx context.Context, client int, in StoreIn, f func(c
 	if r.w.SplitReadBack && in.Op == OpAcquire && !out.Unknown {
 		r.h.add(client, in, StoreOut{Unknown: true}, in.Call, in.Ret)
 		in.Answer = out.Outcome != idem.Acquired
+	}
+	if r.w.SplitResend && !out.Unknown && (in.Op == OpExtend || in.Op == OpRelease || in.Op == OpComplete) {
+		r.h.add(client, in, StoreOut{Unknown: true}, in.Call, in.Ret)
 	}
 	r.h.add(client, in, out, in.Call, in.Ret)
 	r.count(func(s *StoreStats) {
