@@ -119,7 +119,6 @@ func TestTokenStores(t *testing.T) {
 // TestLocksAndTokensUnderFaults: the lock backends and token stores on a
 // server stay linearizable while the connections to it fail.
 func TestLocksAndTokensUnderFaults(t *testing.T) {
-	needOpen(t)
 	dbVia := func(driver string, svc testenv.Service, dsn string) func(t *testing.T) (*sqlDB, *netfaultProxy) {
 		return func(t *testing.T) (*sqlDB, *netfaultProxy) {
 			dsn, p := viaProxy(t, dsn)
@@ -162,7 +161,7 @@ func TestLocksAndTokensUnderFaults(t *testing.T) {
 				b = sqlLocks(t, srv.d, func(*testing.T) *sqlDB { return db })
 			}
 			faults := inject(p, 700*time.Millisecond)
-			h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Timeout: 500 * time.Millisecond, SplitResend: srv.redis})
+			h, counts := lincheck.RunLocks(context.Background(), b, lincheck.LockWorkload{Timeout: 500 * time.Millisecond, SplitResend: srv.redis, MaxUnknown: maxUnknown})
 			t.Logf("%v; faults: %v", counts, faults.Stop())
 			h.Check(t, lincheck.LockModel(margin))
 		})
@@ -187,7 +186,7 @@ func TestLocksAndTokensUnderFaults(t *testing.T) {
 			// Keeps longer than a call's retries take: a Consume that
 			// go-redis sends again after a lost reply, past the token's
 			// expiry, finds it gone (token.Spend.Keep, 24 h by default).
-			h, counts := lincheck.RunTokens(context.Background(), s, lincheck.TokenWorkload{Timeout: 500 * time.Millisecond, Sweep: true, SplitResend: srv.redis,
+			h, counts := lincheck.RunTokens(context.Background(), s, lincheck.TokenWorkload{Timeout: 500 * time.Millisecond, Sweep: true, SplitResend: srv.redis, MaxUnknown: maxUnknown,
 				TTLs: []time.Duration{100 * time.Millisecond, 250 * time.Millisecond, time.Second}})
 			t.Logf("%v; faults: %v", counts, faults.Stop())
 			h.Check(t, lincheck.TokenModel(margin, srv.redis))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/lock"
@@ -153,6 +154,9 @@ type LockWorkload struct {
 	// (its caller was refused), but the history is not linearizable
 	// without the split.
 	SplitResend bool
+	// MaxUnknown ends the run early once this many calls had an unknown
+	// outcome (0: no limit); see StoreWorkload.MaxUnknown.
+	MaxUnknown int
 }
 
 // RunLocks runs the workload against b and returns its history.
@@ -173,6 +177,7 @@ func RunLocks(ctx context.Context, b lock.Backend, w LockWorkload) (*History, ma
 		pool   []held
 		counts = map[string]int{}
 	)
+	var unknown atomic.Int64
 	call := func(client int, in LockIn, f func(ctx context.Context) (int64, error)) LockOut {
 		ctx, cancel := context.WithTimeout(ctx, w.Timeout)
 		defer cancel()
@@ -188,6 +193,7 @@ func RunLocks(ctx context.Context, b lock.Backend, w LockWorkload) (*History, ma
 		default:
 			out = LockOut{Unknown: true}
 			in.Ret = Never
+			unknown.Add(1)
 			time.Sleep(20 * time.Millisecond)
 		}
 		if w.SplitResend && !out.Unknown && out.Err != nil {
@@ -207,6 +213,9 @@ func RunLocks(ctx context.Context, b lock.Backend, w LockWorkload) (*History, ma
 			rnd := mrand.New(mrand.NewPCG(mrand.Uint64(), uint64(c)))
 			mine := map[string]held{}
 			for range w.OpsPerClient {
+				if w.MaxUnknown > 0 && unknown.Load() >= int64(w.MaxUnknown) {
+					return
+				}
 				time.Sleep(time.Duration(rnd.Int64N(int64(w.Think))))
 				name := fmt.Sprintf("%sn%d", prefix, rnd.IntN(w.Names))
 				ttl := w.TTLs[rnd.IntN(len(w.TTLs))]

@@ -28,6 +28,14 @@ type StoreWorkload struct {
 	Keys         int             // default 6
 	Leases       []time.Duration // default 5 ms, 30 ms, 150 ms
 	Retentions   []time.Duration // default 30 ms, 100 ms, 400 ms
+	// MaxUnknown ends the run early, once this many calls that change
+	// the store (not reads) had an unknown outcome (0: no limit). Each
+	// such call may take effect at any later point, and porcupine's
+	// search grows with them: a server that fails most calls for a while
+	// (a PostgreSQL connection's setup is several round trips, any of
+	// which a fault breaks) would otherwise give a history too costly to
+	// decide.
+	MaxUnknown int
 	// Timeout bounds each call (default 3 s): a call that runs out has an
 	// unknown outcome.
 	Timeout time.Duration
@@ -158,7 +166,8 @@ type storeRunner struct {
 	scope string
 	keys  []string
 
-	seq atomic.Uint64 // the last StoreIn.Seq given
+	seq     atomic.Uint64 // the last StoreIn.Seq given
+	unknown atomic.Int64  // calls of unknown outcome that may have written
 
 	mu     sync.Mutex
 	leases []idem.Lease // every lease granted, for stale calls
@@ -175,7 +184,7 @@ func (r *storeRunner) client(ctx context.Context, id int, rnd *mrand.Rand) {
 	held := map[string]idem.Lease{}
 	var retry []StoreIn // completions of unknown outcome, to retry
 	for n := range r.w.OpsPerClient {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || (r.w.MaxUnknown > 0 && r.unknown.Load() >= int64(r.w.MaxUnknown)) {
 			return
 		}
 		if d := rnd.Int64N(int64(r.w.Think)); d > 0 {
@@ -289,6 +298,7 @@ func (r *storeRunner) call(ctx context.Context, client int, in StoreIn, f func(c
 			r.count(func(s *StoreStats) { s.Calls++; s.Unknown++ })
 			return out
 		}
+		r.unknown.Add(1)
 	}
 	if r.w.SplitReadBack && in.Op == OpAcquire && !out.Unknown {
 		r.h.add(client, in, StoreOut{Unknown: true}, in.Call, in.Ret)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/token"
@@ -168,6 +169,9 @@ type TokenWorkload struct {
 	// two runs, the second finds it gone (token.Spend.Keep, 24 h by
 	// default, makes that window vanish in practice).
 	SplitResend bool
+	// MaxUnknown ends the run early once this many calls had an unknown
+	// outcome (0: no limit); see StoreWorkload.MaxUnknown.
+	MaxUnknown int
 }
 
 // RunTokens runs the workload against s and returns its history.
@@ -184,6 +188,7 @@ func RunTokens(ctx context.Context, s token.Store, w TokenWorkload) (*History, m
 		digests []string
 		counts  = map[string]int{}
 	)
+	var unknown atomic.Int64
 	call := func(client int, in TokenIn, f func(ctx context.Context) (TokenOut, error)) TokenOut {
 		ctx, cancel := context.WithTimeout(ctx, w.Timeout)
 		defer cancel()
@@ -202,6 +207,7 @@ func RunTokens(ctx context.Context, s token.Store, w TokenWorkload) (*History, m
 		default:
 			out = TokenOut{Unknown: true}
 			in.Ret = Never
+			unknown.Add(1)
 			time.Sleep(20 * time.Millisecond)
 		}
 		if w.SplitResend && out.Invalid {
@@ -220,6 +226,9 @@ func RunTokens(ctx context.Context, s token.Store, w TokenWorkload) (*History, m
 			defer wg.Done()
 			rnd := mrand.New(mrand.NewPCG(mrand.Uint64(), uint64(c)))
 			for n := range w.OpsPerClient {
+				if w.MaxUnknown > 0 && unknown.Load() >= int64(w.MaxUnknown) {
+					return
+				}
 				time.Sleep(time.Duration(rnd.Int64N(int64(w.Think))))
 				mu.Lock()
 				var d string
