@@ -42,7 +42,10 @@
 //   - An effect outside the store's database cannot commit atomically with the
 //     record. Between the effect and [Execution.Complete] a crash leaves a
 //     processing record whose lease runs out; the retry then runs the work
-//     again. Put the effect and the completion in one transaction with
+//     again. So does a store that takes no write for longer than the lease
+//     (a failover, or a Redis that cannot reach the replicas its WAIT asks
+//     for): the execution can neither renew nor complete, its lease is
+//     lost, and a retry takes the key over. Put the effect and the completion in one transaction with
 //     [Execution.CompleteTx] (sqlstore), or make the effect itself idempotent:
 //     a call to a service that takes an idempotency key (a payment
 //     provider) carries a key derived from the lease, [Lease.DeriveKey],
