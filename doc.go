@@ -7,6 +7,10 @@
 //
 //	acquire → renew the lease while the work runs (the watchdog) → complete with the fence, or release
 //
+// [Guard.Do] runs a function once per key and stores the Response it
+// returns; [Wrap] does so for any typed function (func(ctx, I) (O,
+// error)), storing its result with a [Codec] and its [DefiniteError]s.
+//
 // # Guarantees
 //
 //   - Of any number of concurrent Acquire calls on one (scope, key), exactly
