@@ -12,23 +12,6 @@ import (
 	"github.com/idemkit/idem/tieredstore"
 )
 
-// hookedGet is a truth whose Get runs after once it has read the record,
-// before the tiered store goes on with it.
-type hookedGet struct {
-	idem.Store
-	after func(rec idem.Record)
-}
-
-func (h *hookedGet) Get(ctx context.Context, scope, key string) (idem.Record, error) {
-	rec, err := h.Store.Get(ctx, scope, key)
-	if err == nil && h.after != nil {
-		f := h.after
-		h.after = nil
-		f(rec)
-	}
-	return rec, err
-}
-
 // TestExtendRefillRacingCompletion: a Guard ends its execution (Complete
 // or Release) without waiting for the watchdog's renewal in progress: it
 // cancels the renewal's context and goes on. When the renewal's read-back
@@ -43,7 +26,7 @@ func TestExtendRefillRacingCompletion(t *testing.T) {
 	for _, end := range []string{"Complete", "Release"} {
 		t.Run(end, func(t *testing.T) {
 			t.Parallel()
-			truth := &hookedGet{Store: memstore.New(nil)}
+			truth := &hooked{Store: memstore.New(nil)}
 			prefix := randomPrefix()
 			// A long MarkerTTL keeps a stale entry alive however slow the
 			// machine: the outcome must not depend on timing.
@@ -57,7 +40,7 @@ func TestExtendRefillRacingCompletion(t *testing.T) {
 			renewal, cancelRenewal := context.WithCancel(ctx)
 			defer cancelRenewal()
 			var endErr error
-			truth.after = func(rec idem.Record) {
+			truth.afterGet = func(rec idem.Record) {
 				// The renewal's read-back has the processing record. The
 				// Guard's completion now halts the renewal and ends the
 				// execution before the renewal writes the entry.
@@ -73,7 +56,7 @@ func TestExtendRefillRacingCompletion(t *testing.T) {
 			}
 			// The renewal's outcome is ignored by the Guard, as here.
 			_, _ = s.Extend(renewal, first.Lease, time.Hour)
-			if truth.after != nil {
+			if truth.afterGet != nil {
 				t.Fatal("the renewal did not read the record back")
 			}
 			if endErr != nil {

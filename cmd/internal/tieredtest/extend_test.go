@@ -10,21 +10,31 @@ import (
 	"github.com/idemkit/idem/tieredstore"
 )
 
-// hookedExtend is a truth whose Extend runs after once the truth has
-// moved the lease, before the tiered store goes on.
-type hookedExtend struct {
+// hooked is a truth that runs a hook once, right after its Extend has
+// moved the lease or its Get has read the record, before the tiered
+// store goes on.
+type hooked struct {
 	idem.Store
-	after func(nl idem.Lease)
+	afterExtend func(nl idem.Lease)
+	afterGet    func(rec idem.Record)
 }
 
-func (h *hookedExtend) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
+func (h *hooked) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (idem.Lease, error) {
 	nl, err := h.Store.Extend(ctx, l, ttl)
-	if err == nil && h.after != nil {
-		f := h.after
-		h.after = nil
+	if f := h.afterExtend; err == nil && f != nil {
+		h.afterExtend = nil
 		f(nl)
 	}
 	return nl, err
+}
+
+func (h *hooked) Get(ctx context.Context, scope, key string) (idem.Record, error) {
+	rec, err := h.Store.Get(ctx, scope, key)
+	if f := h.afterGet; err == nil && f != nil {
+		h.afterGet = nil
+		f(rec)
+	}
+	return rec, err
 }
 
 // TestShorterExtendNotAnsweredFromCache: an Extend that moves a lease's
@@ -36,7 +46,7 @@ func (h *hookedExtend) Extend(ctx context.Context, l idem.Lease, ttl time.Durati
 func TestShorterExtendNotAnsweredFromCache(t *testing.T) {
 	t.Parallel()
 	rc := redisClient(t)
-	truth := &hookedExtend{Store: memstore.New(nil)}
+	truth := &hooked{Store: memstore.New(nil)}
 	s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: randomPrefix()})
 	ctx := t.Context()
 	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
@@ -51,7 +61,7 @@ func TestShorterExtendNotAnsweredFromCache(t *testing.T) {
 	hitsBefore := s.Stats().Hits
 	var during idem.AcquireResult
 	var duringErr error
-	truth.after = func(nl idem.Lease) {
+	truth.afterExtend = func(nl idem.Lease) {
 		// The truth's lease is now 20 ms long: wait until it has ended,
 		// then ask as a retry would, before Extend rewrites the entry.
 		for time.Now().Before(nl.Until.Add(time.Millisecond)) {
