@@ -249,11 +249,14 @@ func TestProxyTwoProxiesOneStore(t *testing.T) {
 			t.Parallel()
 			up := newUpstream(t)
 			up.on("/orders", func(w http.ResponseWriter, r *http.Request, n int) {
-				time.Sleep(5 * time.Second) // the upstream's work, past 2 leases
+				time.Sleep(11 * time.Second) // the upstream's work, past 2 leases
 				w.WriteHeader(http.StatusCreated)
 				fmt.Fprintf(w, "order by call %d", n)
 			})
-			flags := append(b.flags(t), "-upstream", up.URL, "-lease", "2s", "-wait", "20s")
+			// A 5 s lease, renewed every 1.7 s: with 2 s, a CI machine at a
+			// load of 16 once confirmed no renewal within the lease, the
+			// proxy cut its call (as it must) and the other took over.
+			flags := append(b.flags(t), "-upstream", up.URL, "-lease", "5s", "-wait", "40s")
 			bases := []string{startProxy(t, flags...), startProxy(t, flags...)}
 			key := newKey("two")
 			const n = 100
