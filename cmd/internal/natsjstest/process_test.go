@@ -119,9 +119,16 @@ func TestConsumerKilledBeforeAck(t *testing.T) {
 	var rec recorder
 	c := newConsumer(t, e, natsjs.HandleTx(in, db, effect(sqlstore.SQLite, "parent")), natsjs.Config{Observe: rec.observe, AckWait: time.Second})
 	run(t, c)
-	obstest.WaitFor(t, "the redelivery", func() bool { return rec.count("order-5.paid") == 1 && settled(t, c) })
-	if got := fmt.Sprint(rec.of("order-5.paid")); got != "[duplicate/acked@2]" {
-		t.Fatalf("events %s, want the redelivery acked as a duplicate", got)
+	obstest.WaitFor(t, "the redelivery", func() bool { return rec.count("order-5.paid") >= 1 && settled(t, c) })
+	// Each delivery the next consumer gets is acked as a duplicate. On a
+	// quiet machine there is one (delivered twice in all); a CI machine at
+	// a load of 19 once showed two, with delivery counts 3 and 1, an ack
+	// having missed the 1 s AckWait: more deliveries are the broker's
+	// right, a second effect never is (checked below).
+	for _, ev := range rec.of("order-5.paid") {
+		if !strings.HasPrefix(ev, "duplicate/acked@") {
+			t.Fatalf("events %v, want every redelivery acked as a duplicate", rec.of("order-5.paid"))
+		}
 	}
 	if all, of := effects(t, db, sqlstore.SQLite, "order-5.paid"); all != 1 || of != 1 {
 		t.Fatalf("%d effects, want 1", all)
