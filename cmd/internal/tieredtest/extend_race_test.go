@@ -32,11 +32,7 @@ func TestExtendRefillRacingCompletion(t *testing.T) {
 			// machine: the outcome must not depend on timing.
 			s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: prefix, MarkerTTL: time.Hour})
 			ctx := t.Context()
-			req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
-			first, err := s.Acquire(ctx, req)
-			if err != nil || first.Outcome != idem.Acquired {
-				t.Fatalf("Acquire = %v, %v", first.Outcome, err)
-			}
+			req, first := acquireOne(t, s)
 			renewal, cancelRenewal := context.WithCancel(ctx)
 			defer cancelRenewal()
 			var endErr error
@@ -149,11 +145,8 @@ func TestEndingWithLostReplyDropsEntry(t *testing.T) {
 			prefix := randomPrefix()
 			s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: prefix, MarkerTTL: time.Hour})
 			ctx := t.Context()
-			req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
-			first, err := s.Acquire(ctx, req)
-			if err != nil || first.Outcome != idem.Acquired {
-				t.Fatalf("Acquire = %v, %v", first.Outcome, err)
-			}
+			req, first := acquireOne(t, s)
+			var err error
 			if end == "Complete" {
 				err = s.Complete(ctx, first.Lease, idem.Response{StatusCode: 201, Body: []byte("done")}, time.Hour)
 			} else {

@@ -37,6 +37,18 @@ func (h *hooked) Get(ctx context.Context, scope, key string) (idem.Record, error
 	return rec, err
 }
 
+// acquireOne acquires ("t", "k") through s with an hour's lease and
+// retention, and returns the request and its result.
+func acquireOne(t *testing.T, s idem.Store) (idem.AcquireRequest, idem.AcquireResult) {
+	t.Helper()
+	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
+	res, err := s.Acquire(t.Context(), req)
+	if err != nil || res.Outcome != idem.Acquired {
+		t.Fatalf("Acquire = %v, %v", res.Outcome, err)
+	}
+	return req, res
+}
+
 // TestShorterExtendNotAnsweredFromCache: an Extend that moves a lease's
 // end earlier must not leave the in-flight entry answering with the old,
 // later end while the call is in progress. The lincheck model found an
@@ -49,11 +61,7 @@ func TestShorterExtendNotAnsweredFromCache(t *testing.T) {
 	truth := &hooked{Store: memstore.New(nil)}
 	s := newTiered(t, rc, rc, truth, &tieredstore.Config{Prefix: randomPrefix()})
 	ctx := t.Context()
-	req := idem.AcquireRequest{Scope: "t", Key: "k", Fingerprint: "fp", Lease: time.Hour, Retention: time.Hour}
-	first, err := s.Acquire(ctx, req)
-	if err != nil || first.Outcome != idem.Acquired {
-		t.Fatalf("Acquire = %v, %v", first.Outcome, err)
-	}
+	req, first := acquireOne(t, s)
 	// The entry now answers duplicates: InFlight, without the truth.
 	if dup, err := s.Acquire(ctx, req); err != nil || dup.Outcome != idem.InFlight {
 		t.Fatalf("duplicate = %v, %v; want InFlight", dup.Outcome, err)
