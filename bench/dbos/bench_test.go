@@ -31,7 +31,8 @@ import (
 // start and end included) and of 10 steps (wf10). The marginal cost of a
 // step is (wf10 − wf1)/9: the workflow's own cost cancels out.
 // BenchmarkStepPaired reports it; BenchmarkStep reports wf10's ns/step,
-// which still carries a tenth of the workflow's cost.
+// which still carries a tenth of the workflow's cost, and runs a workflow
+// of b.N steps (wfN), whose ns/op is one step.
 //
 //	GOWORK=off go test -run '^$' -bench . -benchmem -count 5
 
@@ -80,6 +81,13 @@ func BenchmarkStep(b *testing.B) {
 				perStep(b, n, func(int) { e.run(b, k.wf, n) })
 			})
 		}
+		// One workflow of b.N steps: an op is one step, with 1/b.N of
+		// the workflow's start and end.
+		b.Run(k.name+"/wfN", func(b *testing.B) {
+			start := e.stmts.n.Load()
+			e.run(b, k.wf, b.N)
+			b.ReportMetric(float64(e.stmts.n.Load()-start)/float64(b.N), "stmts/step")
+		})
 	}
 	b.Run("idem_step", func(b *testing.B) {
 		e.idemStep(b)
