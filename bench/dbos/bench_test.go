@@ -138,6 +138,8 @@ func BenchmarkStepPaired(b *testing.B) {
 			fns = append(fns, benchpair.Func{Name: k.name + "/wf" + strconv.Itoa(n), F: func() { e.run(b, k.wf, n) }})
 		}
 	}
+	// idem: append {Name: "idem_step", F: …} here once the steps API
+	// lands (see idemStep); the DBOS means above keep their indexes.
 	m := benchpair.Run(b, fns...)
 	raw := m[0]
 	for j, f := range fns {
