@@ -180,36 +180,19 @@ func (f *Func[I, O]) Call(ctx context.Context, in I) (out O, replayed bool, err 
 		ran = true
 		var ranErr error
 		ranOut, ranErr = f.fn(ctx, in)
-		var de *DefiniteError
-		switch {
-		case ranErr == nil:
-			b, err := f.codec.Marshal(ranOut)
-			if err == nil {
-				stored = true
-				return Response{StatusCode: funcResult, Body: b}, nil
-			}
-			firstErr = fmt.Errorf("idem: encode the result: %w (stored as the outcome %s: the function does not run again for this key)", err, CodeUnencodable)
-			de = &DefiniteError{Code: CodeUnencodable}
-			ranErr = firstErr
-		case !errors.As(ranErr, &de):
-			return Response{}, ranErr // released: a retry runs again
-		case de.Code == "":
-			return Response{}, fmt.Errorf("idem: a DefiniteError needs a Code; released (the error: %w)", ranErr)
-		default:
-			firstErr = ranErr
+		resp, answer, store := EncodeOutcome(f.codec, ranOut, ranErr)
+		if !store {
+			return Response{}, answer // released: a retry runs again
 		}
-		b, err := json.Marshal(storedDefinite{Code: de.Code, Message: ranErr.Error()})
-		if err != nil {
-			return Response{}, err
-		}
-		stored = true
-		return Response{StatusCode: funcDefinite, Body: b}, nil
+		stored, firstErr = true, answer
+		return resp, nil
 	})
 	switch {
 	case !ran && err != nil: // the store failed, ErrInFlight, ErrMismatch
 		return out, false, err
 	case !ran: // answered from the record
-		return f.decode(resp, replayed)
+		out, err := DecodeOutcome(f.codec, resp, replayed)
+		return out, replayed, err
 	case err == nil:
 		return ranOut, false, firstErr
 	case stored: // the outcome is known, but the completion failed
@@ -223,23 +206,70 @@ func (f *Func[I, O]) Call(ctx context.Context, in I) (out O, replayed bool, err 
 // Codec could not encode.
 const CodeUnencodable = "idem.unencodable"
 
-// decode turns a stored record's response into Call's answer.
-func (f *Func[I, O]) decode(resp Response, replayed bool) (out O, _ bool, err error) {
+// ContentTyper is a Codec that names the media type of what it encodes;
+// EncodeOutcome stores it as the record's Content-Type, so that a record
+// replayed over HTTP (an operation of package steps run behind idemhttp)
+// says what its body is.
+type ContentTyper interface {
+	ContentType() string
+}
+
+// ContentType is "application/json".
+func (JSONCodec[O]) ContentType() string { return "application/json" }
+
+// EncodeOutcome classifies what a guarded function returned and builds
+// the response its record keeps, as [Func] does (package steps shares
+// the format, so that a record answers either):
+//
+//   - err nil: StatusCode 200 and the result as c encodes it (with c's
+//     ContentType, if it has one); answer is nil. A result c cannot
+//     encode is stored as the definite outcome CodeUnencodable, and
+//     answer says why.
+//   - err a [DefiniteError] (or wrapping one): StatusCode 422 and JSON
+//     {"code", "message"}; answer is err.
+//   - any other error, or a DefiniteError without a Code: store is false
+//     (release the key: a retry runs again); answer is the error.
+func EncodeOutcome[O any](c Codec[O], out O, err error) (resp Response, answer error, store bool) {
+	var de *DefiniteError
+	switch {
+	case err == nil:
+		b, merr := c.Marshal(out)
+		if merr == nil {
+			resp = Response{StatusCode: funcResult, Body: b}
+			if ct, ok := c.(ContentTyper); ok && ct.ContentType() != "" {
+				resp.Header = map[string][]string{"Content-Type": {ct.ContentType()}}
+			}
+			return resp, nil, true
+		}
+		err = fmt.Errorf("idem: encode the result: %w (stored as the outcome %s: the function does not run again for this key)", merr, CodeUnencodable)
+		de = &DefiniteError{Code: CodeUnencodable}
+	case !errors.As(err, &de):
+		return Response{}, err, false
+	case de.Code == "":
+		return Response{}, fmt.Errorf("idem: a DefiniteError needs a Code; released (the error: %w)", err), false
+	}
+	b, _ := json.Marshal(storedDefinite{Code: de.Code, Message: err.Error()}) // strings: cannot fail
+	return Response{StatusCode: funcDefinite, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: b}, err, true
+}
+
+// DecodeOutcome turns a record that EncodeOutcome built back into the
+// result, or into a *DefiniteError (with Replayed set to replayed).
+func DecodeOutcome[O any](c Codec[O], resp Response, replayed bool) (out O, err error) {
 	switch resp.StatusCode {
 	case funcResult:
-		out, err = f.codec.Unmarshal(resp.Body)
+		out, err = c.Unmarshal(resp.Body)
 		if err != nil {
-			return out, replayed, fmt.Errorf("idem: decode the stored result: %w", err)
+			return out, fmt.Errorf("idem: decode the stored result: %w", err)
 		}
-		return out, replayed, nil
+		return out, nil
 	case funcDefinite:
 		var sd storedDefinite
 		if err := json.Unmarshal(resp.Body, &sd); err != nil || sd.Code == "" {
-			return out, replayed, fmt.Errorf("idem: decode the stored outcome: %q is not one", resp.Body)
+			return out, fmt.Errorf("idem: decode the stored outcome: %q is not one", resp.Body)
 		}
-		return out, replayed, &DefiniteError{Code: sd.Code, Message: sd.Message, Replayed: replayed}
+		return out, &DefiniteError{Code: sd.Code, Message: sd.Message, Replayed: replayed}
 	default:
-		return out, replayed, fmt.Errorf("idem: the record holds status %d, not a Func's result (is the key shared with another guard?)", resp.StatusCode)
+		return out, fmt.Errorf("idem: the record holds status %d, not a Func's result (is the key shared with another guard?)", resp.StatusCode)
 	}
 }
 

@@ -186,7 +186,7 @@ func (g *Guard) Begin(ctx context.Context, scope, key string, fp Fingerprint) (*
 	if g.cfg.StoreTimeout >= 0 {
 		actx = context.WithoutCancel(ctx)
 	}
-	e := &Execution{g: g}
+	e := &Execution{g: g, fp: fp}
 	var res AcquireResult
 	var err error
 	sent := time.Now() // the lease is counted from no later than this
@@ -361,6 +361,7 @@ type Execution struct {
 	ctx    execContext
 	cancel context.CancelCauseFunc
 	kh     *keyhash.Value // the key's hash, when the store is observed
+	fp     Fingerprint    // the request's, as acquired
 
 	mu       sync.Mutex
 	lease    Lease
@@ -487,6 +488,11 @@ func (e *Execution) Lease() Lease {
 	defer e.mu.Unlock()
 	return e.lease
 }
+
+// Fingerprint is the fingerprint the execution's record was acquired
+// with: a later Acquire of the key must present it (package steps keeps
+// it, so that its completer can take an abandoned operation up).
+func (e *Execution) Fingerprint() Fingerprint { return e.fp }
 
 // Retention is the retention the execution completes with.
 func (e *Execution) Retention() time.Duration { return e.g.cfg.Retention }

@@ -131,6 +131,7 @@ type statements struct {
 	lock         lockStatements   // the statements of LockBackend (lock.go)
 	outbox       outboxStatements // the statements of OutboxStore (outbox.go)
 	inbox        inboxStatements  // the statements of InboxStore (inbox.go)
+	steps        stepsStatements  // the statements of StepJournal (steps.go)
 }
 
 // numQueries is the number of statements of a dialect.
@@ -207,6 +208,10 @@ const (
 	pReason
 	pAt
 	pLeaseUntil
+	// Steps.
+	pStep
+	pInput
+	pDelayMS
 )
 
 var paramNames = map[string]param{
@@ -246,6 +251,9 @@ var paramNames = map[string]param{
 	"reason":       pReason,
 	"at":           pAt,
 	"lease_until":  pLeaseUntil,
+	"step":         pStep,
+	"input":        pInput,
+	"delay_ms":     pDelayMS,
 }
 
 // values holds everything a statement may bind.
@@ -282,6 +290,10 @@ type values struct {
 	// Inbox.
 	group, messageID, status, reason      string
 	attempts, maxAttempts, at, leaseUntil int64
+	// Steps.
+	step    string
+	input   []byte // never nil: the column is NOT NULL
+	delayMS int64
 }
 
 // query is one statement and the parameters it binds, in order. A dialect
@@ -373,6 +385,12 @@ func (q *query) args(v *values) []any {
 			a[i] = v.at
 		case pLeaseUntil:
 			a[i] = v.leaseUntil
+		case pStep:
+			a[i] = v.step
+		case pInput:
+			a[i] = v.input
+		case pDelayMS:
+			a[i] = v.delayMS
 		}
 	}
 	return a
@@ -401,6 +419,9 @@ func parseStatements(file string, src string) (*statements, error) {
 		}
 		if !ok {
 			slot, ok = st.inbox.byName()[cur.name]
+		}
+		if !ok {
+			slot, ok = st.steps.byName()[cur.name]
 		}
 		if !ok {
 			return fmt.Errorf("%s: unknown statement %q", file, cur.name)
@@ -449,6 +470,7 @@ func parseStatements(file string, src string) (*statements, error) {
 	maps.Copy(slots, st.lock.byName())
 	maps.Copy(slots, st.outbox.byName())
 	maps.Copy(slots, st.inbox.byName())
+	maps.Copy(slots, st.steps.byName())
 	for name, slot := range slots {
 		if *slot == nil {
 			return nil, fmt.Errorf("%s: statement %q missing", file, name)

@@ -84,8 +84,7 @@ type InboxStore struct {
 	d       Dialect
 	cfg     Config // a copy of NewInboxStore's
 	st      *inboxStatements
-	cache   *stmtCache
-	own     *ownStatements
+	statementSet
 	cleanup runtime.Cleanup
 }
 
@@ -102,8 +101,8 @@ func NewInboxStore(db *sql.DB, cfg *Config) (*InboxStore, error) {
 		return nil, errors.New("sqlstore: NewInboxStore: Config.Dialect is required (e.g. sqlstore.PostgreSQL)")
 	}
 	c := *cfg
-	s := &InboxStore{db: db, d: c.Dialect, cfg: c, st: &c.Dialect.statements().inbox, cache: newStmtCache(db, numInboxQueries)}
-	s.own = newOwnStatements(db, c.Dialect, s.cache)
+	st := &c.Dialect.statements().inbox
+	s := &InboxStore{db: db, d: c.Dialect, cfg: c, st: st, statementSet: newStatementSet(db, c.Dialect, numInboxQueries, st.query)}
 	s.cleanup = runtime.AddCleanup(s, (*stmtCache).close, s.cache)
 	return s, nil
 }
@@ -145,51 +144,6 @@ func (s *InboxStore) Close() error {
 	s.cleanup.Stop()
 	s.cache.close()
 	return nil
-}
-
-// run runs f on statement i, with its arguments taken from v (see
-// stmtCache.run, which also serves a transaction of another *sql.DB). In
-// tx, a statement not yet prepared comes as nil: never prepare on the
-// pool while holding a transaction (SQLite's only connection may be
-// tx's); f runs the text on tx (pgx prepares it once per connection by
-// itself). Migrate and every call outside a transaction fill the cache.
-//
-// Outside a transaction (tx nil), the statement runs on its own, under
-// autocommit, unless the sessions of the InboxStore's database default
-// to an isolation level above READ COMMITTED: it then runs in a
-// transaction of its own begun at READ COMMITTED (see ownStatements;
-// claims and finishes of distinct messages would otherwise fail each
-// other under SERIALIZABLE).
-func (s *InboxStore) run(ctx context.Context, tx *sql.Tx, i int, v *values, f func(st *sql.Stmt, args []any) error) error {
-	q := s.st.query(i)
-	args := q.args(v)
-	g := func(st *sql.Stmt) error { return f(st, args) }
-	if tx == nil {
-		return s.own.run(ctx, i, q.text, g)
-	}
-	return s.cache.run(ctx, tx, i, q.text, g)
-}
-
-func (s *InboxStore) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sql.Result, error) {
-	var res sql.Result
-	err := s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) (err error) {
-		if st == nil {
-			res, err = tx.ExecContext(ctx, s.st.query(i).text, args...)
-		} else {
-			res, err = st.ExecContext(ctx, args...)
-		}
-		return err
-	})
-	return res, err
-}
-
-func (s *InboxStore) queryRow(ctx context.Context, tx *sql.Tx, i int, v *values, dest ...any) error {
-	return s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) error {
-		if st == nil {
-			return tx.QueryRowContext(ctx, s.st.query(i).text, args...).Scan(dest...)
-		}
-		return st.QueryRowContext(ctx, args...).Scan(dest...)
-	})
 }
 
 func (s *InboxStore) fail(ctx context.Context, op string, err error) error {

@@ -170,3 +170,79 @@ func (o *ownStatements) sawSerializationFailure(err error) {
 		o.state.Store(ownReadCommitted)
 	}
 }
+
+// statementSet runs the statements of a value of the package that keeps
+// its own statement cache (InboxStore, StepJournal): statement i (whose
+// text and parameters query(i) gives) with its arguments taken from v.
+// In tx, a statement not yet prepared comes as nil: never prepare on the
+// pool while holding a transaction (SQLite's only connection may be
+// tx's); the text runs on tx (pgx prepares it once per connection by
+// itself). Outside a transaction (tx nil), the statement runs as
+// ownStatements runs it: alone, under autocommit, or in a READ COMMITTED
+// transaction of its own when the sessions default to a higher level
+// (distinct keys would otherwise fail each other under SERIALIZABLE).
+type statementSet struct {
+	cache *stmtCache
+	own   *ownStatements
+	query func(i int) *query
+}
+
+func newStatementSet(db *sql.DB, d Dialect, n int, query func(i int) *query) statementSet {
+	c := newStmtCache(db, n)
+	return statementSet{cache: c, own: newOwnStatements(db, d, c), query: query}
+}
+
+func (s statementSet) run(ctx context.Context, tx *sql.Tx, i int, v *values, f func(st *sql.Stmt, args []any) error) error {
+	q := s.query(i)
+	args := q.args(v)
+	g := func(st *sql.Stmt) error { return f(st, args) }
+	if tx == nil {
+		return s.own.run(ctx, i, q.text, g)
+	}
+	return s.cache.run(ctx, tx, i, q.text, g)
+}
+
+func (s statementSet) exec(ctx context.Context, tx *sql.Tx, i int, v *values) (sql.Result, error) {
+	var res sql.Result
+	err := s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) (err error) {
+		if st == nil {
+			res, err = tx.ExecContext(ctx, s.query(i).text, args...)
+		} else {
+			res, err = st.ExecContext(ctx, args...)
+		}
+		return err
+	})
+	return res, err
+}
+
+func (s statementSet) queryRow(ctx context.Context, tx *sql.Tx, i int, v *values, dest ...any) error {
+	return s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) error {
+		if st == nil {
+			return tx.QueryRowContext(ctx, s.query(i).text, args...).Scan(dest...)
+		}
+		return st.QueryRowContext(ctx, args...).Scan(dest...)
+	})
+}
+
+// queryRows runs statement i and calls row for each row.
+func (s statementSet) queryRows(ctx context.Context, tx *sql.Tx, i int, v *values, row func(*sql.Rows) error) error {
+	return s.run(ctx, tx, i, v, func(st *sql.Stmt, args []any) error {
+		var rows *sql.Rows
+		var err error
+		if st == nil {
+			rows, err = tx.QueryContext(ctx, s.query(i).text, args...)
+		} else {
+			rows, err = st.QueryContext(ctx, args...)
+		}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := row(rows); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}

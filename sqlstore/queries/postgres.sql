@@ -453,3 +453,131 @@ LIMIT $2;
 -- handler again, up to max_attempts more times. Only a dead record.
 UPDATE idem_inbox SET status = 'failed', attempts = 0, lease_until = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
 WHERE message_id = $1 AND consumer_group = $2 AND status = 'dead';
+
+-- Package steps' journal (StepJournal, steps.go): idem_ops and
+-- idem_steps. Every statement but steps_fence runs in a transaction
+-- after steps_fence when it writes for an execution.
+
+-- name: steps_fence
+-- params: scope key owner fence
+-- The record's status, under a row lock (on SQLite, the write
+-- transaction's lock), if the lease (owner, fence) holds it: every write
+-- of StepJournal for an execution runs it first in its transaction, so
+-- that a takeover waits for the transaction or has happened already.
+SELECT status FROM idem_records
+WHERE scope = $1 AND idempotency_key = $2 AND owner = $3 AND fence = $4 FOR UPDATE;
+
+-- name: steps_op_lock
+-- params: scope key
+-- The operation, under a row lock, in Begin and Fail.
+SELECT name, fingerprint, status, attempts FROM idem_ops
+WHERE scope = $1 AND idempotency_key = $2 FOR UPDATE;
+
+-- name: steps_op_insert
+-- params: scope key name fingerprint input delay_ms
+-- A new operation, running its first attempt.
+INSERT INTO idem_ops (scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'running', 1, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $6, '', floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, 0);
+
+-- name: steps_op_begin
+-- params: name fingerprint input attempts delay_ms scope key
+-- An attempt begins: the operation runs (as it is, or replaced by
+-- another under the key), with attempts counted by StepJournal.Begin.
+UPDATE idem_ops SET name = $1, fingerprint = $2, input = $3, status = 'running',
+    attempts = $4, next_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $5, last_error = '', updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, expires_at = 0
+WHERE scope = $6 AND idempotency_key = $7;
+
+-- name: steps_drop
+-- params: scope key
+-- Drops the operation's checkpoints.
+DELETE FROM idem_steps WHERE scope = $1 AND idempotency_key = $2;
+
+-- name: steps_checkpoints
+-- params: scope key
+-- The operation's checkpoints, in the order they were saved.
+SELECT step, result, created_at FROM idem_steps
+WHERE scope = $1 AND idempotency_key = $2
+ORDER BY id;
+
+-- name: steps_save
+-- params: scope key step result
+-- A checkpoint; no row if the step has one already.
+INSERT INTO idem_steps (scope, idempotency_key, step, result, created_at)
+VALUES ($1, $2, $3, $4, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+ON CONFLICT (scope, idempotency_key, step) DO NOTHING;
+
+-- name: steps_fail
+-- params: max_attempts delay_ms reason scope key
+-- Ends a running attempt: waiting until delay_ms from now, or dead
+-- after max_attempts.
+UPDATE idem_ops SET
+    status = CASE WHEN attempts >= $1 THEN 'dead' ELSE 'waiting' END,
+    next_at = CASE WHEN attempts >= $1 THEN 0 ELSE floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $2 END,
+    last_error = $3, updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE scope = $4 AND idempotency_key = $5 AND status = 'running';
+
+-- name: steps_finish
+-- params: retention_ms scope key
+-- The operation is done (its record completed), kept for retention_ms.
+UPDATE idem_ops SET status = 'done', next_at = 0, last_error = '', updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, expires_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $1
+WHERE scope = $2 AND idempotency_key = $3 AND status <> 'done';
+
+-- name: steps_settle_done
+-- params: retention_ms scope key fingerprint
+-- The completer found the record completed: done, if the operation
+-- is the record's (its fingerprint) and not done.
+UPDATE idem_ops SET status = 'done', next_at = 0, last_error = '', updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, expires_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $1
+WHERE scope = $2 AND idempotency_key = $3 AND fingerprint = $4 AND status <> 'done';
+
+-- name: steps_settle_dead
+-- params: reason scope key fingerprint
+-- The completer cannot resume the operation: dead, with the reason.
+UPDATE idem_ops SET status = 'dead', next_at = 0, last_error = $1, updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE scope = $2 AND idempotency_key = $3 AND fingerprint = $4 AND status <> 'done';
+
+-- name: steps_due
+-- params: name limit
+-- Operations of one name the completer may take up, earliest first.
+SELECT scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at FROM idem_ops
+WHERE name = $1 AND status IN ('running', 'waiting') AND next_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+ORDER BY next_at
+LIMIT $2;
+
+-- name: steps_postpone
+-- params: delay_ms scope key
+-- Moves a running or waiting operation's next_at.
+UPDATE idem_ops SET next_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint + $1
+WHERE scope = $2 AND idempotency_key = $3 AND status IN ('running', 'waiting');
+
+-- name: steps_get
+-- params: scope key
+-- One operation.
+SELECT scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at FROM idem_ops
+WHERE scope = $1 AND idempotency_key = $2;
+
+-- name: steps_list
+-- params: status limit
+-- The operations of one status, least recently updated first: an
+-- operator's read, which no index serves.
+SELECT scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at FROM idem_ops
+WHERE status = $1
+ORDER BY updated_at, scope, idempotency_key
+LIMIT $2;
+
+-- name: steps_retry
+-- params: scope key
+-- A dead operation (its attempts from 0 again) or a waiting one
+-- becomes due now. attempts is set before status: MySQL assigns in order.
+UPDATE idem_ops SET attempts = CASE WHEN status = 'dead' THEN 0 ELSE attempts END,
+    status = 'waiting', next_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint, updated_at = floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+WHERE scope = $1 AND idempotency_key = $2 AND status IN ('dead', 'waiting');
+
+-- name: steps_sweep
+-- params: limit
+-- Deletes up to limit done operations whose retention ended.
+DELETE FROM idem_ops WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idem_ops
+    WHERE status = 'done' AND expires_at <= floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED));
