@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/dbos-inc/dbos-transact-golang/dbos"
 	"github.com/idemkit/idem/internal/benchpair"
 )
 
@@ -25,19 +24,25 @@ import (
 //     treats as another database: the insert commits with a
 //     transaction_completion row, then the checkpoint commits in the
 //     system database;
-//   - idem_step: a local step of idem's steps (not wired yet).
+//   - idem_step: the insert as a local step of idem's steps
+//     (steps.Local over sqlstore.StepJournal): the insert, the check of
+//     the record's owner and fence and the checkpoint commit together.
+//     An operation (Op.Call) acquires its record, begins in the journal,
+//     runs its steps, and completes the record and ends the operation in
+//     one transaction.
 //
-// Each DBOS kind runs as a workflow of 1 step (wf1: a whole workflow,
-// start and end included) and of 10 steps (wf10). The marginal cost of a
-// step is (wf10 − wf1)/9: the workflow's own cost cancels out.
+// Each kind runs as a workflow (an operation) of 1 step (wf1: a whole
+// workflow, start and end included) and of 10 steps (wf10). The
+// marginal cost of a step is (wf10 − wf1)/9: the workflow's own cost
+// cancels out.
 // BenchmarkStepPaired reports it; BenchmarkStep reports wf10's ns/step,
 // which still carries a tenth of the workflow's cost, and runs a workflow
 // of b.N steps (wfN), whose ns/op is one step.
 //
 //	GOWORK=off go test -run '^$' -bench . -benchmem -count 5
 
-// steps is the number of steps of the longer workflows.
-const steps = 10
+// nSteps is the number of steps of the longer workflows.
+const nSteps = 10
 
 // BenchmarkStep runs each variant as a sub-benchmark, so that -count
 // interleaves them across rounds. An op is one unit: a raw transaction, a
@@ -75,35 +80,20 @@ func BenchmarkStep(b *testing.B) {
 			}
 		})
 	})
-	for _, k := range e.dbosKinds() {
-		for _, n := range []int{1, steps} {
+	for _, k := range e.kinds() {
+		for _, n := range []int{1, nSteps} {
 			b.Run(k.name+"/wf"+strconv.Itoa(n), func(b *testing.B) {
-				perStep(b, n, func(int) { e.run(b, k.wf, n) })
+				perStep(b, n, func(int) { k.run(b, n) })
 			})
 		}
 		// One workflow of b.N steps: an op is one step, with 1/b.N of
 		// the workflow's start and end.
 		b.Run(k.name+"/wfN", func(b *testing.B) {
 			start := e.stmts.n.Load()
-			e.run(b, k.wf, b.N)
+			k.run(b, b.N)
 			b.ReportMetric(float64(e.stmts.n.Load()-start)/float64(b.N), "stmts/step")
 		})
 	}
-	b.Run("idem_step", func(b *testing.B) {
-		e.idemStep(b)
-	})
-}
-
-// idemStep will measure one local step of an idem steps operation: in one
-// transaction, the check of the idempotency record's owner and fence, the
-// insert and the step's checkpoint row, committed together (the record
-// acquired beforehand, outside the timing, as BenchmarkComplete in
-// sqlstore leases in batches). Like dbos_tx it then needs a wf1/wf10
-// pair if an operation has a cost of its own (Acquire, Complete) beyond
-// its steps.
-func (e *env) idemStep(b *testing.B) {
-	e.idemStore(b) // the records table is ready for it
-	b.Skip("idem steps not wired yet")
 }
 
 // BenchmarkStepPaired runs every variant once per iteration, in a rotating
@@ -132,14 +122,12 @@ func BenchmarkStepPaired(b *testing.B) {
 			}
 		}},
 	}
-	kinds := e.dbosKinds()
+	kinds := e.kinds()
 	for _, k := range kinds {
-		for _, n := range []int{1, steps} {
-			fns = append(fns, benchpair.Func{Name: k.name + "/wf" + strconv.Itoa(n), F: func() { e.run(b, k.wf, n) }})
+		for _, n := range []int{1, nSteps} {
+			fns = append(fns, benchpair.Func{Name: k.name + "/wf" + strconv.Itoa(n), F: func() { k.run(b, n) }})
 		}
 	}
-	// idem: append {Name: "idem_step", F: …} here once the steps API
-	// lands (see idemStep); the DBOS means above keep their indexes.
 	m := benchpair.Run(b, fns...)
 	raw := m[0]
 	for j, f := range fns {
@@ -147,22 +135,25 @@ func BenchmarkStepPaired(b *testing.B) {
 	}
 	for j, k := range kinds {
 		wf1, wf10 := m[2+2*j], m[3+2*j]
-		step := (wf10 - wf1) / (steps - 1)
+		step := (wf10 - wf1) / (nSteps - 1)
 		b.ReportMetric(step, k.name+"/step-ns")
 		benchpair.Ratio(b, k.name+"/step-x-raw", step, raw)
 	}
 }
 
-// dbosKind is one way of running the insert under DBOS.
-type dbosKind struct {
+// kind is one way of running the insert as checkpointed steps: run runs
+// a workflow (an operation) of n steps.
+type kind struct {
 	name string
-	wf   dbos.Workflow[int, int]
+	run  func(tb testing.TB, n int)
 }
 
-func (e *env) dbosKinds() []dbosKind {
-	return []dbosKind{
-		{"dbos_step", e.stepWorkflow},
-		{"dbos_tx", e.txWorkflow},
-		{"dbos_tx2", e.tx2Workflow},
+// kinds are DBOS's three and idem's.
+func (e *env) kinds() []kind {
+	return []kind{
+		{"dbos_step", func(tb testing.TB, n int) { e.run(tb, e.stepWorkflow, n) }},
+		{"dbos_tx", func(tb testing.TB, n int) { e.run(tb, e.txWorkflow, n) }},
+		{"dbos_tx2", func(tb testing.TB, n int) { e.run(tb, e.tx2Workflow, n) }},
+		{"idem_step", e.idem},
 	}
 }

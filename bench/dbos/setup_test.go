@@ -2,18 +2,22 @@ package dbosbench
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"log/slog"
 	"net/url"
 	"sync"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dbos-inc/dbos-transact-golang/dbos"
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -39,6 +43,7 @@ type env struct {
 	shared   *dbos.DataSource // over pool: one transaction per step
 	separate *dbos.DataSource // over appPool: two transactions per step
 	stmts    *stmtCounter
+	idem     func(tb testing.TB, n int) // runs an idem operation of n local steps
 }
 
 // setup creates a database of its own on the server at IDEM_POSTGRES_URL
@@ -112,6 +117,7 @@ func setup(tb testing.TB) *env {
 	if err := dbos.Launch(e.dbos); err != nil {
 		tb.Fatalf("dbos.Launch: %v", err)
 	}
+	e.idem = e.idemOp(tb)
 	e.warmUp(tb)
 	return e
 }
@@ -127,8 +133,8 @@ func (e *env) warmUp(tb testing.TB) {
 	if err := insertPgxTx(ctx, e.pool, "warmup", 0); err != nil {
 		tb.Fatal(err)
 	}
-	for _, k := range e.dbosKinds() {
-		e.run(tb, k.wf, 2)
+	for _, k := range e.kinds() {
+		k.run(tb, 2)
 	}
 	if _, err := e.sqlDB.ExecContext(ctx, `DELETE FROM bench_effects`); err != nil {
 		tb.Fatal(err)
@@ -163,6 +169,52 @@ func (e *env) idemStore(tb testing.TB) *sqlstore.Store {
 		tb.Fatalf("sqlstore Migrate: %v", err)
 	}
 	return s
+}
+
+// idemOp returns a function that runs one idem operation of n local
+// steps, each the insert (op "idem_step"), under a key of its own: the
+// operation acquires its record, begins in the journal, runs its steps
+// (each one transaction: the insert, the fence check and the checkpoint)
+// and completes the record and ends the operation in one transaction.
+func (e *env) idemOp(tb testing.TB) func(tb testing.TB, n int) {
+	tb.Helper()
+	store := e.idemStore(tb)
+	j, err := sqlstore.NewStepJournal(e.sqlDB, &sqlstore.Config{Dialect: sqlstore.PostgreSQL})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { j.Close() })
+	g, err := idem.NewGuard(store, &idem.GuardConfig{Lease: 5 * time.Minute})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r, err := steps.New(g, j, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var seq atomic.Int64
+	run := rand.Text()
+	op, err := steps.Define(r, "bench", func(ctx context.Context, s *steps.Run, n int) (int, error) {
+		for i := range n {
+			if _, err := steps.Local(s, "s"+strconv.Itoa(i), func(ctx context.Context, tx *sql.Tx) (int, error) {
+				_, err := tx.ExecContext(ctx, insertSQL, "idem_step", i)
+				return i, err
+			}); err != nil {
+				return 0, err
+			}
+		}
+		return n, nil
+	}, &steps.OpConfig[int, int]{
+		Key: func(int) (string, string, error) { return "", run + "-" + strconv.FormatInt(seq.Add(1), 10), nil },
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return func(tb testing.TB, n int) {
+		if got, _, err := op.Call(context.Background(), n); err != nil || got != n {
+			tb.Fatalf("idem operation of %d steps: %d, %v", n, got, err)
+		}
+	}
 }
 
 // insertSQLTx is the raw unit of work over database/sql: BEGIN, INSERT,

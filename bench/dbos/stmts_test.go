@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestStatementsPerStep runs a workflow of two steps of each DBOS kind and
+// TestStatementsPerStep runs a workflow of two steps of each kind and
 // logs the statements it sent (go test -run StatementsPerStep -v): what a
 // step costs in round trips, and what it writes. Statements of other
 // connections (DBOS's background polling) may appear among them. It
@@ -14,13 +14,13 @@ import (
 func TestStatementsPerStep(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	for _, k := range e.dbosKinds() {
+	for _, k := range e.kinds() {
 		t.Run(k.name, func(t *testing.T) {
 			// Once unrecorded: DBOS's first statements after Launch (its
 			// queue runner, LISTEN) and pgx's first prepares would be in
 			// the log.
-			e.run(t, k.wf, 2)
-			stmts := e.stmts.record(func() { e.run(t, k.wf, 2) })
+			k.run(t, 2)
+			stmts := e.stmts.record(func() { k.run(t, 2) })
 			t.Logf("%s, a workflow of 2 steps: %d statements", k.name, len(stmts))
 			for _, s := range stmts {
 				t.Log("  " + strings.Join(strings.Fields(s), " "))
