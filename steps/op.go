@@ -24,6 +24,18 @@ type OpConfig[I, O any] struct {
 	Input idem.Codec[I]
 	// Output encodes the result into the record. Default: idem.JSONCodec.
 	Output idem.Codec[O]
+	// Encode builds the record's response from the operation's answer:
+	// resp is stored and answer returned to the first caller when store
+	// is true; store false releases the key (a retryable failure).
+	// Default: idem.EncodeOutcome with Output (200 and the result; 422 and
+	// {"code", "message"} for an idem.DefiniteError). Set it, and Decode
+	// for Call, to answer in an HTTP API's own shape (a 201 and the
+	// resource; a problem+json for a definite error): a replay through
+	// idemhttp sends what it stored.
+	Encode func(out O, err error) (resp idem.Response, answer error, store bool)
+	// Decode turns a stored response back into Call's answer (a result,
+	// or the definite error). Default: idem.DecodeOutcome with Output.
+	Decode func(resp idem.Response, replayed bool) (O, error)
 }
 
 // Op is an operation of steps: a function whose steps are checkpointed
@@ -39,7 +51,8 @@ type Op[I, O any] struct {
 
 // Define defines the operation name on r: fn runs its steps (Local,
 // Foreign) and returns its answer. The answer is stored in the record as
-// idem.EncodeOutcome does: a result, or a definite error
+// OpConfig.Encode builds it (by default idem.EncodeOutcome's format): a
+// result, or a definite error
 // (idem.DefiniteError) that every retry gets again. Any other error of fn
 // ends the attempt: the record is released, the journal counts the
 // failure, and a retry (the client's, or the completer's after the
@@ -69,6 +82,14 @@ func Define[I, O any](r *Runner, name string, fn func(ctx context.Context, s *Ru
 	}
 	if op.cfg.Output == nil {
 		op.cfg.Output = idem.JSONCodec[O]{}
+	}
+	if op.cfg.Encode == nil {
+		op.cfg.Encode = func(out O, err error) (idem.Response, error, bool) { return idem.EncodeOutcome(op.cfg.Output, out, err) }
+	}
+	if op.cfg.Decode == nil {
+		op.cfg.Decode = func(resp idem.Response, replayed bool) (O, error) {
+			return idem.DecodeOutcome(op.cfg.Output, resp, replayed)
+		}
 	}
 	if err := r.register(name, op); err != nil {
 		return nil, err
@@ -117,7 +138,7 @@ func (op *Op[I, O]) call(ctx context.Context, scope, key string, fp idem.Fingerp
 	case !ran && err != nil:
 		return out, false, err
 	case !ran:
-		out, err = idem.DecodeOutcome(op.cfg.Output, resp, replayed)
+		out, err = op.cfg.Decode(resp, replayed)
 		return out, replayed, err
 	case err == nil:
 		return ranOut, false, nil
@@ -189,7 +210,7 @@ func (op *Op[I, O]) exec(ctx context.Context, x *idem.Execution, in I) (out O, r
 	}
 	s := &Run{r: r, x: x, lease: l, done: res.Checkpoints, attempt: res.Attempt, seen: make(map[string]bool)}
 	out, err = op.fn(ctx, s, in)
-	resp, answer, store := idem.EncodeOutcome(op.cfg.Output, out, err)
+	resp, answer, store := op.cfg.Encode(out, err)
 	bg := context.WithoutCancel(ctx)
 	if !store {
 		state, ferr := r.j.Fail(bg, l, Failure{Reason: answer.Error(), Backoff: r.backoff(res.Attempt), MaxAttempts: r.cfg.MaxAttempts})
