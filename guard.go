@@ -950,6 +950,23 @@ func (e *Execution) Committed(ctx context.Context) (Response, bool, error) {
 	return Response{}, false, nil
 }
 
+// Confirm tells the execution that the transaction of its successful
+// CompleteTx committed (tx.Commit returned nil): the execution ends, and
+// Committed answers with the response handed to CompleteTx without
+// asking the store. Call it only then; after a Commit that failed, call
+// Committed, which asks. Confirm does nothing when no CompleteTx
+// succeeded.
+func (e *Execution) Confirm() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pending == nil || e.committed {
+		return
+	}
+	e.committed = true
+	e.finished, e.txOpen = true, false
+	e.endWatch(context.Canceled)
+}
+
 // Release deletes the record so that a retry runs the work again, and ends
 // the execution. ErrLeaseLost means the record is no longer this
 // execution's (nothing was deleted). Any other error leaves the execution

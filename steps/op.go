@@ -255,10 +255,14 @@ func (op *Op[I, O]) complete(ctx context.Context, x *idem.Execution, l idem.Leas
 	if err := x.CompleteTx(ctx, tx, resp); err != nil {
 		return err
 	}
-	cerr := tx.Commit()
-	if _, ok, err := x.Committed(ctx); err != nil || !ok {
-		return errors.Join(cerr, err, errors.New("steps: the answer was not stored"))
+	if err := tx.Commit(); err != nil {
+		// It may have committed: ask.
+		if _, ok, cerr := x.Committed(ctx); cerr != nil || !ok {
+			return errors.Join(err, cerr, errors.New("steps: the answer was not stored"))
+		}
+		return nil
 	}
+	x.Confirm()
 	return nil
 }
 
