@@ -80,10 +80,10 @@ const inboxAttempts = 8
 // error) instead of waiting and answering Duplicate. On SQLite, begin
 // the transaction with sqlite.Open's settings (IMMEDIATE).
 type InboxStore struct {
-	db      *sql.DB
-	d       Dialect
-	cfg     Config // a copy of NewInboxStore's
-	st      *inboxStatements
+	db  *sql.DB
+	d   Dialect
+	cfg Config // a copy of NewInboxStore's
+	st  *inboxStatements
 	statementSet
 	cleanup runtime.Cleanup
 }

@@ -98,10 +98,10 @@ const maxReason = 2000
 // PostgreSQL and MySQL, whatever the sessions' default; on SQLite they
 // are write transactions (sqlite.Open's settings).
 type StepJournal struct {
-	db      *sql.DB
-	d       Dialect
-	cfg     Config
-	st      *stepsStatements
+	db  *sql.DB
+	d   Dialect
+	cfg Config
+	st  *stepsStatements
 	statementSet
 	cleanup runtime.Cleanup
 }

@@ -84,7 +84,9 @@ func Define[I, O any](r *Runner, name string, fn func(ctx context.Context, s *Ru
 		op.cfg.Output = idem.JSONCodec[O]{}
 	}
 	if op.cfg.Encode == nil {
-		op.cfg.Encode = func(out O, err error) (idem.Response, error, bool) { return idem.EncodeOutcome(op.cfg.Output, out, err) }
+		op.cfg.Encode = func(out O, err error) (idem.Response, error, bool) {
+			return idem.EncodeOutcome(op.cfg.Output, out, err)
+		}
 	}
 	if op.cfg.Decode == nil {
 		op.cfg.Decode = func(resp idem.Response, replayed bool) (O, error) {
