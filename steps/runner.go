@@ -219,8 +219,9 @@ func (r *Runner) Retry(ctx context.Context, scope, key string) error {
 }
 
 // Start starts the completer: a goroutine that runs Complete every
-// Interval (with ±20 % jitter, so that instances spread out) until
-// Close. Every instance may run one: an operation is resumed by one
+// Interval (with ±20 % jitter, so that instances spread out), and then
+// sweeps up to Batch done operations whose retention (the Guard's) has
+// ended, until Close. Every instance may run one: an operation is resumed by one
 // execution at a time, the one that acquires its key.
 func (r *Runner) Start() error {
 	r.mu.Lock()
@@ -259,6 +260,10 @@ func (r *Runner) loop(stop, stopped chan struct{}) {
 			if err != nil || p.Due < r.cfg.Batch || p.Finished+p.Failed+p.Settled == 0 || ctx.Err() != nil {
 				break
 			}
+		}
+		// Done operations past their retention go, a batch a pass.
+		if _, err := r.j.Sweep(ctx, r.cfg.Batch); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "steps: completer: sweep", slog.Any(idem.LogErr, err))
 		}
 	}
 }
