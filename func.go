@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Codec turns a guarded function's result into the bytes a record keeps,
@@ -227,7 +228,8 @@ func (JSONCodec[O]) ContentType() string { return "application/json" }
 //     answer says why.
 //   - err a [DefiniteError] (or wrapping one): StatusCode 422 and JSON
 //     {"code", "message"}; answer is err.
-//   - any other error, or a DefiniteError without a Code: store is false
+//   - any other error, or a DefiniteError without a Code (or whose Code
+//     is not valid UTF-8): store is false
 //     (release the key: a retry runs again); answer is the error.
 func EncodeOutcome[O any](c Codec[O], out O, err error) (resp Response, answer error, store bool) {
 	var de *DefiniteError
@@ -245,8 +247,10 @@ func EncodeOutcome[O any](c Codec[O], out O, err error) (resp Response, answer e
 		de = &DefiniteError{Code: CodeUnencodable}
 	case !errors.As(err, &de):
 		return Response{}, err, false
-	case de.Code == "":
-		return Response{}, fmt.Errorf("idem: a DefiniteError needs a Code; released (the error: %w)", err), false
+	case de.Code == "" || !utf8.ValidString(de.Code):
+		// A code that JSON cannot keep as it is would come back as
+		// another code, which a replay's errors.Is would not match.
+		return Response{}, fmt.Errorf("idem: a DefiniteError needs a Code of valid UTF-8 text, got %q; released (the error: %w)", de.Code, err), false
 	}
 	b, _ := json.Marshal(storedDefinite{Code: de.Code, Message: err.Error()}) // strings: cannot fail
 	return Response{StatusCode: funcDefinite, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: b}, err, true
