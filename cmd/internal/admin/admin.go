@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/tieredstore"
 )
 
@@ -46,6 +47,14 @@ type Records interface {
 // Messages lists consume records: sqlstore's InboxStore.List.
 type Messages interface {
 	List(ctx context.Context, status inbox.Status, limit int) ([]inbox.Record, error)
+}
+
+// Operations lists and retries the operations of package steps: a
+// steps.Journal (sqlstore.StepJournal, or a Runner's Journal()) is one.
+type Operations interface {
+	List(ctx context.Context, state steps.State, limit int) ([]steps.Entry, error)
+	Get(ctx context.Context, scope, key string) (steps.Entry, error)
+	Retry(ctx context.Context, scope, key string) error
 }
 
 // Held is a payment held for reconciliation, or another item the
@@ -92,6 +101,11 @@ type Config struct {
 	// no retry button.
 	Retry     func(ctx context.Context, group, id string) error
 	RetryHelp string
+	// Operations lists the dead and the waiting operations of package
+	// steps, each with a button that retries it (Operations.Retry: due
+	// now, a dead one with its attempts counted from 0 again); nil: no
+	// such section.
+	Operations Operations
 	// Held lists the payments held for reconciliation; nil: no such
 	// section. HeldNote describes them.
 	Held     func(ctx context.Context, limit int) ([]Held, error)
@@ -216,7 +230,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		h.retry(w, r, u)
-	case path == "/admin/" || path == "/admin/counters.json" || path == "/admin/logout" || path == "/admin/evict" || path == "/admin/retry":
+	case path == "/admin/retry-op" && r.Method == http.MethodPost:
+		if !h.checkCSRF(w, r, u) {
+			return
+		}
+		h.retryOp(w, r, u)
+	case path == "/admin/" || path == "/admin/counters.json" || path == "/admin/logout" || path == "/admin/evict" || path == "/admin/retry" || path == "/admin/retry-op":
 		w.Header().Set("Allow", "GET, POST")
 		http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
 	default:
@@ -651,6 +670,83 @@ func (h *Handler) retry(w http.ResponseWriter, r *http.Request, u who) {
 	}
 	h.log.InfoContext(r.Context(), "admin: dead message retried", attrs...)
 	http.Redirect(w, r, "/admin/?done=retried&ref="+hash, http.StatusSeeOther)
+}
+
+// retryOp makes a dead or waiting operation of steps due now, after its
+// confirmation page. A running or done one has nothing to retry (409).
+func (h *Handler) retryOp(w http.ResponseWriter, r *http.Request, u who) {
+	if h.cfg.Operations == nil {
+		http.Error(w, "this program cannot retry operations", http.StatusNotFound)
+		return
+	}
+	scope, key, ok := formPair(r, "scope", "key")
+	if !ok || key == "" {
+		http.Error(w, "the form names no operation (scope and key)", http.StatusBadRequest)
+		return
+	}
+	hash := idem.HashKey(scope, key) // the idem.key_hash of its record
+	refuse := func(state steps.State) {
+		why := "an execution holds it, or the completer takes it up if that execution died"
+		if state == steps.StateDone {
+			why = "its answer is stored in its record"
+		}
+		http.Error(w, "operation "+hash+" is "+string(state)+": nothing to retry ("+why+")", http.StatusConflict)
+	}
+	if r.PostFormValue("confirm") != "yes" {
+		op, err := h.cfg.Operations.Get(r.Context(), scope, key)
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			http.Error(w, noOperation(hash), http.StatusNotFound)
+			return
+		case err != nil:
+			http.Error(w, "cannot read operation "+hash+" to confirm its retry: "+h.redact(err, scope, key), http.StatusBadGateway)
+			return
+		case op.State == steps.StateRunning || op.State == steps.StateDone:
+			refuse(op.State)
+			return
+		}
+		what := fmt.Sprintf("%s after %d attempts", op.State, op.Attempts)
+		if op.LastError != "" {
+			what += "; last error: " + quote(op.LastError)
+		}
+		lines := []string{"operation " + quote(op.Name), "scope " + quote(scope), "key " + quote(key), what,
+			"The operation is made due now, a dead one with its attempts counted from 0 again: the completer of an instance that defines it resumes it after its last checkpoint on its next pass."}
+		h.render(w, http.StatusOK, "confirm", confirmPage{Name: h.cfg.Name, CSRF: csrfOf(u), Action: "/admin/retry-op",
+			Title: "Retry operation " + hash + "?", Lines: lines,
+			Fields: map[string]string{"scope64": enc(scope), "key64": enc(key)}, Button: "Retry"})
+		return
+	}
+	attrs := append(whoAttrs(r, u), "action", "retry-op", "key_hash", hash)
+	if h.cfg.LogKeys {
+		attrs = append(attrs, "scope", scope, "key", key)
+	}
+	err := h.cfg.Operations.Retry(r.Context(), scope, key)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		h.log.WarnContext(r.Context(), "admin: retry found no operation", attrs...)
+		http.Error(w, noOperation(hash), http.StatusNotFound)
+		return
+	case errors.Is(err, steps.ErrNotRetryable):
+		h.log.WarnContext(r.Context(), "admin: retry refused: the operation is running or done", attrs...)
+		state := steps.StateRunning
+		if op, gerr := h.cfg.Operations.Get(r.Context(), scope, key); gerr == nil {
+			state = op.State
+		}
+		refuse(state)
+		return
+	case err != nil:
+		msg := h.redact(err, scope, key)
+		h.log.ErrorContext(r.Context(), "admin: retry of an operation failed", append(attrs, "error", msg)...)
+		http.Error(w, "retry failed: "+msg, http.StatusBadGateway)
+		return
+	}
+	h.log.InfoContext(r.Context(), "admin: operation retried", attrs...)
+	http.Redirect(w, r, "/admin/?done=op-retried&ref="+hash, http.StatusSeeOther)
+}
+
+// noOperation is the answer to the retry of a key without an operation.
+func noOperation(hash string) string {
+	return "no operation " + hash + " of this scope and key (swept, or another scope)"
 }
 
 // redact returns err's text with scope and key (which a store's error

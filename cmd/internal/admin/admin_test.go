@@ -26,13 +26,14 @@ import (
 
 const token = "test-token-0123456789abcdef"
 
-// fixture is an operator page over a SQLite store and inbox, with one
-// completed record (scope "acct-7", key "secret-key-1") and one dead
-// message ("loyalty", "msg-secret-1").
+// fixture is an operator page over a SQLite store, inbox and step
+// journal, with one completed record (scope "acct-7", key
+// "secret-key-1") and one dead message ("loyalty", "msg-secret-1").
 type fixture struct {
 	h        http.Handler
 	store    *sqlstore.Store
 	inbox    *sqlstore.InboxStore
+	ops      *sqlstore.StepJournal
 	log      *obstest.LogBuffer
 	counters *admin.Counters
 }
@@ -75,11 +76,16 @@ func setup(t *testing.T, mod func(*admin.Config)) *fixture {
 	if st, err := in.Fail(ctx, "loyalty", "msg-secret-1", c.Fence, 1, "points service down"); err != nil || st != inbox.StatusDead {
 		t.Fatal(st, err)
 	}
-	f := &fixture{store: st, inbox: in, log: &obstest.LogBuffer{}, counters: &admin.Counters{}}
+	ops, err := sqlstore.NewStepJournal(db, &sqlstore.Config{Dialect: sqlstore.SQLite})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ops.Close() })
+	f := &fixture{store: st, inbox: in, ops: ops, log: &obstest.LogBuffer{}, counters: &admin.Counters{}}
 	cfg := admin.Config{
 		Token: token, Name: "testd",
 		Logger:   slog.New(slog.NewTextHandler(f.log, nil)),
-		Counters: f.counters, Store: st, Records: st, Messages: in,
+		Counters: f.counters, Store: st, Records: st, Messages: in, Operations: ops,
 		Retry:     in.Revive,
 		RetryHelp: "The record is made failed; the next delivery runs the handler.",
 	}

@@ -1,8 +1,9 @@
 // Package admin is the operator page that shopd and idem proxy serve at
 // /admin/: live counters of what idem decided, the in-flight and the
 // oldest idempotency records, stuck consume records and dead messages,
-// payments held for reconciliation, and buttons to evict a record or to
-// retry a dead message. It is served by the program itself: html/template
+// dead and waiting operations of package steps, payments held for
+// reconciliation, and buttons to evict a record, to retry a dead message
+// or to retry an operation. It is served by the program itself: html/template
 // pages, with a small stylesheet and script embedded, no build step.
 //
 // # Access
@@ -70,6 +71,14 @@
 //   - Retry is the program's (Config.Retry; see shopd's for the shop's
 //     loyalty consumer): it makes the dead message's consume record
 //     handled again on its next delivery and publishes the message again.
+//   - Retry operation (Config.Operations, a steps.Journal) makes a dead
+//     or waiting operation of package steps due now, a dead one with its
+//     attempts counted from 0 again (Journal.Retry): the completer of an
+//     instance that defines it resumes it after its last checkpoint. A
+//     running or done operation has nothing to retry (409, on the
+//     confirmation page and on the confirmed post); a key without an
+//     operation is 404. An operation is named by its scope and key, and
+//     its hash is its record's, idem.HashKey(scope, key).
 //
 // Every action, and every failed login, is logged (log/slog) with the
 // remote address, how the operator authenticated (bearer or session, and

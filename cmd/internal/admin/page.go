@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/steps"
 )
 
 //go:embed assets
@@ -42,6 +43,12 @@ var tmpl = template.Must(template.New("admin").Funcs(template.FuncMap{
 			Retry, CanRetry bool
 			CSRF            string
 		}{rows, retry, canRetry, csrf}
+	},
+	"ops": func(rows []opRow, csrf string) any {
+		return struct {
+			Rows []opRow
+			CSRF string
+		}{rows, csrf}
 	},
 	"cents": func(c int64) string {
 		sign := ""
@@ -88,6 +95,17 @@ type messageRow struct {
 	LeaseEnded    bool
 }
 
+// opRow is an operation of steps as the page shows it.
+type opRow struct {
+	Name, Scope, Key string // quoted for display
+	Scope64, Key64   string
+	Hash, State      string
+	Attempts         int
+	LastError        string // quoted and cut
+	NextAt, Updated  time.Time
+	Due              bool
+}
+
 type mainPage struct {
 	Name     string
 	CSRF     string
@@ -109,6 +127,11 @@ type mainPage struct {
 	Stuck       []messageRow
 	Dead        []messageRow
 
+	OpsOn      bool
+	OpsErr     string
+	DeadOps    []opRow
+	WaitingOps []opRow
+
 	HeldOn   bool
 	HeldNote string
 	HeldErr  string
@@ -121,13 +144,15 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, u who) {
 	ctx, now := r.Context(), h.cfg.Now()
 	p := mainPage{Name: h.cfg.Name, CSRF: csrfOf(u), Bearer: u.sess == nil, Now: now, CanEvict: h.cfg.Store != nil,
 		Listing: h.cfg.Records != nil, RecordsNote: h.cfg.RecordsNote,
-		Inbox: h.cfg.Messages != nil, CanRetry: h.cfg.Retry != nil, HeldOn: h.cfg.Held != nil, HeldNote: h.cfg.HeldNote}
+		Inbox: h.cfg.Messages != nil, CanRetry: h.cfg.Retry != nil, OpsOn: h.cfg.Operations != nil, HeldOn: h.cfg.Held != nil, HeldNote: h.cfg.HeldNote}
 	if ref := r.URL.Query().Get("ref"); hashRE.MatchString(ref) {
 		switch r.URL.Query().Get("done") {
 		case "evicted":
 			p.Done = "Record " + ref + " evicted."
 		case "retried":
 			p.Done = "Dead message " + ref + " retried: it is published again."
+		case "op-retried":
+			p.Done = "Operation " + ref + " retried: it is due now, for the completer's next pass."
 		}
 	}
 	if h.cfg.Counters != nil {
@@ -149,6 +174,16 @@ func (h *Handler) page(w http.ResponseWriter, r *http.Request, u who) {
 		if err != nil {
 			p.MessagesErr = err.Error()
 			h.log.WarnContext(ctx, "admin: list consume records", "error", err)
+		}
+	}
+	if h.cfg.Operations != nil {
+		var err error
+		if p.DeadOps, err = h.operations(ctx, steps.StateDead, now); err == nil {
+			p.WaitingOps, err = h.operations(ctx, steps.StateWaiting, now)
+		}
+		if err != nil {
+			p.OpsErr = err.Error()
+			h.log.WarnContext(ctx, "admin: list operations", "error", err)
 		}
 	}
 	if h.cfg.Held != nil {
@@ -178,6 +213,21 @@ func (h *Handler) records(ctx context.Context, status idem.Status, now time.Time
 			row.Response = strconv.Itoa(rec.Response.StatusCode)
 		}
 		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// operations lists the operations of steps in state.
+func (h *Handler) operations(ctx context.Context, state steps.State, now time.Time) ([]opRow, error) {
+	ops, err := h.cfg.Operations.List(ctx, state, h.cfg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]opRow, 0, len(ops))
+	for _, op := range ops {
+		rows = append(rows, opRow{Name: quote(op.Name), Scope: quote(op.Scope), Key: quote(op.Key), Scope64: enc(op.Scope), Key64: enc(op.Key),
+			Hash: idem.HashKey(op.Scope, op.Key), State: string(op.State), Attempts: op.Attempts, LastError: quote(op.LastError),
+			NextAt: op.NextAt, Updated: op.UpdatedAt, Due: !op.NextAt.IsZero() && !op.NextAt.After(now)})
 	}
 	return rows, nil
 }

@@ -1,5 +1,5 @@
 // Package idemcli is the idem command: probe, proxy, migrate, sweep,
-// inspect, evict and help. cmd/idem is a thin main around Main.
+// inspect, evict, ops, retry and help. cmd/idem is a thin main around Main.
 package idemcli
 
 import (

@@ -28,7 +28,8 @@ const migrateHelp = `Usage: idem migrate -db DSN
 
 idem migrate creates or updates every table of idem's SQL packages in the
 database: idem_records (idemhttp, Guard), idem_tokens (token), idem_locks
-(lock), idem_outbox (outbox), idem_inbox (inbox), and the schema's own
+(lock), idem_outbox (outbox), idem_inbox (inbox), idem_ops and idem_steps
+(steps: operations and their checkpoints), and the schema's own
 idem_schema_migrations. It is idempotent (a database that is up to date is
 left as it is) and safe to run from several processes at once: one
 migrates, the others then find nothing to do. It reports how many
@@ -46,6 +47,8 @@ idem sweep removes what has expired, and reports what it removed:
     record in flight;
   - tokens (package token) past their expiry (SQL stores; Redis expires
     them itself);
+  - done operations of package steps whose retention ended (SQL stores:
+    sqlstore.StepJournal's Sweep; never a running, waiting or dead one);
   - with -retention only: outbox messages sent more than -retention ago,
     and inbox records finished (succeeded or dead) more than -retention
     ago. They have no expiry of their own, and an inbox record removed
@@ -173,7 +176,7 @@ func existingDB(ctx context.Context, f storeFlags) (*openedStore, error) {
 // storeErr turns a SQL error about missing tables into the advice to
 // migrate.
 func storeErr(err error) error {
-	if err != nil && strings.Contains(err.Error(), "has Store.Migrate run?") {
+	if err != nil && (strings.Contains(err.Error(), "has Store.Migrate run?") || strings.Contains(err.Error(), "(has Migrate run?)")) {
 		return fmt.Errorf("%w: %v", errMissingTables, err)
 	}
 	return err
@@ -202,7 +205,7 @@ func runMigrate(e *env, raw string) error {
 	if n := applied.n.Load(); n == 0 {
 		fmt.Fprintf(e.stdout, "%s: up to date (%d migrations)\n", st.display, total)
 	} else {
-		fmt.Fprintf(e.stdout, "%s: applied %d migrations (%d in all): idem_records, idem_tokens, idem_locks, idem_outbox, idem_inbox\n",
+		fmt.Fprintf(e.stdout, "%s: applied %d migrations (%d in all): idem_records, idem_tokens, idem_locks, idem_outbox, idem_inbox, idem_ops, idem_steps\n",
 			st.display, n, total)
 	}
 	return nil
@@ -291,7 +294,12 @@ func (s *sweepFlags) once(e *env, st *openedStore) error {
 			return err
 		}
 		defer tokens.Close()
-		parts = append(parts, part{"tokens", tokens.Sweep})
+		ops, err := sqlstore.NewStepJournal(st.db, &sqlstore.Config{Dialect: st.dialect})
+		if err != nil {
+			return err
+		}
+		defer ops.Close()
+		parts = append(parts, part{"tokens", tokens.Sweep}, part{"operations", ops.Sweep})
 		if s.retention > 0 {
 			ob, err := sqlstore.NewOutboxStore(st.db, &sqlstore.OutboxConfig{Dialect: st.dialect})
 			if err != nil {
@@ -540,11 +548,7 @@ func runEvict(e *env, r *recordFlags, yes, force bool) error {
 		return err
 	}
 	if !yes {
-		fmt.Fprint(e.stdout, "\nDelete this record? [y/N] ")
-		line, _ := bufio.NewReader(e.stdin).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(line)) {
-		case "y", "yes":
-		default:
+		if !confirmed(e, "Delete this record?") {
 			return errors.New("not deleted (answer y to delete, or give -yes)")
 		}
 		// The answer may have taken long: the record printed may have
@@ -584,6 +588,18 @@ func runEvict(e *env, r *recordFlags, yes, force bool) error {
 	}
 	fmt.Fprintln(e.stdout, "deleted")
 	return nil
+}
+
+// confirmed asks question on standard output and reports whether the
+// answer read from standard input is y or yes.
+func confirmed(e *env, question string) bool {
+	fmt.Fprintf(e.stdout, "\n%s [y/N] ", question)
+	line, _ := bufio.NewReader(e.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true
+	}
+	return false
 }
 
 // refuseInFlight refuses rec if it is in flight, unless force.

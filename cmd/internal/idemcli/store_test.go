@@ -27,7 +27,7 @@ func run(t *testing.T, stdin string, args ...string) (int, string, string) {
 }
 
 // idemTables are the tables idem migrate creates.
-var idemTables = []string{"idem_records", "idem_tokens", "idem_locks", "idem_outbox", "idem_inbox", "idem_schema_migrations"}
+var idemTables = []string{"idem_records", "idem_tokens", "idem_locks", "idem_outbox", "idem_inbox", "idem_ops", "idem_steps", "idem_schema_migrations"}
 
 // migrateTargets are the databases the migrate tests run on: setup returns
 // the -db value, a pool on the same database (nil for SQLite: opened
