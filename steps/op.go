@@ -44,7 +44,9 @@ type Op[I, O any] struct {
 // ends the attempt: the record is released, the journal counts the
 // failure, and a retry (the client's, or the completer's after the
 // backoff) runs fn again, its checkpointed steps answering from their
-// checkpoints.
+// checkpoints. A panic of fn is a failed attempt too: the journal counts
+// it, then the panic goes on to Call's or Run's caller; the completer
+// recovers it and goes on with its pass.
 //
 // fn must be deterministic in the steps it runs: a resumed run must ask
 // for the steps it asked for before, by the same names, with the inputs
@@ -150,14 +152,22 @@ func (op *Op[I, O]) Run(ctx context.Context, in I) (O, error) {
 }
 
 // resume implements resumer: the completer's run of a due operation.
-func (op *Op[I, O]) resume(ctx context.Context, o Entry) (bool, error) {
+func (op *Op[I, O]) resume(ctx context.Context, o Entry) (replayed bool, err error) {
 	in, err := op.cfg.Input.Unmarshal(o.Input)
 	if err != nil {
 		// Nothing can run it: dead, for an operator to see.
 		return false, op.r.j.Settle(ctx, o.Scope, o.Key, o.Fingerprint, StateDead, "steps: decode the input: "+err.Error(), 0)
 	}
 	var attempted bool
-	_, replayed, err := op.r.g.Do(ctx, o.Scope, o.Key, o.Fingerprint, func(ctx context.Context) (idem.Response, error) {
+	defer func() {
+		// exec counted the attempt and re-panicked; Do released the key.
+		// The completer's process goes on: a bug in one operation must
+		// not take down every instance that completes it.
+		if p := recover(); p != nil {
+			replayed, err = false, fmt.Errorf("%w: %s", errAttempted, panicReason(op.name, p))
+		}
+	}()
+	_, replayed, err = op.r.g.Do(ctx, o.Scope, o.Key, o.Fingerprint, func(ctx context.Context) (idem.Response, error) {
 		attempted = true
 		_, resp, err := op.exec(ctx, idem.FromContext(ctx), in)
 		return resp, err
@@ -167,6 +177,11 @@ func (op *Op[I, O]) resume(ctx context.Context, o Entry) (bool, error) {
 		err = fmt.Errorf("%w: %w", errAttempted, err)
 	}
 	return replayed, err
+}
+
+// panicReason is the failure of an attempt whose function panicked.
+func panicReason(name string, p any) string {
+	return fmt.Sprintf("steps: %s panicked: %v", name, p)
 }
 
 // errAttempted marks the completer's attempt that ran and failed (the
@@ -188,11 +203,24 @@ func (op *Op[I, O]) exec(ctx context.Context, x *idem.Execution, in I) (out O, r
 		return out, resp, fmt.Errorf("steps: %s: begin: %w", op.name, err)
 	}
 	s := &Run{r: r, x: x, lease: l, done: res.Checkpoints, attempt: res.Attempt, seen: make(map[string]bool)}
+	bg := context.WithoutCancel(ctx)
+	fail := func(reason string) (State, error) {
+		return r.j.Fail(bg, l, Failure{Reason: reason, Backoff: r.backoff(res.Attempt), MaxAttempts: r.cfg.MaxAttempts})
+	}
+	defer func() {
+		// A panic is a failed attempt: counted, with its backoff, before
+		// it goes on to the caller (Guard.Do releases the key).
+		if p := recover(); p != nil {
+			if _, ferr := fail(panicReason(op.name, p)); ferr != nil {
+				r.cfg.Logger.WarnContext(ctx, "steps: record a failed attempt", slog.String("steps.op", op.name), slog.Any(idem.LogErr, ferr))
+			}
+			panic(p)
+		}
+	}()
 	out, err = op.fn(ctx, s, in)
 	resp, answer, store := idem.EncodeOutcome(op.cfg.Output, out, err)
-	bg := context.WithoutCancel(ctx)
 	if !store {
-		state, ferr := r.j.Fail(bg, l, Failure{Reason: answer.Error(), Backoff: r.backoff(res.Attempt), MaxAttempts: r.cfg.MaxAttempts})
+		state, ferr := fail(answer.Error())
 		if ferr != nil {
 			// Not counted: the completer takes it up after Start.After
 			// all the same.

@@ -1,0 +1,128 @@
+package steps_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/memstore"
+	"github.com/idemkit/idem/steps"
+)
+
+// memRunner returns a Runner over a memstore and a Memory journal.
+func memRunner(t *testing.T, cfg *steps.Config) (*steps.Runner, idem.Store) {
+	t.Helper()
+	st := memstore.New(nil)
+	g, err := idem.NewGuard(st, &idem.GuardConfig{Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := steps.NewMemory(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := steps.New(g, j, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r, st
+}
+
+// A function that panics when the completer resumes it must not take
+// the completer's process down: the pass counts a failed attempt, the
+// key is released and the journal says why, and the operation finishes
+// once the function stops panicking.
+func TestCompleterSurvivesPanic(t *testing.T) {
+	ctx := context.Background()
+	r, st := memRunner(t, &steps.Config{Backoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	var mode atomic.Int32 // 0: fail, 1: panic, 2: succeed
+	var charges atomic.Int32
+	op, err := steps.Define(r, "panics", func(ctx context.Context, s *steps.Run, id string) (string, error) {
+		charge, err := steps.Foreign(s, "charge", func(ctx context.Context, key string) (string, error) {
+			charges.Add(1)
+			return "ch-" + key, nil
+		})
+		if err != nil {
+			return "", err
+		}
+		switch mode.Load() {
+		case 0:
+			return "", errors.New("downstream unavailable")
+		case 1:
+			panic("bug in the second step")
+		}
+		return charge, nil
+	}, &steps.OpConfig[string, string]{Key: func(id string) (string, string, error) { return "", id, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := op.Call(ctx, "o1"); err == nil {
+		t.Fatal("first Call: nil error")
+	}
+	mode.Store(1)
+	var p steps.Pass
+	for p.Due == 0 { // the backoff (1 ms) must pass
+		p, err = r.Complete(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.Failed != 1 || p.Errors != 0 {
+		t.Fatalf("pass %+v: want one failed attempt", p)
+	}
+	e, err := r.Journal().Get(ctx, "", "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateWaiting || e.Attempts != 2 || !strings.Contains(e.LastError, "bug in the second step") {
+		t.Fatalf("after the panic: %+v", e)
+	}
+	if _, err := st.Get(ctx, "", "o1"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after the panic: %v, want released", err)
+	}
+	mode.Store(2)
+	for {
+		if _, err := r.Complete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if e, err = r.Journal().Get(ctx, "", "o1"); err != nil || e.State == steps.StateDone {
+			break
+		}
+	}
+	if err != nil || charges.Load() != 1 {
+		t.Fatalf("journal %+v, %v; %d charges, want 1", e, err, charges.Load())
+	}
+}
+
+// A panic in a client's Call is the client's (it propagates), and the
+// attempt is counted as failed with the panic as its reason.
+func TestCallPanicRecordsFailure(t *testing.T) {
+	ctx := context.Background()
+	r, _ := memRunner(t, nil)
+	op, err := steps.Define(r, "panics-call", func(ctx context.Context, s *steps.Run, id string) (string, error) {
+		panic("boom")
+	}, &steps.OpConfig[string, string]{Key: func(id string) (string, string, error) { return "", id, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Fatalf("recovered %v, want the function's panic", p)
+			}
+		}()
+		_, _, _ = op.Call(ctx, "o2")
+	}()
+	e, err := r.Journal().Get(ctx, "", "o2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateWaiting || !strings.Contains(e.LastError, "boom") {
+		t.Fatalf("after the panic: %+v", e)
+	}
+}
