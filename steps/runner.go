@@ -144,7 +144,9 @@ type Pass struct {
 // other, and resumes each under a new execution of its key, from its
 // first step not done. An operation that another execution holds is
 // postponed by a lease; one whose record was completed meanwhile is
-// settled done; one that used MaxAttempts is left dead. Operations of
+// settled done; one that used MaxAttempts is left dead (once the
+// completer holds its key: its last run may still be alive, or have
+// stored its answer). Operations of
 // names r does not know (another service's, in the same tables) are not
 // touched. It returns the first error of the journal's Due.
 func (r *Runner) Complete(ctx context.Context) (Pass, error) {
@@ -170,9 +172,7 @@ func (r *Runner) Complete(ctx context.Context) (Pass, error) {
 			log := r.cfg.Logger.With(slog.String("steps.op", op.Name), idem.LogKey(op.Scope, op.Key, false))
 			var err error
 			if op.Attempts >= r.cfg.MaxAttempts {
-				reason := fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError)
-				err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
-				p.Settled++
+				err = r.exhausted(ctx, op, &p)
 			} else {
 				err = r.resumeOne(ctx, rs, op, &p, log)
 			}
@@ -210,6 +210,36 @@ func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, l
 	default:
 		return err
 	}
+}
+
+// exhausted ends a due operation that used its attempts: dead, unless
+// its last run is alive (it holds the key: postponed, as any operation
+// in flight) or answered (its record completed: done). The completer
+// holds the key while it settles the operation dead, then releases it,
+// so that a client's retry runs it again.
+func (r *Runner) exhausted(ctx context.Context, op Entry, p *Pass) error {
+	x, res, err := r.g.Begin(ctx, op.Scope, op.Key, op.Fingerprint)
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case idem.Acquired:
+	case idem.InFlight:
+		p.InFlight++
+		return r.j.Postpone(ctx, op.Scope, op.Key, r.g.Config().Lease)
+	case idem.Completed:
+		p.Settled++
+		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
+	case idem.Mismatch:
+		p.Settled++
+		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
+	default:
+		return fmt.Errorf("steps: acquire: unknown outcome %v", res.Outcome)
+	}
+	p.Settled++
+	reason := fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError)
+	err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
+	return errors.Join(err, x.Release(context.WithoutCancel(ctx)))
 }
 
 // Retry makes a dead (or waiting) operation due now: the completer

@@ -71,6 +71,8 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterFinishesAbandoned", testCompleterFinishes},
 		{"CompleterDeadAndRetry", testCompleterDead},
 		{"CompletersRace", testCompletersRace},
+		{"CompleterSparesLiveLastAttempt", testCompleterSparesLive},
+		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
 	}
@@ -1099,5 +1101,96 @@ func testLocalStale(t *testing.T, s Setup) {
 	}
 	if e, err := tj.Get(ctx, "", key); err != nil || e.State != steps.StateDone {
 		t.Fatalf("after FinishTx: %+v, %v", e, err)
+	}
+}
+
+// testCompleterSparesLive: an operation on its last attempt whose run is
+// alive (longer than its lease, the watchdog renewing it) is in flight,
+// not dead: the completer postpones it, and the run's checkpoints and
+// answer stand.
+func testCompleterSparesLive(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Second, &steps.Config{MaxAttempts: 1})
+	var c counter
+	entered, release := make(chan struct{}), make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	op, err := steps.Define(r, "long-"+unique(t), func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		return steps.Foreign(run, "charge", func(ctx context.Context, key string) (string, error) {
+			c.add(in.ID + "/charge")
+			close(entered)
+			<-release
+			return "ch-" + key, nil
+		})
+	}, &steps.OpConfig[Transfer, string]{Key: func(in Transfer) (string, string, error) { return "", in.ID, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Transfer{ID: unique(t), Amount: 1}
+	done := make(chan error, 1)
+	go func() { _, _, err := op.Call(ctx, in); done <- err }()
+	<-entered
+	// The run outlives its lease (1 s) and Start.After: the operation
+	// comes due while the run holds its key.
+	eventually(t, ctx, "the running operation comes due", func() (bool, error) {
+		p, err := r.Complete(ctx)
+		return p.Due > 0, err
+	})
+	e, err := s.Journal.Get(ctx, "", in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateRunning {
+		t.Fatalf("the completer made a live operation %s: %+v", e.State, e)
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatalf("the live run: %v", err)
+	}
+	if e, err := s.Journal.Get(ctx, "", in.ID); err != nil || e.State != steps.StateDone {
+		t.Fatalf("after the live run: %+v, %v", e, err)
+	}
+	if n := c.get(in.ID + "/charge"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
+
+// testCompleterAnsweredLastAttempt: an operation whose last attempt
+// stored its answer and died before the journal's Finish is done, not
+// dead: its record answers every retry.
+func testCompleterAnsweredLast(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, &steps.Config{MaxAttempts: 1})
+	var c counter
+	name := "answered-" + unique(t)
+	if _, err := steps.Define(r, name, func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		c.add(in.ID)
+		return "again", nil
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	key := unique(t)
+	l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, steps.Start{Name: name, Fingerprint: "fp", Input: []byte(`{"id":"x"}`), After: -time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	resp, _, _ := idem.EncodeOutcome[string](idem.JSONCodec[string]{}, "first", nil)
+	if err := s.Store.Complete(ctx, l, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// The process dies here, before Finish.
+	eventually(t, ctx, "the completer settles the operation", func() (bool, error) {
+		if _, err := r.Complete(ctx); err != nil {
+			return false, err
+		}
+		e, err := s.Journal.Get(ctx, "", key)
+		return err == nil && e.State != steps.StateRunning, err
+	})
+	e, err := s.Journal.Get(ctx, "", key)
+	if err != nil || e.State != steps.StateDone {
+		t.Fatalf("an answered operation: %+v, %v; want done", e, err)
+	}
+	if c.get("x") != 0 {
+		t.Fatal("the completer ran an answered operation")
 	}
 }
