@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 )
@@ -294,8 +297,8 @@ func (s *Run) Done(step string) bool {
 
 // begin checks a step's name and returns its checkpoint, if any.
 func (s *Run) begin(step string) ([]byte, bool, error) {
-	if step == "" {
-		return nil, false, errors.New("steps: a step needs a name")
+	if err := checkName("step", step); err != nil {
+		return nil, false, fmt.Errorf("steps: %w", err)
 	}
 	if s.seen[step] {
 		return nil, false, fmt.Errorf("steps: step %q ran twice in one run (a step's name is its identity)", step)
@@ -305,9 +308,30 @@ func (s *Run) begin(step string) ([]byte, bool, error) {
 	return b, ok, nil
 }
 
+// checkName checks the name of an operation or a step (kind), which a
+// journal keeps as its key: 1–255 bytes of UTF-8 with no control
+// characters. It is checked before anything runs: a foreign call whose
+// checkpoint the journal refused would be made again on every attempt.
+func checkName(kind, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("a %s needs a name", kind)
+	case len(name) > 255:
+		return fmt.Errorf("%s name of %d bytes: at most 255", kind, len(name))
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%s name %q: not UTF-8", kind, name)
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return fmt.Errorf("%s name %q: control character", kind, name)
+	}
+	return nil
+}
+
 // Step is a step whose result is encoded with Codec (default
 // idem.JSONCodec). Local and Foreign are its methods with JSON.
 type Step[T any] struct {
+	// Name is the step's identity in its operation: 1–255 bytes of UTF-8
+	// without control characters (a step with another name fails before
+	// it runs).
 	Name  string
 	Codec idem.Codec[T]
 }

@@ -113,8 +113,8 @@ func (r *Runner) backoff(attempt int) time.Duration {
 }
 
 func (r *Runner) register(name string, op resumer) error {
-	if name == "" {
-		return errors.New("steps: Define: an operation needs a name")
+	if err := checkName("operation", name); err != nil {
+		return fmt.Errorf("steps: Define: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -126,3 +126,18 @@ func TestCallPanicRecordsFailure(t *testing.T) {
 		t.Fatalf("after the panic: %+v", e)
 	}
 }
+
+// An operation's name is the journal's: one no journal can keep is
+// refused by Define.
+func TestDefineChecksName(t *testing.T) {
+	r, _ := memRunner(t, nil)
+	fn := func(ctx context.Context, s *steps.Run, id string) (string, error) { return id, nil }
+	for _, name := range []string{"", strings.Repeat("n", 256), "a\x00b", "\xff", "line\nbreak"} {
+		if _, err := steps.Define(r, name, fn, nil); err == nil {
+			t.Errorf("Define(%q): nil error", name)
+		}
+	}
+	if _, err := steps.Define(r, strings.Repeat("é", 127)+"x", fn, nil); err != nil {
+		t.Errorf("Define of a 255-byte name: %v", err)
+	}
+}

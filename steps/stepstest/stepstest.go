@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterDeadAndRetry", testCompleterDead},
 		{"CompletersRace", testCompletersRace},
 		{"CompleterSparesLiveLastAttempt", testCompleterSparesLive},
+		{"StepNamesCheckedBeforeTheCall", testStepNames},
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
@@ -1192,5 +1194,60 @@ func testCompleterAnsweredLast(t *testing.T, s Setup) {
 	}
 	if c.get("x") != 0 {
 		t.Fatal("the completer ran an answered operation")
+	}
+}
+
+// testStepNames: a step's name is its checkpoint's key in the journal.
+// A name no journal can keep (empty, over 255 bytes, not UTF-8, with a
+// NUL) is refused before the step runs: a foreign call whose checkpoint
+// cannot be saved would be made again on every attempt. Any other name
+// (up to 255 bytes of any script) is kept as it is.
+func testStepNames(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, nil)
+	var c counter
+	long := strings.Repeat("é", 127) + "x" // 255 bytes
+	name := "names-" + unique(t)
+	op, err := steps.Define(r, name, func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		return steps.Foreign(run, in.ID[strings.IndexByte(in.ID, '|')+1:], func(ctx context.Context, key string) (string, error) {
+			c.add(in.ID)
+			return "ok", nil
+		})
+	}, &steps.OpConfig[Transfer, string]{Key: func(in Transfer) (string, string, error) {
+		return "", in.ID[:strings.IndexByte(in.ID, '|')], nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", long + "y", "a\x00b", "\xff\xfe", "tab\tstep"} {
+		in := Transfer{ID: unique(t) + "|" + bad}
+		if _, _, err := op.Call(ctx, in); err == nil {
+			t.Fatalf("step %q: nil error", bad)
+		}
+		if n := c.get(in.ID); n != 0 {
+			t.Fatalf("step %q: called %d times, want refused before the call", bad, n)
+		}
+	}
+	for _, good := range []string{long, "naïve step/1", "💳 charge"} {
+		in := Transfer{ID: unique(t) + "|" + good}
+		if _, _, err := op.Call(ctx, in); err != nil {
+			t.Fatalf("step %q: %v", good, err)
+		}
+		if n := c.get(in.ID); n != 1 {
+			t.Fatalf("step %q: called %d times, want 1", good, n)
+		}
+	}
+	// Kept as they are: a resumed run finds them.
+	key := unique(t)
+	l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, start("op", "fp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Journal.Save(ctx, l, long, []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Journal.Begin(ctx, l, start("op", "fp"))
+	if err != nil || string(res.Checkpoints[long]) != "1" {
+		t.Fatalf("Begin: %q, %v; want the long name's checkpoint", res.Checkpoints, err)
 	}
 }
