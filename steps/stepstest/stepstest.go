@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/steps"
@@ -74,6 +75,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompletersRace", testCompletersRace},
 		{"CompleterSparesLiveLastAttempt", testCompleterSparesLive},
 		{"StepNamesCheckedBeforeTheCall", testStepNames},
+		{"AnyReasonIsKept", testAnyReason},
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
@@ -1249,5 +1251,43 @@ func testStepNames(t *testing.T, s Setup) {
 	res, err := s.Journal.Begin(ctx, l, start("op", "fp"))
 	if err != nil || string(res.Checkpoints[long]) != "1" {
 		t.Fatalf("Begin: %q, %v; want the long name's checkpoint", res.Checkpoints, err)
+	}
+}
+
+// testAnyReason: an attempt's error may say anything (a downstream's
+// body, binary, long, in any script): Fail and Settle keep it (or a
+// prefix of it, as valid UTF-8) and never fail on it, or the failure
+// would go uncounted.
+func testAnyReason(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	reasons := []string{
+		strings.Repeat("a", 1999) + strings.Repeat("é", 2000), // a cut inside a character
+		strings.Repeat("日本", 5000),
+		"nul\x00inside",
+		"bad \xff\xfe bytes",
+	}
+	for i, reason := range reasons {
+		key := unique(t)
+		l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+		if _, err := s.Journal.Begin(ctx, l, start("op", "fp")); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Journal.Fail(ctx, l, steps.Failure{Reason: reason, Backoff: time.Hour, MaxAttempts: 5})
+		if err != nil || st != steps.StateWaiting {
+			t.Fatalf("reason %d: Fail → %s, %v", i, st, err)
+		}
+		e, err := s.Journal.Get(ctx, "", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !utf8.ValidString(e.LastError) || !strings.HasPrefix(e.LastError, reason[:3]) {
+			t.Fatalf("reason %d: LastError %q", i, e.LastError)
+		}
+		if err := s.Journal.Settle(ctx, "", key, "fp", steps.StateDead, reason, 0); err != nil {
+			t.Fatalf("reason %d: Settle dead: %v", i, err)
+		}
+		if e, err := s.Journal.Get(ctx, "", key); err != nil || e.State != steps.StateDead || !utf8.ValidString(e.LastError) {
+			t.Fatalf("reason %d: after Settle: %+v, %v", i, e, err)
+		}
 	}
 }
