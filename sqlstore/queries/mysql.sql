@@ -628,10 +628,15 @@ ORDER BY id;
 
 -- name: steps_save
 -- params: scope key step result
--- A checkpoint; no row if the step has one already.
-INSERT INTO idem_steps (scope, idempotency_key, step, result, created_at)
-VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
-ON DUPLICATE KEY UPDATE step = step;
+-- A checkpoint; no row if the step has one already. INSERT IGNORE, not
+-- ON DUPLICATE KEY UPDATE step = step: under the DSN's clientFoundRows,
+-- an upsert that changes nothing counts one affected row, as an insert
+-- does, and a step saved already would pass for a new checkpoint (a
+-- local step's writes committing twice). Every value it binds is
+-- checked before (a step name of 1-255 bytes), so IGNORE hides no
+-- other error.
+INSERT IGNORE INTO idem_steps (scope, idempotency_key, step, result, created_at)
+VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
 
 -- name: steps_fail
 -- params: max_attempts max_attempts delay_ms reason scope key

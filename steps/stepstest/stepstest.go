@@ -1133,7 +1133,11 @@ func testCompleterSparesLive(t *testing.T, s Setup) {
 	in := Transfer{ID: unique(t), Amount: 1}
 	done := make(chan error, 1)
 	go func() { _, _, err := op.Call(ctx, in); done <- err }()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("Call ended before its step: %v", err)
+	}
 	// The run outlives its lease (1 s) and Start.After: the operation
 	// comes due while the run holds its key.
 	eventually(t, ctx, "the running operation comes due", func() (bool, error) {
