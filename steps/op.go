@@ -139,7 +139,9 @@ func (op *Op[I, O]) call(ctx context.Context, scope, key string, fp idem.Fingerp
 // committed answer), and returns it. A retryable error is returned as it
 // is, after the journal counted it: let the execution release the key
 // (idemhttp: answer 5xx), and the client's retry or the completer
-// resumes the operation.
+// resumes the operation. Should the execution store an answer of its
+// own instead (a 4xx, which idemhttp keeps), no run can finish the
+// operation: the completer leaves it dead, for an operator to see.
 //
 // With a Journal that is no TxJournal, the record is completed with
 // Execution.Complete; under idemhttp, write the same answer

@@ -190,8 +190,7 @@ func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, l
 	var de *idem.DefiniteError
 	switch {
 	case replayed:
-		p.Settled++
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
+		return r.answered(ctx, op, p)
 	case err == nil, errors.As(err, &de):
 		p.Finished++
 		return nil
@@ -228,8 +227,7 @@ func (r *Runner) exhausted(ctx context.Context, op Entry, p *Pass) error {
 		p.InFlight++
 		return r.j.Postpone(ctx, op.Scope, op.Key, r.g.Config().Lease)
 	case idem.Completed:
-		p.Settled++
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
+		return r.answered(ctx, op, p)
 	case idem.Mismatch:
 		p.Settled++
 		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
@@ -240,6 +238,21 @@ func (r *Runner) exhausted(ctx context.Context, op Entry, p *Pass) error {
 	reason := fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError)
 	err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
 	return errors.Join(err, x.Release(context.WithoutCancel(ctx)))
+}
+
+// answered settles an operation whose record the completer found
+// completed: done if it was running (its last run stored its answer and
+// ended before the journal's Finish); dead if it was waiting, for its
+// last attempt failed: the answer is not the operation's (the handler
+// that ran it stored one of its own instead of letting the key go), and
+// its steps may be half done, which an operator must see.
+func (r *Runner) answered(ctx context.Context, op Entry, p *Pass) error {
+	p.Settled++
+	if op.State == StateWaiting {
+		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead,
+			"steps: the key was answered after a failed attempt, not by the operation: its steps may be half done ("+op.LastError+")", 0)
+	}
+	return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
 }
 
 // Retry makes a dead (or waiting) operation due now: the completer

@@ -76,6 +76,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterSparesLiveLastAttempt", testCompleterSparesLive},
 		{"StepNamesCheckedBeforeTheCall", testStepNames},
 		{"AnyReasonIsKept", testAnyReason},
+		{"CompleterShowsOpAnsweredByOthers", testAnsweredByOthers},
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
@@ -1187,14 +1188,7 @@ func testCompleterAnsweredLast(t *testing.T, s Setup) {
 		t.Fatal(err)
 	}
 	// The process dies here, before Finish.
-	eventually(t, ctx, "the completer settles the operation", func() (bool, error) {
-		if _, err := r.Complete(ctx); err != nil {
-			return false, err
-		}
-		e, err := s.Journal.Get(ctx, "", key)
-		return err == nil && e.State != steps.StateRunning, err
-	})
-	e, err := s.Journal.Get(ctx, "", key)
+	e, err := settled(t, ctx, r, s, key, steps.StateRunning)
 	if err != nil || e.State != steps.StateDone {
 		t.Fatalf("an answered operation: %+v, %v; want done", e, err)
 	}
@@ -1294,4 +1288,60 @@ func testAnyReason(t *testing.T, s Setup) {
 			t.Fatalf("reason %d: after Settle: %+v, %v", i, e, err)
 		}
 	}
+}
+
+// testAnsweredByOthers: an operation run inside a handler's execution
+// (Run) fails after a step with a retryable error, and the handler
+// stores an answer of its own (a 400, which idemhttp keeps) instead of
+// letting the key go. The operation's steps are half done and no run
+// will finish them: the completer must leave it dead, for an operator
+// to see, not done.
+func testAnsweredByOthers(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, nil)
+	var c counter
+	op := twoCalls(t, r, "others-"+unique(t), &c, func(id, step string, n int) error {
+		if step == "ship" {
+			return errFlaky
+		}
+		return nil
+	})
+	g, err := idem.NewGuard(s.Store, &idem.GuardConfig{Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := unique(t)
+	resp, _, err := g.Do(ctx, "", key, "request-fp", func(ctx context.Context) (idem.Response, error) {
+		if _, err := op.Run(ctx, Transfer{ID: key, Amount: 2}); !errors.Is(err, errFlaky) {
+			t.Errorf("Run: %v, want the flaky error", err)
+		}
+		return idem.Response{StatusCode: 400, Body: []byte("bad request")}, nil
+	})
+	if err != nil || resp.StatusCode != 400 {
+		t.Fatalf("handler: %+v, %v", resp, err)
+	}
+	e, err := settled(t, ctx, r, s, key, steps.StateWaiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateDead || len(e.Checkpoints) != 1 {
+		t.Fatalf("an operation half done under another answer: %+v; want dead with its charge checkpoint", e)
+	}
+	if c.get(key+"/charge") != 1 {
+		t.Fatalf("effects: %v", c.n)
+	}
+}
+
+// settled runs passes of r's completer until key's operation has left
+// state from, and returns it.
+func settled(t *testing.T, ctx context.Context, r *steps.Runner, s Setup, key string, from steps.State) (steps.Entry, error) {
+	t.Helper()
+	eventually(t, ctx, "the completer settles the operation", func() (bool, error) {
+		if _, err := r.Complete(ctx); err != nil {
+			return false, err
+		}
+		e, err := s.Journal.Get(ctx, "", key)
+		return err == nil && e.State != from, err
+	})
+	return s.Journal.Get(ctx, "", key)
 }
