@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -103,13 +104,24 @@ func New(g *idem.Guard, j Journal, cfg *Config) (*Runner, error) {
 func (r *Runner) Journal() Journal { return r.j }
 
 // backoff is the wait after the attempt-th failed attempt.
+// Neither the doubling nor the jitter may overflow (a MaxBackoff of
+// math.MaxInt64 means no ceiling): a negative wait would make a failing
+// operation due at once, on every pass.
 func (r *Runner) backoff(attempt int) time.Duration {
-	d := r.cfg.Backoff
-	for i := 1; i < attempt && d < r.cfg.MaxBackoff; i++ {
+	d, ceiling := r.cfg.Backoff, r.cfg.MaxBackoff
+	for i := 1; i < attempt && d < ceiling; i++ {
+		if d > ceiling/2 {
+			d = ceiling
+			break
+		}
 		d *= 2
 	}
-	d = min(d, r.cfg.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	d = min(d, ceiling)
+	j := float64(d) * (0.8 + 0.4*rand.Float64())
+	if j >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(j)
 }
 
 func (r *Runner) register(name string, op resumer) error {

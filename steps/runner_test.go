@@ -3,6 +3,7 @@ package steps_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -139,5 +140,32 @@ func TestDefineChecksName(t *testing.T) {
 	}
 	if _, err := steps.Define(r, strings.Repeat("é", 127)+"x", fn, nil); err != nil {
 		t.Errorf("Define of a 255-byte name: %v", err)
+	}
+}
+
+// However many attempts failed, and however large MaxBackoff is, the
+// next one waits a backoff from now: never one in the past (a doubling
+// or the jitter overflowing), which would make a failing operation due
+// at once, again and again.
+func TestBackoffNeverOverflows(t *testing.T) {
+	ctx := context.Background()
+	r, _ := memRunner(t, &steps.Config{MaxAttempts: 100, Backoff: time.Hour, MaxBackoff: math.MaxInt64})
+	op, err := steps.Define(r, "always-fails", func(ctx context.Context, s *steps.Run, id string) (string, error) {
+		return "", errors.New("downstream unavailable")
+	}, &steps.OpConfig[string, string]{Key: func(id string) (string, string, error) { return "", id, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 1; attempt <= 80; attempt++ {
+		if _, _, err := op.Call(ctx, "o3"); err == nil {
+			t.Fatal("Call: nil error")
+		}
+		e, err := r.Journal().Get(ctx, "", "o3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.State != steps.StateWaiting || !e.NextAt.After(time.Now().Add(30*time.Minute)) {
+			t.Fatalf("attempt %d: %s, next at %v: want waiting, at least the first backoff away", attempt, e.State, e.NextAt)
+		}
 	}
 }
