@@ -160,8 +160,9 @@ func (op *Op[I, O]) Run(ctx context.Context, in I) (O, error) {
 func (op *Op[I, O]) resume(ctx context.Context, o Entry) (replayed bool, err error) {
 	in, err := op.cfg.Input.Unmarshal(o.Input)
 	if err != nil {
-		// Nothing can run it: dead, for an operator to see.
-		return false, op.r.j.Settle(ctx, o.Scope, o.Key, o.Fingerprint, StateDead, "steps: decode the input: "+err.Error(), 0)
+		// This instance cannot run it (another build may): dead, for an
+		// operator to see, unless a run holds its key.
+		return false, undecodableError{err}
 	}
 	var attempted bool
 	defer func() {
@@ -188,6 +189,12 @@ func (op *Op[I, O]) resume(ctx context.Context, o Entry) (replayed bool, err err
 func panicReason(name string, p any) string {
 	return fmt.Sprintf("steps: %s panicked: %v", name, p)
 }
+
+// undecodableError is resume's answer for an operation whose input
+// the operation's codec cannot decode.
+type undecodableError struct{ err error }
+
+func (e undecodableError) Error() string { return "steps: decode the input: " + e.err.Error() }
 
 // errAttempted marks the completer's attempt that ran and failed (the
 // journal counted it).

@@ -184,7 +184,7 @@ func (r *Runner) Complete(ctx context.Context) (Pass, error) {
 			log := r.cfg.Logger.With(slog.String("steps.op", op.Name), idem.LogKey(op.Scope, op.Key, false))
 			var err error
 			if op.Attempts >= r.cfg.MaxAttempts {
-				err = r.exhausted(ctx, op, &p)
+				err = r.dead(ctx, op, &p, fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError))
 			} else {
 				err = r.resumeOne(ctx, rs, op, &p, log)
 			}
@@ -200,7 +200,10 @@ func (r *Runner) Complete(ctx context.Context) (Pass, error) {
 func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, log *slog.Logger) error {
 	replayed, err := rs.resume(ctx, op)
 	var de *idem.DefiniteError
+	var ue undecodableError
 	switch {
+	case errors.As(err, &ue):
+		return r.dead(ctx, op, p, ue.Error())
 	case replayed:
 		return r.answered(ctx, op, p)
 	case err == nil, errors.As(err, &de):
@@ -223,12 +226,13 @@ func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, l
 	}
 }
 
-// exhausted ends a due operation that used its attempts: dead, unless
-// its last run is alive (it holds the key: postponed, as any operation
-// in flight) or answered (its record completed: done). The completer
-// holds the key while it settles the operation dead, then releases it,
-// so that a client's retry runs it again.
-func (r *Runner) exhausted(ctx context.Context, op Entry, p *Pass) error {
+// dead ends a due operation that the completer cannot run (it used its
+// attempts, or its input does not decode here): dead with reason, unless
+// a run is alive (it holds the key: postponed, as any operation in
+// flight) or answered (its record completed). The completer holds the
+// key while it settles the operation dead, then releases it, so that a
+// client's retry runs it again.
+func (r *Runner) dead(ctx context.Context, op Entry, p *Pass, reason string) error {
 	x, res, err := r.g.Begin(ctx, op.Scope, op.Key, op.Fingerprint)
 	if err != nil {
 		return err
@@ -247,7 +251,6 @@ func (r *Runner) exhausted(ctx context.Context, op Entry, p *Pass) error {
 		return fmt.Errorf("steps: acquire: unknown outcome %v", res.Outcome)
 	}
 	p.Settled++
-	reason := fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError)
 	err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
 	return errors.Join(err, x.Release(context.WithoutCancel(ctx)))
 }

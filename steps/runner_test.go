@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,5 +168,77 @@ func TestBackoffNeverOverflows(t *testing.T) {
 		if e.State != steps.StateWaiting || !e.NextAt.After(time.Now().Add(30*time.Minute)) {
 			t.Fatalf("attempt %d: %s, next at %v: want waiting, at least the first backoff away", attempt, e.State, e.NextAt)
 		}
+	}
+}
+
+// An instance that cannot decode an operation's input (an older build
+// during a rolling deploy) must not mark it dead while a newer instance
+// runs it: the key is in flight, and the operation is postponed.
+func TestUndecodableInputSparesLiveRun(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New(nil)
+	j, err := steps.NewMemory(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := func() *steps.Runner {
+		g, err := idem.NewGuard(st, &idem.GuardConfig{Lease: time.Second, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := steps.New(g, j, &steps.Config{Backoff: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	type order struct{ N int }
+	entered, release := make(chan struct{}), make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	newer := runner()
+	op, err := steps.Define(newer, "order", func(ctx context.Context, s *steps.Run, in order) (int, error) {
+		return steps.Foreign(s, "charge", func(ctx context.Context, key string) (int, error) {
+			close(entered)
+			<-release
+			return in.N, nil
+		})
+	}, &steps.OpConfig[order, int]{Key: func(in order) (string, string, error) { return "", "o4", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := runner()
+	if _, err := steps.Define(older, "order", func(ctx context.Context, s *steps.Run, in []string) (int, error) {
+		return 0, errors.New("the older build ran")
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, _, err := op.Call(ctx, order{N: 7}); done <- err }()
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("Call ended before its step: %v", err)
+	}
+	for {
+		p, err := older.Complete(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Due > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the due time, not for an outcome
+	}
+	if e, err := j.Get(ctx, "", "o4"); err != nil || e.State != steps.StateRunning {
+		t.Fatalf("while the newer instance runs it: %+v, %v; want running", e, err)
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if e, err := j.Get(ctx, "", "o4"); err != nil || e.State != steps.StateDone {
+		t.Fatalf("after the run: %+v, %v", e, err)
 	}
 }
