@@ -328,14 +328,17 @@ func (r *Runner) loop(stop, stopped chan struct{}) {
 func (r *Runner) Close() error {
 	r.mu.Lock()
 	stop, stopped := r.stop, r.stopped
+	if stop != nil {
+		// Under r.mu: two Closes at once must not both close it.
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+	}
 	r.mu.Unlock()
 	if stop == nil {
 		return nil
-	}
-	select {
-	case <-stop:
-	default:
-		close(stop)
 	}
 	<-stopped
 	return nil

@@ -242,3 +242,26 @@ func TestUndecodableInputSparesLiveRun(t *testing.T) {
 		t.Fatalf("after the run: %+v, %v", e, err)
 	}
 }
+
+// Close may be called from several goroutines at once (a shutdown hook
+// and a deferred Close): each returns once the completer has stopped.
+func TestCloseConcurrent(t *testing.T) {
+	for range 200 {
+		r, _ := memRunner(t, &steps.Config{Interval: time.Hour})
+		if err := r.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				if err := r.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+}
