@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps/stepstest"
 	"github.com/idemkit/idem/storetest"
 	"github.com/idemkit/idem/token"
 	"github.com/idemkit/idem/token/tokentest"
@@ -241,10 +242,12 @@ func mysqlAcquireCases(t *testing.T, db *sql.DB, s *sqlstore.Store) {
 	}
 }
 
-// TestMySQLModeConformance runs the conformance suites of records and of
-// tokens (the fingerprint, the keep and the two-statement Trim), and
-// Migrate, in a database of its own under each session sql_mode of
-// mysqlModes.
+// TestMySQLModeConformance runs the conformance suites of records, of
+// tokens (the fingerprint, the keep and the two-statement Trim) and of
+// package steps' journal (the empty scope under EMPTY_STRING_IS_NULL, a
+// duplicate checkpoint told apart from a new one under clientFoundRows),
+// and Migrate, in a database of its own
+// under each session sql_mode of mysqlModes.
 func TestMySQLModeConformance(t *testing.T) {
 	t.Parallel()
 	for _, m := range mysqlModes {
@@ -267,6 +270,12 @@ func TestMySQLModeConformance(t *testing.T) {
 				BeginTx:   func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) },
 				Precision: time.Millisecond,
 			})
+			j, err := sqlstore.NewStepJournal(db, &sqlstore.Config{Dialect: sqlstore.MySQL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = j.Close() })
+			stepstest.Run(t, func(*testing.T) stepstest.Setup { return stepstest.Setup{Store: s, Journal: j, DB: db} })
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -123,7 +124,7 @@ func (m *Memory) Fail(ctx context.Context, l idem.Lease, f Failure) (State, erro
 		return "", errors.New("steps: fail: the operation is not running")
 	}
 	now := m.now()
-	o.op.LastError, o.op.UpdatedAt = f.Reason, now
+	o.op.LastError, o.op.UpdatedAt = strings.ToValidUTF8(f.Reason, "\uFFFD"), now
 	if o.op.Attempts >= f.MaxAttempts {
 		o.op.State, o.op.NextAt = StateDead, time.Time{}
 	} else {
@@ -192,7 +193,7 @@ func (m *Memory) Settle(ctx context.Context, scope, key string, fp idem.Fingerpr
 		m.done(o, retention)
 		return nil
 	}
-	o.op.State, o.op.NextAt, o.op.LastError, o.op.UpdatedAt = StateDead, time.Time{}, reason, m.now()
+	o.op.State, o.op.NextAt, o.op.LastError, o.op.UpdatedAt = StateDead, time.Time{}, strings.ToValidUTF8(reason, "\uFFFD"), m.now()
 	return nil
 }
 

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 )
@@ -57,7 +60,9 @@ type Op[I, O any] struct {
 // ends the attempt: the record is released, the journal counts the
 // failure, and a retry (the client's, or the completer's after the
 // backoff) runs fn again, its checkpointed steps answering from their
-// checkpoints.
+// checkpoints. A panic of fn is a failed attempt too: the journal counts
+// it, then the panic goes on to Call's or Run's caller; the completer
+// recovers it and goes on with its pass.
 //
 // fn must be deterministic in the steps it runs: a resumed run must ask
 // for the steps it asked for before, by the same names, with the inputs
@@ -157,7 +162,9 @@ func (op *Op[I, O]) call(ctx context.Context, scope, key string, fp idem.Fingerp
 // committed answer), and returns it. A retryable error is returned as it
 // is, after the journal counted it: let the execution release the key
 // (idemhttp: answer 5xx), and the client's retry or the completer
-// resumes the operation.
+// resumes the operation. Should the execution store an answer of its
+// own instead (a 4xx, which idemhttp keeps), no run can finish the
+// operation: the completer leaves it dead, for an operator to see.
 //
 // With a Journal that is no TxJournal, the record is completed with
 // Execution.Complete; under idemhttp, write the same answer
@@ -173,14 +180,23 @@ func (op *Op[I, O]) Run(ctx context.Context, in I) (O, error) {
 }
 
 // resume implements resumer: the completer's run of a due operation.
-func (op *Op[I, O]) resume(ctx context.Context, o Entry) (bool, error) {
+func (op *Op[I, O]) resume(ctx context.Context, o Entry) (replayed bool, err error) {
 	in, err := op.cfg.Input.Unmarshal(o.Input)
 	if err != nil {
-		// Nothing can run it: dead, for an operator to see.
-		return false, op.r.j.Settle(ctx, o.Scope, o.Key, o.Fingerprint, StateDead, "steps: decode the input: "+err.Error(), 0)
+		// This instance cannot run it (another build may): dead, for an
+		// operator to see, unless a run holds its key.
+		return false, undecodableError{err}
 	}
 	var attempted bool
-	_, replayed, err := op.r.g.Do(ctx, o.Scope, o.Key, o.Fingerprint, func(ctx context.Context) (idem.Response, error) {
+	defer func() {
+		// exec counted the attempt and re-panicked; Do released the key.
+		// The completer's process goes on: a bug in one operation must
+		// not take down every instance that completes it.
+		if p := recover(); p != nil {
+			replayed, err = false, fmt.Errorf("%w: %s", errAttempted, panicReason(op.name, p))
+		}
+	}()
+	_, replayed, err = op.r.g.Do(ctx, o.Scope, o.Key, o.Fingerprint, func(ctx context.Context) (idem.Response, error) {
 		attempted = true
 		_, resp, err := op.exec(ctx, idem.FromContext(ctx), in)
 		return resp, err
@@ -191,6 +207,17 @@ func (op *Op[I, O]) resume(ctx context.Context, o Entry) (bool, error) {
 	}
 	return replayed, err
 }
+
+// panicReason is the failure of an attempt whose function panicked.
+func panicReason(name string, p any) string {
+	return fmt.Sprintf("steps: %s panicked: %v", name, p)
+}
+
+// undecodableError is resume's answer for an operation whose input
+// the operation's codec cannot decode.
+type undecodableError struct{ err error }
+
+func (e undecodableError) Error() string { return "steps: decode the input: " + e.err.Error() }
 
 // errAttempted marks the completer's attempt that ran and failed (the
 // journal counted it).
@@ -211,11 +238,24 @@ func (op *Op[I, O]) exec(ctx context.Context, x *idem.Execution, in I) (out O, r
 		return out, resp, fmt.Errorf("steps: %s: begin: %w", op.name, err)
 	}
 	s := &Run{r: r, x: x, lease: l, done: res.Checkpoints, attempt: res.Attempt, seen: make(map[string]bool)}
+	bg := context.WithoutCancel(ctx)
+	fail := func(reason string) (State, error) {
+		return r.j.Fail(bg, l, Failure{Reason: reason, Backoff: r.backoff(res.Attempt), MaxAttempts: r.cfg.MaxAttempts})
+	}
+	defer func() {
+		// A panic is a failed attempt: counted, with its backoff, before
+		// it goes on to the caller (Guard.Do releases the key).
+		if p := recover(); p != nil {
+			if _, ferr := fail(panicReason(op.name, p)); ferr != nil {
+				r.cfg.Logger.WarnContext(ctx, "steps: record a failed attempt", slog.String("steps.op", op.name), slog.Any(idem.LogErr, ferr))
+			}
+			panic(p)
+		}
+	}()
 	out, err = op.fn(ctx, s, in)
 	resp, answer, store := op.cfg.Encode(out, err)
-	bg := context.WithoutCancel(ctx)
 	if !store {
-		state, ferr := r.j.Fail(bg, l, Failure{Reason: answer.Error(), Backoff: r.backoff(res.Attempt), MaxAttempts: r.cfg.MaxAttempts})
+		state, ferr := fail(answer.Error())
 		if ferr != nil {
 			// Not counted: the completer takes it up after Start.After
 			// all the same.
@@ -293,8 +333,8 @@ func (s *Run) Done(step string) bool {
 
 // begin checks a step's name and returns its checkpoint, if any.
 func (s *Run) begin(step string) ([]byte, bool, error) {
-	if step == "" {
-		return nil, false, errors.New("steps: a step needs a name")
+	if err := checkName("step", step); err != nil {
+		return nil, false, fmt.Errorf("steps: %w", err)
 	}
 	if s.seen[step] {
 		return nil, false, fmt.Errorf("steps: step %q ran twice in one run (a step's name is its identity)", step)
@@ -304,9 +344,30 @@ func (s *Run) begin(step string) ([]byte, bool, error) {
 	return b, ok, nil
 }
 
+// checkName checks the name of an operation or a step (kind), which a
+// journal keeps as its key: 1–255 bytes of UTF-8 with no control
+// characters. It is checked before anything runs: a foreign call whose
+// checkpoint the journal refused would be made again on every attempt.
+func checkName(kind, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("a %s needs a name", kind)
+	case len(name) > 255:
+		return fmt.Errorf("%s name of %d bytes: at most 255", kind, len(name))
+	case !utf8.ValidString(name):
+		return fmt.Errorf("%s name %q: not UTF-8", kind, name)
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return fmt.Errorf("%s name %q: control character", kind, name)
+	}
+	return nil
+}
+
 // Step is a step whose result is encoded with Codec (default
 // idem.JSONCodec). Local and Foreign are its methods with JSON.
 type Step[T any] struct {
+	// Name is the step's identity in its operation: 1–255 bytes of UTF-8
+	// without control characters (a step with another name fails before
+	// it runs).
 	Name  string
 	Codec idem.Codec[T]
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -103,18 +104,29 @@ func New(g *idem.Guard, j Journal, cfg *Config) (*Runner, error) {
 func (r *Runner) Journal() Journal { return r.j }
 
 // backoff is the wait after the attempt-th failed attempt.
+// Neither the doubling nor the jitter may overflow (a MaxBackoff of
+// math.MaxInt64 means no ceiling): a negative wait would make a failing
+// operation due at once, on every pass.
 func (r *Runner) backoff(attempt int) time.Duration {
-	d := r.cfg.Backoff
-	for i := 1; i < attempt && d < r.cfg.MaxBackoff; i++ {
+	d, ceiling := r.cfg.Backoff, r.cfg.MaxBackoff
+	for i := 1; i < attempt && d < ceiling; i++ {
+		if d > ceiling/2 {
+			d = ceiling
+			break
+		}
 		d *= 2
 	}
-	d = min(d, r.cfg.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	d = min(d, ceiling)
+	j := float64(d) * (0.8 + 0.4*rand.Float64())
+	if j >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return time.Duration(j)
 }
 
 func (r *Runner) register(name string, op resumer) error {
-	if name == "" {
-		return errors.New("steps: Define: an operation needs a name")
+	if err := checkName("operation", name); err != nil {
+		return fmt.Errorf("steps: Define: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -144,7 +156,9 @@ type Pass struct {
 // other, and resumes each under a new execution of its key, from its
 // first step not done. An operation that another execution holds is
 // postponed by a lease; one whose record was completed meanwhile is
-// settled done; one that used MaxAttempts is left dead. Operations of
+// settled done; one that used MaxAttempts is left dead (once the
+// completer holds its key: its last run may still be alive, or have
+// stored its answer). Operations of
 // names r does not know (another service's, in the same tables) are not
 // touched. It returns the first error of the journal's Due.
 func (r *Runner) Complete(ctx context.Context) (Pass, error) {
@@ -170,9 +184,7 @@ func (r *Runner) Complete(ctx context.Context) (Pass, error) {
 			log := r.cfg.Logger.With(slog.String("steps.op", op.Name), idem.LogKey(op.Scope, op.Key, false))
 			var err error
 			if op.Attempts >= r.cfg.MaxAttempts {
-				reason := fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError)
-				err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
-				p.Settled++
+				err = r.dead(ctx, op, &p, fmt.Sprintf("steps: %d attempts used (the last: %s)", op.Attempts, op.LastError))
 			} else {
 				err = r.resumeOne(ctx, rs, op, &p, log)
 			}
@@ -188,10 +200,12 @@ func (r *Runner) Complete(ctx context.Context) (Pass, error) {
 func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, log *slog.Logger) error {
 	replayed, err := rs.resume(ctx, op)
 	var de *idem.DefiniteError
+	var ue undecodableError
 	switch {
+	case errors.As(err, &ue):
+		return r.dead(ctx, op, p, ue.Error())
 	case replayed:
-		p.Settled++
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
+		return r.answered(ctx, op, p)
 	case err == nil, errors.As(err, &de):
 		p.Finished++
 		return nil
@@ -210,6 +224,50 @@ func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, l
 	default:
 		return err
 	}
+}
+
+// dead ends a due operation that the completer cannot run (it used its
+// attempts, or its input does not decode here): dead with reason, unless
+// a run is alive (it holds the key: postponed, as any operation in
+// flight) or answered (its record completed). The completer holds the
+// key while it settles the operation dead, then releases it, so that a
+// client's retry runs it again.
+func (r *Runner) dead(ctx context.Context, op Entry, p *Pass, reason string) error {
+	x, res, err := r.g.Begin(ctx, op.Scope, op.Key, op.Fingerprint)
+	if err != nil {
+		return err
+	}
+	switch res.Outcome {
+	case idem.Acquired:
+	case idem.InFlight:
+		p.InFlight++
+		return r.j.Postpone(ctx, op.Scope, op.Key, r.g.Config().Lease)
+	case idem.Completed:
+		return r.answered(ctx, op, p)
+	case idem.Mismatch:
+		p.Settled++
+		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
+	default:
+		return fmt.Errorf("steps: acquire: unknown outcome %v", res.Outcome)
+	}
+	p.Settled++
+	err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
+	return errors.Join(err, x.Release(context.WithoutCancel(ctx)))
+}
+
+// answered settles an operation whose record the completer found
+// completed: done if it was running (its last run stored its answer and
+// ended before the journal's Finish); dead if it was waiting, for its
+// last attempt failed: the answer is not the operation's (the handler
+// that ran it stored one of its own instead of letting the key go), and
+// its steps may be half done, which an operator must see.
+func (r *Runner) answered(ctx context.Context, op Entry, p *Pass) error {
+	p.Settled++
+	if op.State == StateWaiting {
+		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead,
+			"steps: the key was answered after a failed attempt, not by the operation: its steps may be half done ("+op.LastError+")", 0)
+	}
+	return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
 }
 
 // Retry makes a dead (or waiting) operation due now: the completer
@@ -275,14 +333,17 @@ func (r *Runner) loop(stop, stopped chan struct{}) {
 func (r *Runner) Close() error {
 	r.mu.Lock()
 	stop, stopped := r.stop, r.stopped
+	if stop != nil {
+		// Under r.mu: two Closes at once must not both close it.
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+	}
 	r.mu.Unlock()
 	if stop == nil {
 		return nil
-	}
-	select {
-	case <-stop:
-	default:
-		close(stop)
 	}
 	<-stopped
 	return nil

@@ -583,7 +583,10 @@ WHERE message_id = ? AND consumer_group = ? AND status = 'dead';
 
 -- Package steps' journal (StepJournal, steps.go): idem_ops and
 -- idem_steps. Every statement but steps_fence runs in a transaction
--- after steps_fence when it writes for an execution.
+-- after steps_fence when it writes for an execution. Scope, fingerprint,
+-- input and reason are bound as COALESCE(?, X''), and the empty
+-- last_error written as X'' (see the top of this file:
+-- EMPTY_STRING_IS_NULL).
 
 -- name: steps_fence
 -- params: scope key owner fence
@@ -592,46 +595,51 @@ WHERE message_id = ? AND consumer_group = ? AND status = 'dead';
 -- of StepJournal for an execution runs it first in its transaction, so
 -- that a takeover waits for the transaction or has happened already.
 SELECT status FROM idem_records
-WHERE scope = ? AND idempotency_key = ? AND owner = ? AND fence = ? FOR UPDATE;
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND owner = ? AND fence = ? FOR UPDATE;
 
 -- name: steps_op_lock
 -- params: scope key
 -- The operation, under a row lock, in Begin and Fail.
 SELECT name, fingerprint, status, attempts FROM idem_ops
-WHERE scope = ? AND idempotency_key = ? FOR UPDATE;
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? FOR UPDATE;
 
 -- name: steps_op_insert
 -- params: scope key name fingerprint input delay_ms
 -- A new operation, running its first attempt.
 INSERT INTO idem_ops (scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at)
-VALUES (?, ?, ?, ?, ?, 'running', 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, '', (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), 0);
+VALUES (COALESCE(?, X''), ?, ?, COALESCE(?, X''), COALESCE(?, X''), 'running', 1, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, X'', (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), 0);
 
 -- name: steps_op_begin
 -- params: name fingerprint input attempts delay_ms scope key
 -- An attempt begins: the operation runs (as it is, or replaced by
 -- another under the key), with attempts counted by StepJournal.Begin.
-UPDATE idem_ops SET name = ?, fingerprint = ?, input = ?, status = 'running',
-    attempts = ?, next_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, last_error = '', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = 0
-WHERE scope = ? AND idempotency_key = ?;
+UPDATE idem_ops SET name = ?, fingerprint = COALESCE(?, X''), input = COALESCE(?, X''), status = 'running',
+    attempts = ?, next_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?, last_error = X'', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = 0
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
 
 -- name: steps_drop
 -- params: scope key
 -- Drops the operation's checkpoints.
-DELETE FROM idem_steps WHERE scope = ? AND idempotency_key = ?;
+DELETE FROM idem_steps WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
 
 -- name: steps_checkpoints
 -- params: scope key
 -- The operation's checkpoints, in the order they were saved.
 SELECT step, result, created_at FROM idem_steps
-WHERE scope = ? AND idempotency_key = ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?
 ORDER BY id;
 
 -- name: steps_save
 -- params: scope key step result
--- A checkpoint; no row if the step has one already.
-INSERT INTO idem_steps (scope, idempotency_key, step, result, created_at)
-VALUES (?, ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000))
-ON DUPLICATE KEY UPDATE step = step;
+-- A checkpoint; no row if the step has one already. INSERT IGNORE, not
+-- ON DUPLICATE KEY UPDATE step = step: under the DSN's clientFoundRows,
+-- an upsert that changes nothing counts one affected row, as an insert
+-- does, and a step saved already would pass for a new checkpoint (a
+-- local step's writes committing twice). Every value it binds is
+-- checked before (a step name of 1-255 bytes), so IGNORE hides no
+-- other error.
+INSERT IGNORE INTO idem_steps (scope, idempotency_key, step, result, created_at)
+VALUES (COALESCE(?, X''), ?, ?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000));
 
 -- name: steps_fail
 -- params: max_attempts max_attempts delay_ms reason scope key
@@ -640,27 +648,27 @@ ON DUPLICATE KEY UPDATE step = step;
 UPDATE idem_ops SET
     status = CASE WHEN attempts >= ? THEN 'dead' ELSE 'waiting' END,
     next_at = CASE WHEN attempts >= ? THEN 0 ELSE (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ? END,
-    last_error = ?, updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-WHERE scope = ? AND idempotency_key = ? AND status = 'running';
+    last_error = COALESCE(?, X''), updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND status = 'running';
 
 -- name: steps_finish
 -- params: retention_ms scope key
 -- The operation is done (its record completed), kept for retention_ms.
-UPDATE idem_ops SET status = 'done', next_at = 0, last_error = '', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
-WHERE scope = ? AND idempotency_key = ? AND status <> 'done';
+UPDATE idem_ops SET status = 'done', next_at = 0, last_error = X'', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND status <> 'done';
 
 -- name: steps_settle_done
 -- params: retention_ms scope key fingerprint
 -- The completer found the record completed: done, if the operation
 -- is the record's (its fingerprint) and not done.
-UPDATE idem_ops SET status = 'done', next_at = 0, last_error = '', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
-WHERE scope = ? AND idempotency_key = ? AND fingerprint = ? AND status <> 'done';
+UPDATE idem_ops SET status = 'done', next_at = 0, last_error = X'', updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), expires_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND fingerprint = COALESCE(?, X'') AND status <> 'done';
 
 -- name: steps_settle_dead
 -- params: reason scope key fingerprint
 -- The completer cannot resume the operation: dead, with the reason.
-UPDATE idem_ops SET status = 'dead', next_at = 0, last_error = ?, updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-WHERE scope = ? AND idempotency_key = ? AND fingerprint = ? AND status <> 'done';
+UPDATE idem_ops SET status = 'dead', next_at = 0, last_error = COALESCE(?, X''), updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND fingerprint = COALESCE(?, X'') AND status <> 'done';
 
 -- name: steps_due
 -- params: name limit
@@ -674,13 +682,13 @@ LIMIT ?;
 -- params: delay_ms scope key
 -- Moves a running or waiting operation's next_at.
 UPDATE idem_ops SET next_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000) + ?
-WHERE scope = ? AND idempotency_key = ? AND status IN ('running', 'waiting');
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND status IN ('running', 'waiting');
 
 -- name: steps_get
 -- params: scope key
 -- One operation.
 SELECT scope, idempotency_key, name, fingerprint, input, status, attempts, next_at, last_error, created_at, updated_at, expires_at FROM idem_ops
-WHERE scope = ? AND idempotency_key = ?;
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ?;
 
 -- name: steps_list
 -- params: status limit
@@ -697,7 +705,7 @@ LIMIT ?;
 -- becomes due now. attempts is set before status: MySQL assigns in order.
 UPDATE idem_ops SET attempts = CASE WHEN status = 'dead' THEN 0 ELSE attempts END,
     status = 'waiting', next_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000), updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-WHERE scope = ? AND idempotency_key = ? AND status IN ('dead', 'waiting');
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND status IN ('dead', 'waiting');
 
 -- name: steps_sweep
 -- params: limit

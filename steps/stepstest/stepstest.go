@@ -24,10 +24,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/steps"
@@ -71,6 +73,11 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterFinishesAbandoned", testCompleterFinishes},
 		{"CompleterDeadAndRetry", testCompleterDead},
 		{"CompletersRace", testCompletersRace},
+		{"CompleterSparesLiveLastAttempt", testCompleterSparesLive},
+		{"StepNamesCheckedBeforeTheCall", testStepNames},
+		{"AnyReasonIsKept", testAnyReason},
+		{"CompleterShowsOpAnsweredByOthers", testAnsweredByOthers},
+		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
 	}
@@ -1100,4 +1107,241 @@ func testLocalStale(t *testing.T, s Setup) {
 	if e, err := tj.Get(ctx, "", key); err != nil || e.State != steps.StateDone {
 		t.Fatalf("after FinishTx: %+v, %v", e, err)
 	}
+}
+
+// testCompleterSparesLive: an operation on its last attempt whose run is
+// alive (longer than its lease, the watchdog renewing it) is in flight,
+// not dead: the completer postpones it, and the run's checkpoints and
+// answer stand.
+func testCompleterSparesLive(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Second, &steps.Config{MaxAttempts: 1})
+	var c counter
+	entered, release := make(chan struct{}), make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	op, err := steps.Define(r, "long-"+unique(t), func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		return steps.Foreign(run, "charge", func(ctx context.Context, key string) (string, error) {
+			c.add(in.ID + "/charge")
+			close(entered)
+			<-release
+			return "ch-" + key, nil
+		})
+	}, &steps.OpConfig[Transfer, string]{Key: func(in Transfer) (string, string, error) { return "", in.ID, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Transfer{ID: unique(t), Amount: 1}
+	done := make(chan error, 1)
+	go func() { _, _, err := op.Call(ctx, in); done <- err }()
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("Call ended before its step: %v", err)
+	}
+	// The run outlives its lease (1 s) and Start.After: the operation
+	// comes due while the run holds its key.
+	eventually(t, ctx, "the running operation comes due", func() (bool, error) {
+		p, err := r.Complete(ctx)
+		return p.Due > 0, err
+	})
+	e, err := s.Journal.Get(ctx, "", in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateRunning {
+		t.Fatalf("the completer made a live operation %s: %+v", e.State, e)
+	}
+	unblock()
+	if err := <-done; err != nil {
+		t.Fatalf("the live run: %v", err)
+	}
+	if e, err := s.Journal.Get(ctx, "", in.ID); err != nil || e.State != steps.StateDone {
+		t.Fatalf("after the live run: %+v, %v", e, err)
+	}
+	if n := c.get(in.ID + "/charge"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
+
+// testCompleterAnsweredLastAttempt: an operation whose last attempt
+// stored its answer and died before the journal's Finish is done, not
+// dead: its record answers every retry.
+func testCompleterAnsweredLast(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, &steps.Config{MaxAttempts: 1})
+	var c counter
+	name := "answered-" + unique(t)
+	if _, err := steps.Define(r, name, func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		c.add(in.ID)
+		return "again", nil
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	key := unique(t)
+	l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, steps.Start{Name: name, Fingerprint: "fp", Input: []byte(`{"id":"x"}`), After: -time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	resp, _, _ := idem.EncodeOutcome[string](idem.JSONCodec[string]{}, "first", nil)
+	if err := s.Store.Complete(ctx, l, resp, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// The process dies here, before Finish.
+	e, err := settled(t, ctx, r, s, key, steps.StateRunning)
+	if err != nil || e.State != steps.StateDone {
+		t.Fatalf("an answered operation: %+v, %v; want done", e, err)
+	}
+	if c.get("x") != 0 {
+		t.Fatal("the completer ran an answered operation")
+	}
+}
+
+// testStepNames: a step's name is its checkpoint's key in the journal.
+// A name no journal can keep (empty, over 255 bytes, not UTF-8, with a
+// NUL) is refused before the step runs: a foreign call whose checkpoint
+// cannot be saved would be made again on every attempt. Any other name
+// (up to 255 bytes of any script) is kept as it is.
+func testStepNames(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, nil)
+	var c counter
+	long := strings.Repeat("é", 127) + "x" // 255 bytes
+	name := "names-" + unique(t)
+	op, err := steps.Define(r, name, func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		return steps.Foreign(run, in.ID[strings.IndexByte(in.ID, '|')+1:], func(ctx context.Context, key string) (string, error) {
+			c.add(in.ID)
+			return "ok", nil
+		})
+	}, &steps.OpConfig[Transfer, string]{Key: func(in Transfer) (string, string, error) {
+		return "", in.ID[:strings.IndexByte(in.ID, '|')], nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", long + "y", "a\x00b", "\xff\xfe", "tab\tstep"} {
+		in := Transfer{ID: unique(t) + "|" + bad}
+		if _, _, err := op.Call(ctx, in); err == nil {
+			t.Fatalf("step %q: nil error", bad)
+		}
+		if n := c.get(in.ID); n != 0 {
+			t.Fatalf("step %q: called %d times, want refused before the call", bad, n)
+		}
+	}
+	for _, good := range []string{long, "naïve step/1", "💳 charge"} {
+		in := Transfer{ID: unique(t) + "|" + good}
+		if _, _, err := op.Call(ctx, in); err != nil {
+			t.Fatalf("step %q: %v", good, err)
+		}
+		if n := c.get(in.ID); n != 1 {
+			t.Fatalf("step %q: called %d times, want 1", good, n)
+		}
+	}
+	// Kept as they are: a resumed run finds them.
+	key := unique(t)
+	l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, start("op", "fp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Journal.Save(ctx, l, long, []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Journal.Begin(ctx, l, start("op", "fp"))
+	if err != nil || string(res.Checkpoints[long]) != "1" {
+		t.Fatalf("Begin: %q, %v; want the long name's checkpoint", res.Checkpoints, err)
+	}
+}
+
+// testAnyReason: an attempt's error may say anything (a downstream's
+// body, binary, long, in any script): Fail and Settle keep it (or a
+// prefix of it, as valid UTF-8) and never fail on it, or the failure
+// would go uncounted.
+func testAnyReason(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	reasons := []string{
+		strings.Repeat("a", 1999) + strings.Repeat("é", 2000), // a cut inside a character
+		strings.Repeat("日本", 5000),
+		"nul\x00inside",
+		"bad \xff\xfe bytes",
+	}
+	for i, reason := range reasons {
+		key := unique(t)
+		l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+		if _, err := s.Journal.Begin(ctx, l, start("op", "fp")); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Journal.Fail(ctx, l, steps.Failure{Reason: reason, Backoff: time.Hour, MaxAttempts: 5})
+		if err != nil || st != steps.StateWaiting {
+			t.Fatalf("reason %d: Fail → %s, %v", i, st, err)
+		}
+		e, err := s.Journal.Get(ctx, "", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !utf8.ValidString(e.LastError) || !strings.HasPrefix(e.LastError, reason[:3]) {
+			t.Fatalf("reason %d: LastError %q", i, e.LastError)
+		}
+		if err := s.Journal.Settle(ctx, "", key, "fp", steps.StateDead, reason, 0); err != nil {
+			t.Fatalf("reason %d: Settle dead: %v", i, err)
+		}
+		if e, err := s.Journal.Get(ctx, "", key); err != nil || e.State != steps.StateDead || !utf8.ValidString(e.LastError) {
+			t.Fatalf("reason %d: after Settle: %+v, %v", i, e, err)
+		}
+	}
+}
+
+// testAnsweredByOthers: an operation run inside a handler's execution
+// (Run) fails after a step with a retryable error, and the handler
+// stores an answer of its own (a 400, which idemhttp keeps) instead of
+// letting the key go. The operation's steps are half done and no run
+// will finish them: the completer must leave it dead, for an operator
+// to see, not done.
+func testAnsweredByOthers(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, nil)
+	var c counter
+	op := twoCalls(t, r, "others-"+unique(t), &c, func(id, step string, n int) error {
+		if step == "ship" {
+			return errFlaky
+		}
+		return nil
+	})
+	g, err := idem.NewGuard(s.Store, &idem.GuardConfig{Lease: time.Minute, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := unique(t)
+	resp, _, err := g.Do(ctx, "", key, "request-fp", func(ctx context.Context) (idem.Response, error) {
+		if _, err := op.Run(ctx, Transfer{ID: key, Amount: 2}); !errors.Is(err, errFlaky) {
+			t.Errorf("Run: %v, want the flaky error", err)
+		}
+		return idem.Response{StatusCode: 400, Body: []byte("bad request")}, nil
+	})
+	if err != nil || resp.StatusCode != 400 {
+		t.Fatalf("handler: %+v, %v", resp, err)
+	}
+	e, err := settled(t, ctx, r, s, key, steps.StateWaiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateDead || len(e.Checkpoints) != 1 {
+		t.Fatalf("an operation half done under another answer: %+v; want dead with its charge checkpoint", e)
+	}
+	if c.get(key+"/charge") != 1 {
+		t.Fatalf("effects: %v", c.n)
+	}
+}
+
+// settled runs passes of r's completer until key's operation has left
+// state from, and returns it.
+func settled(t *testing.T, ctx context.Context, r *steps.Runner, s Setup, key string, from steps.State) (steps.Entry, error) {
+	t.Helper()
+	eventually(t, ctx, "the completer settles the operation", func() (bool, error) {
+		if _, err := r.Complete(ctx); err != nil {
+			return false, err
+		}
+		e, err := s.Journal.Get(ctx, "", key)
+		return err == nil && e.State != from, err
+	})
+	return s.Journal.Get(ctx, "", key)
 }
