@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idem/inbox"
@@ -365,9 +364,7 @@ func (s *InboxStore) Fail(ctx context.Context, group, id string, fence int64, ma
 	if err := s.closedErr(op); err != nil {
 		return "", err
 	}
-	if len(reason) > inbox.MaxReasonLen {
-		reason = strings.ToValidUTF8(reason[:inbox.MaxReasonLen], "")
-	}
+	reason = storedReason(reason, inbox.MaxReasonLen)
 	v := values{messageID: id, group: group, fence: fence, maxAttempts: int64(maxAttempts), reason: reason}
 	for attempt := 1; ; attempt++ {
 		st, err := s.failOnce(ctx, &v)

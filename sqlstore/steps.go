@@ -77,17 +77,17 @@ const stepsAttempts = 8
 // maxReason bounds the stored text of an attempt's error (bytes).
 const maxReason = 2000
 
-// storedReason is the text of an attempt's error as last_error keeps it:
-// at most maxReason bytes of UTF-8 without NUL (PostgreSQL's text takes
-// nothing else, and a Fail refused for its reason would leave the
-// failure uncounted). Invalid bytes and NUL become U+FFFD; a cut never
-// splits a character.
-func storedReason(reason string) string {
+// storedReason is the text of an attempt's error as last_error keeps it
+// (an operation's, a consume record's): at most limit bytes of UTF-8
+// without NUL (PostgreSQL's text takes nothing else, and a Fail refused
+// for its reason would leave the failure uncounted). Invalid bytes and
+// NUL become U+FFFD; a cut never splits a character.
+func storedReason(reason string, limit int) string {
 	reason = strings.ReplaceAll(strings.ToValidUTF8(reason, "\uFFFD"), "\x00", "\uFFFD")
-	if len(reason) <= maxReason {
+	if len(reason) <= limit {
 		return reason
 	}
-	n := maxReason
+	n := limit
 	for n > 0 && !utf8.RuneStart(reason[n]) {
 		n--
 	}
@@ -335,7 +335,7 @@ func (j *StepJournal) save(ctx context.Context, tx *sql.Tx, l idem.Lease, step s
 
 // Fail implements steps.Journal.
 func (j *StepJournal) Fail(ctx context.Context, l idem.Lease, f steps.Failure) (steps.State, error) {
-	reason := storedReason(f.Reason)
+	reason := storedReason(f.Reason, maxReason)
 	var state steps.State
 	err := j.inTx(ctx, "fail", func(tx *sql.Tx) error {
 		if err := j.held(ctx, tx, l, false); err != nil {
@@ -516,7 +516,7 @@ func (j *StepJournal) Postpone(ctx context.Context, scope, key string, d time.Du
 
 // Settle implements steps.Journal.
 func (j *StepJournal) Settle(ctx context.Context, scope, key string, fp idem.Fingerprint, state steps.State, reason string, retention time.Duration) error {
-	reason = storedReason(reason)
+	reason = storedReason(reason, maxReason)
 	v := values{scope: scope, key: key, fingerprint: string(fp), reason: reason, retentionMS: ceilMS(retention)}
 	switch state {
 	case steps.StateDead:
