@@ -76,7 +76,12 @@
 // A foreign step called by a run that died before its checkpoint is
 // called again, with the same key: exactly once at the other system
 // needs that system to de-duplicate by the key (payment providers do).
-// A run must ask for its steps deterministically (same names in the
+// On SQLite, whose one connection a local step's transaction holds, the
+// watchdog cannot renew the lease while the step runs: a local step
+// longer than the lease loses it and never checkpoints (nothing is
+// doubled, but the operation ends dead); keep local steps shorter than
+// the lease there. A run cut short by Runner.Close (a deploy) counts as
+// a failed attempt. A run must ask for its steps deterministically (same names in the
 // same order for the same input). The completer resumes operations in
 // the instance's process: define every operation in every instance
 // that runs a completer.
