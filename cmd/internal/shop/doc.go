@@ -60,7 +60,9 @@
 // discount. Every change of an order's status is a transition of one
 // state machine (orderfsm.go): WAIT_PAY → PAID (payment), WAIT_PAY →
 // CANCELLED (the owner), WAIT_PAY → CLOSED (the close job, after
-// -pay-timeout, default 30m), PAID → REFUNDED. Its Mermaid diagram (a
+// -pay-timeout, default 30m), PAID → REFUNDING → REFUNDED (a refund,
+// through the payment provider), REFUNDING → PAID (the provider refused
+// it). Its Mermaid diagram (a
 // test keeps it, and the README's, equal to the machine's):
 //
 //	stateDiagram-v2
@@ -68,7 +70,9 @@
 //	    WAIT_PAY --> PAID: pay
 //	    WAIT_PAY --> CANCELLED: cancel
 //	    WAIT_PAY --> CLOSED: close
-//	    PAID --> REFUNDED: refund
+//	    PAID --> REFUNDING: refund
+//	    REFUNDING --> REFUNDED: refunded
+//	    REFUNDING --> PAID: refused
 //	    CANCELLED --> [*]
 //	    CLOSED --> [*]
 //	    REFUNDED --> [*]
@@ -82,6 +86,40 @@
 // harmless (the same order, the same claim). A claim is unique on (user,
 // coupon) and takes one of the coupon's total in its transaction; a refund
 // is unique on its order.
+//
+// # Refunds
+//
+// A refund goes through the payment provider (-provider; package payprov
+// simulates one), as an operation of steps (package steps) under the
+// request's idempotency record, each step checkpointed in the shop's
+// database (sqlstore.StepJournal):
+//
+//	refunding  PAID → REFUNDING and the refund row (REFUNDING), one transaction
+//	provider   POST /v1/refunds at the provider, under a key derived from the
+//	           request's (the payment: the order's trade_no; its amount)
+//	refunded   the row REFUNDED with the provider's refund id, REFUNDING →
+//	           REFUNDED and the event order.refunded, one transaction
+//	refused    instead, on the provider's definite refusal: the row deleted,
+//	           REFUNDING → PAID, one transaction
+//
+// The answer is stored in the record with the operation's end: 201 and the
+// refund; 200 and the existing refund for an order refunded already
+// (another key); 409 REFUND_REFUSED when the provider refused (the order is
+// PAID again and a new key may ask again); 404 NOT_FOUND, 409
+// ORDER_NOT_REFUNDABLE as before. When the provider fails or does not
+// answer within -provider-timeout (10 s), the answer is 503
+// PROVIDER_UNAVAILABLE with Retry-After, the key is released and the order
+// stays REFUNDING: the client's retry with the same key resumes at the
+// first step not done, and the provider, which de-duplicates by the key,
+// refunds once. A request with another key meanwhile gets 409
+// REFUND_IN_PROGRESS (not stored). The completer (steps.Runner.Start, in
+// every shopd, every -complete-interval, 5 s) finishes the refunds whose
+// client stopped retrying, or whose shopd died between two steps, and
+// stores the same answer a client would have got. Without -provider (and
+// $SHOPD_PROVIDER), shopd embeds a simulated provider on a free loopback
+// port, logs its URL, and keeps its state next to the SQLite file
+// (payprov.json), so that a refund resumed after a restart meets the
+// provider that made it; with a server database, in memory only.
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
 // (from 1 s to 1 min) closes the expired orders, 100 a batch,

@@ -22,8 +22,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/cmd/internal/dsn"
+	"github.com/idemkit/idem/cmd/internal/payprov"
 	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/tieredstore"
 )
 
@@ -162,6 +164,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	adminToken := fs.String("admin-token", "", "token of the operator page at /admin/ (at least 16 bytes; default $"+adminTokenEnv+"; "+
 		"neither: the page is off); prefer the environment variable, which ps does not show")
 	adminLogKeys := fs.Bool("admin-log-keys", false, "log the raw idempotency key and message ID of the operator page's actions (default: their hash only)")
+	providerFlag := fs.String("provider", "", "base URL of the payment provider that refunds (http://host:port; default $"+providerEnv+"; "+
+		"neither: a simulated provider (payprov) embedded in shopd, on a free loopback port, its URL logged)")
+	providerTimeout := fs.Duration("provider-timeout", defaultProviderTimeout, "longest wait for one call to the payment provider; "+
+		"a refund whose call times out answers 503 PROVIDER_UNAVAILABLE and is resumed by a retry or the completer")
+	completeInterval := fs.Duration("complete-interval", defaultCompleteInterval, "how often the completer looks for refunds whose client stopped retrying, and finishes them")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -183,6 +190,25 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
 	}
+	if *providerTimeout <= 0 || *completeInterval <= 0 {
+		return errors.New("shopd: -provider-timeout and -complete-interval must be positive")
+	}
+	if set := flagSet(fs); set["provider"] && *providerFlag == "" {
+		return errors.New("shopd: -provider must not be empty (leave it out for $" + providerEnv + " or the embedded provider)")
+	}
+	providerURL := *providerFlag
+	if providerURL == "" {
+		providerURL = os.Getenv(providerEnv)
+	}
+	if providerURL != "" {
+		if err := checkProviderURL(providerURL); err != nil {
+			return err
+		}
+	}
+	crashStep, err := crashAfterStep()
+	if err != nil {
+		return err
+	}
 	if *payTimeout <= 0 || *payTimeout > MaxPayTimeout {
 		return fmt.Errorf("shopd: -pay-timeout must be positive and at most %v", MaxPayTimeout)
 	}
@@ -197,8 +223,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The write deadline counts from the end of a request's headers: it
 	// must leave room for the body (-read-timeout) and a retry's wait, or
 	// a slow client's order is created and its answer cannot be written.
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := flagSet(fs)
 	const maxTimeout = 24 * time.Hour
 	for _, d := range []struct {
 		name string
@@ -385,12 +410,35 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// consumer's and the relay's.
 	counters := &admin.Counters{}
 	observer := idem.Observers(obs, counters, traces.Observer())
+	if providerURL == "" {
+		// Its state lives next to the SQLite file, so that a refund
+		// resumed after a restart meets the provider that made it.
+		state := ""
+		if target.Dialect == sqlstore.SQLite {
+			state = filepath.Join(filepath.Dir(target.SQLitePath), "payprov.json")
+		}
+		stopProvider, url, err := startProvider(log, state)
+		if err != nil {
+			return fmt.Errorf("shopd: embedded payment provider: %w", err)
+		}
+		defer stopProvider()
+		providerURL = url
+		log.Info("shopd: refunds go to the embedded payment provider (payprov); give -provider or "+providerEnv+" for a real one", "provider", url)
+	}
+	provider := &payprov.Client{BaseURL: providerURL, HTTP: &http.Client{Timeout: *providerTimeout}}
 	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
-		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Provider: provider, Steps: &steps.Config{Interval: *completeInterval}, AfterStep: crashStep})
 	if err != nil {
 		return err
 	}
 	defer shop.Close()
+	// The completer finishes refunds their clients left; it stops before
+	// the shop and the database close.
+	if err := shop.Runner().Start(); err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	defer shop.Runner().Close()
 	// The close job runs in every instance; it stops before the database
 	// closes.
 	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout, Retention: *eventRetention})
@@ -444,11 +492,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if redisDisplay != "" {
 		where += ", cache " + redisDisplay
 	}
-	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\nevents: %s\n\nTry it:\n"+
+	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\nevents: %s\npayment provider: %s\n\nTry it:\n"+
 		"  curl -i -X POST %s/orders -H 'X-User-ID: 1' -H 'Idempotency-Key: order-1' \\\n"+
 		"       -H 'Content-Type: application/json' -d '{\"sku\":\"BOOK-1\",\"quantity\":2}'\n"+
 		"  (run it again: the same order comes back with Idempotent-Replayed: true)\n"+
-		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, base, base)
+		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, providerURL, base, base)
 
 	if *adminToken != "" {
 		fmt.Fprintf(stdout, "operator page: %s/admin/ (token of -admin-token or $%s)\n", base, adminTokenEnv)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/fsm"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/token"
 )
 
@@ -65,6 +66,20 @@ type Config struct {
 	// StoreName names Store in Observer's events; empty means the
 	// dialect's name ("sqlite", "postgres", "mysql").
 	StoreName string
+	// Provider refunds payments (required): refunds go through it as an
+	// operation of steps (refund.go); shopd's is a *payprov.Client.
+	Provider Refunder
+	// Steps configures the runner of the refund operations (nil:
+	// steps' defaults; its Logger defaults to Logger): shopd's
+	// -complete-interval is its Interval. Start its completer with
+	// Shop.Runner().Start.
+	Steps *steps.Config
+	// AfterStep, when set, is called after each step of a refund ends
+	// (with the step's name: StepRefunding, StepProvider, StepRefunded,
+	// StepRefused) and after the provider's answer arrived, before its
+	// checkpoint (StepProviderCall). It is for fault injection in tests
+	// (shopd's SHOPD_CRASH_AFTER_STEP kills the process there).
+	AfterStep func(step string)
 	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
 	// handler of its registry), to any caller: no token, no user. Nil
 	// leaves /metrics unrouted.
@@ -97,6 +112,13 @@ type Shop struct {
 	// observer is Config.Observer: the close job reports its sweeps to
 	// it (closer.go).
 	observer idem.Observer
+	// Refunds (refund.go): the provider, the journal and runner of the
+	// operations of steps, the refund operation, and Config.AfterStep.
+	provider Refunder
+	journal  *sqlstore.StepJournal
+	runner   *steps.Runner
+	refund   *steps.Op[refundInput, refundAnswer]
+	stepHook func(step string)
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -137,6 +159,9 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.DB == nil || cfg.Store == nil {
 		return nil, errors.New("shop: New needs a DB and a Store")
 	}
+	if cfg.Provider == nil {
+		return nil, errors.New("shop: New needs a Provider (the payment provider that refunds)")
+	}
 	if _, ok := cfg.Store.(idem.TxCompleter); !ok {
 		return nil, errors.New("shop: the store must complete inside the shop's transactions (idem.TxCompleter)")
 	}
@@ -155,7 +180,8 @@ func New(cfg Config) (*Shop, error) {
 	}
 	var err error
 	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect),
-		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret, points: newPointsQueries(cfg.Dialect)}
+		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret, points: newPointsQueries(cfg.Dialect),
+		provider: cfg.Provider, stepHook: cfg.AfterStep}
 	if cfg.EventIDPrefix == "" {
 		cfg.EventIDPrefix = DefaultEventIDPrefix
 	}
@@ -169,6 +195,10 @@ func New(cfg Config) (*Shop, error) {
 	}
 	if s.tokenStore, err = sqlstore.NewTokenStore(cfg.DB, &sqlstore.Config{Dialect: cfg.Dialect, Logger: cfg.Logger}); err != nil {
 		s.events.Close()
+		return nil, err
+	}
+	if s.journal, err = sqlstore.NewStepJournal(cfg.DB, &sqlstore.Config{Dialect: cfg.Dialect, Logger: cfg.Logger}); err != nil {
+		s.Close()
 		return nil, err
 	}
 	if s.tokens, err = token.New(s.tokenStore, nil); err != nil {
@@ -187,6 +217,11 @@ func New(cfg Config) (*Shop, error) {
 		StoreName: cfg.StoreName,
 	})
 	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.newRunner(cfg); err != nil {
+		s.Close()
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -221,10 +256,45 @@ func New(cfg Config) (*Shop, error) {
 	return s, nil
 }
 
+// newRunner creates the runner of the refund operations, over the shop's
+// step journal and a Guard of cfg.Store, and defines the refund on it.
+func (s *Shop) newRunner(cfg Config) error {
+	g, err := idem.NewGuard(cfg.Store, &idem.GuardConfig{Logger: cfg.Logger, Observer: cfg.Observer, StoreName: cfg.StoreName})
+	if err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	var sc steps.Config
+	if cfg.Steps != nil {
+		sc = *cfg.Steps
+	}
+	if sc.Logger == nil {
+		sc.Logger = cfg.Logger
+	}
+	if s.runner, err = steps.New(g, s.journal, &sc); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	if s.refund, err = s.defineRefund(s.runner); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	return nil
+}
+
+// Runner is the runner of the shop's operations of steps (refunds): start
+// its completer (Runner().Start) in every instance, so that refunds whose
+// client stopped retrying finish, and Close it before the database closes.
+func (s *Shop) Runner() *steps.Runner { return s.runner }
+
 // Close releases what the Shop prepared on its database (the submit
-// tokens' and the outbox's statements); it does not close the database.
-// Requests served after Close fail. It is idempotent.
-func (s *Shop) Close() error { return errors.Join(s.tokenStore.Close(), s.events.Close()) }
+// tokens', the outbox's and the step journal's statements); it does not
+// close the database nor stop the completer (Runner().Close). Requests
+// served after Close fail. It is idempotent.
+func (s *Shop) Close() error {
+	errs := []error{s.tokenStore.Close(), s.events.Close()}
+	if s.journal != nil {
+		errs = append(errs, s.journal.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // Outbox is the outbox the shop writes its order events to, for a relay
 // (outbox.NewRelay) to publish.
@@ -248,12 +318,14 @@ type Order struct {
 }
 
 // Order statuses: an order waits for its payment, then is paid (and may
-// be refunded), or is cancelled by its owner or closed unpaid by the shop.
+// be refunded: REFUNDING while the payment provider refunds it), or is
+// cancelled by its owner or closed unpaid by the shop.
 const (
 	StatusWaitPay   = "WAIT_PAY"
 	StatusPaid      = "PAID"
 	StatusCancelled = "CANCELLED"
 	StatusClosed    = "CLOSED"
+	StatusRefunding = "REFUNDING"
 	StatusRefunded  = "REFUNDED"
 )
 
