@@ -236,7 +236,12 @@
 // its answer, 1 m; it must exceed -read-timeout plus -wait, and when it is
 // not given it grows to -read-timeout + -wait + 30 s if that is longer)
 // and -idle-timeout (a keep-alive connection between requests, 1 m). Flags
-// are checked and -addr is bound before any data is touched.
+// are checked and -addr is bound before any data is touched. -lease (30 s)
+// is how long a request holds its Idempotency-Key, renewed while it runs:
+// a request whose shopd died is taken over by a retry once it ends. The
+// environment variable SHOPD_CRASH_AFTER_STEP (refunding, provider-call,
+// provider, refunded or refused) makes shopd kill itself with SIGKILL when
+// that step of a refund ends, for crash tests (Config.AfterStep).
 //
 // # Events and loyalty points
 //

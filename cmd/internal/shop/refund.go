@@ -27,7 +27,10 @@ import (
 //	refused    local    instead of refunded, when the provider refused: the row deleted
 //	                    and REFUNDING → PAID, in one transaction
 //
-// Each step's result is checkpointed, so a retry of the request, or the
+// A local step's transaction runs again, whole, when the database refused
+// it as a deadlock victim or could not serialise it (retryable, as the
+// shop's other transactions). Each step's result is checkpointed, so a
+// retry of the request, or the
 // completer after a crash or a failed attempt, resumes at the first step
 // not done, and the provider de-duplicates its call by the derived key.
 // The answer (201 and the refund; 200 for an order refunded already; 409
@@ -48,6 +51,14 @@ const (
 	// it after the provider answered and before the provider step's
 	// checkpoint, the moment a crash loses the answer.
 	StepProviderCall = "provider-call"
+)
+
+// The local steps: their transaction runs again on a deadlock or a
+// serialisation failure (retryable).
+var (
+	refundingStep = steps.Step[refundBegun]{Name: StepRefunding, Retry: retryable}
+	refundedStep  = steps.Step[Refund]{Name: StepRefunded, Retry: retryable}
+	refusedStep   = steps.Step[bool]{Name: StepRefused, Retry: retryable}
 )
 
 // RefundCurrency is the currency of the shop's amounts, as the provider
@@ -159,7 +170,7 @@ func (s *Shop) afterStep(step string) {
 
 // refundSteps is the refund operation.
 func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) (refundAnswer, error) {
-	begun, err := steps.Local(run, StepRefunding, func(ctx context.Context, tx *sql.Tx) (refundBegun, error) {
+	begun, err := refundingStep.Local(run, func(ctx context.Context, tx *sql.Tx) (refundBegun, error) {
 		return s.beginRefund(ctx, tx, in)
 	})
 	if err != nil {
@@ -189,7 +200,7 @@ func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) 
 	}
 	s.afterStep(StepProvider)
 	if paid.Refused != "" {
-		if _, err := steps.Local(run, StepRefused, func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		if _, err := refusedStep.Local(run, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 			return true, s.undoRefund(ctx, tx, ref.OrderNo)
 		}); err != nil {
 			return refundAnswer{}, err
@@ -198,7 +209,7 @@ func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) 
 		return refundAnswer{}, &idem.DefiniteError{Code: CodeRefundRefused,
 			Message: fmt.Sprintf("the payment provider refused to refund order %s (%s: %s); the order is PAID again", ref.OrderNo, paid.Refused, paid.Message)}
 	}
-	done, err := steps.Local(run, StepRefunded, func(ctx context.Context, tx *sql.Tx) (Refund, error) {
+	done, err := refundedStep.Local(run, func(ctx context.Context, tx *sql.Tx) (Refund, error) {
 		return s.finishRefund(ctx, tx, ref, paid.ID)
 	})
 	if err != nil {

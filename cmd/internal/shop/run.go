@@ -146,6 +146,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlag := fs.String("db", "", "database of the orders and the idempotency records: sqlite:PATH, postgres://user:pass@host:port/db, "+
 		"mysql://user:pass@host:port/db or mysql:DSN (a go-sql-driver DSN) (default sqlite:DATA/shop.db)")
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
+	lease := fs.Duration("lease", idem.DefaultLease, "how long a request holds its Idempotency-Key before a retry may take it over (renewed while it runs); "+
+		"a request whose shopd died is resumed by a retry after that")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	catalogFlag := fs.String("catalog", "", "JSON file of the catalogue a fresh database starts with (default: SKU-1, BOOK-1 and coupon 1)")
 	paySecret := fs.String("pay-secret", "", "secret of payment callbacks' Pay-Signature (HMAC-SHA256), shared with the payment provider "+
@@ -187,11 +189,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// net.Listen would take every interface and a random port.
 		return errors.New("shopd: -addr must be host:port (127.0.0.1:8080, or :8080 for every interface)")
 	}
+	if *lease < time.Second || *lease > time.Hour {
+		return errors.New("shopd: -lease must be from 1s to 1h")
+	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
 	}
-	if *providerTimeout <= 0 || *completeInterval <= 0 {
-		return errors.New("shopd: -provider-timeout and -complete-interval must be positive")
+	if *providerTimeout <= 0 {
+		return errors.New("shopd: -provider-timeout must be positive")
+	}
+	if *completeInterval <= 0 {
+		return errors.New("shopd: -complete-interval must be positive")
 	}
 	if set := flagSet(fs); set["provider"] && *providerFlag == "" {
 		return errors.New("shopd: -provider must not be empty (leave it out for $" + providerEnv + " or the embedded provider)")
@@ -426,7 +434,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		log.Info("shopd: refunds go to the embedded payment provider (payprov); give -provider or "+providerEnv+" for a real one", "provider", url)
 	}
 	provider := &payprov.Client{BaseURL: providerURL, HTTP: &http.Client{Timeout: *providerTimeout}}
-	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
+	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Lease: *lease, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
 		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		Provider: provider, Steps: &steps.Config{Interval: *completeInterval}, AfterStep: crashStep})
 	if err != nil {

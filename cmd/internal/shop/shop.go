@@ -37,6 +37,12 @@ type Config struct {
 	// responses in one transaction it must complete in DB's transactions
 	// (idem.TxCompleter on the same database).
 	Store idem.Store
+	// Lease is how long an execution holds its idempotency key before
+	// another may take it over (renewed while it runs): the lease of the
+	// middleware's records and of the refund runner's. Zero means
+	// idem.DefaultLease (30 s). A request whose shopd died is resumed by
+	// a retry after it ends.
+	Lease time.Duration
 	// Wait, when positive, makes a retry that arrives while the first
 	// request is running wait up to this long and replay its answer instead
 	// of getting 409 PROCESSING.
@@ -211,6 +217,7 @@ func New(cfg Config) (*Shop, error) {
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:     cfg.Store,
 		Scope:     scopeOf,
+		Lease:     cfg.Lease,
 		Wait:      cfg.Wait,
 		Logger:    cfg.Logger,
 		Observer:  cfg.Observer,
@@ -259,7 +266,7 @@ func New(cfg Config) (*Shop, error) {
 // newRunner creates the runner of the refund operations, over the shop's
 // step journal and a Guard of cfg.Store, and defines the refund on it.
 func (s *Shop) newRunner(cfg Config) error {
-	g, err := idem.NewGuard(cfg.Store, &idem.GuardConfig{Logger: cfg.Logger, Observer: cfg.Observer, StoreName: cfg.StoreName})
+	g, err := idem.NewGuard(cfg.Store, &idem.GuardConfig{Lease: cfg.Lease, Logger: cfg.Logger, Observer: cfg.Observer, StoreName: cfg.StoreName})
 	if err != nil {
 		return fmt.Errorf("shop: %w", err)
 	}
