@@ -10,6 +10,8 @@
 //	GET  /products            the catalogue, with the stock left
 //	POST /orders/{order_no}/cancel   cancel a waiting order (WAIT_PAY → CANCELLED)
 //	POST /orders/{order_no}/refunds  refund a paid order (Idempotency-Key required)
+//	POST /orders/{order_no}/card-checkout  pay a waiting order by card and ship it:
+//	                                 {"source", "address"} (Idempotency-Key required)
 //	POST /coupons/{id}/claim  claim a coupon, once per user
 //	GET  /users/me/coupons    the caller's coupon claims
 //	GET  /users/me/points     the caller's loyalty points: {"balance", "ledger":[{"order_no","event","points","at"}]}
@@ -59,6 +61,8 @@
 // transaction; its amount_cents is price × quantity minus the coupon's
 // discount. Every change of an order's status is a transition of one
 // state machine (orderfsm.go): WAIT_PAY → PAID (payment), WAIT_PAY →
+// CHARGING → PAID (a card checkout; CHARGING → WAIT_PAY when the card is
+// declined), WAIT_PAY →
 // CANCELLED (the owner), WAIT_PAY → CLOSED (the close job, after
 // -pay-timeout, default 30m), PAID → REFUNDING → REFUNDED (a refund,
 // through the payment provider), REFUNDING → PAID (the provider refused
@@ -68,6 +72,9 @@
 //	stateDiagram-v2
 //	    [*] --> WAIT_PAY
 //	    WAIT_PAY --> PAID: pay
+//	    WAIT_PAY --> CHARGING: charge
+//	    CHARGING --> PAID: charged
+//	    CHARGING --> WAIT_PAY: declined
 //	    WAIT_PAY --> CANCELLED: cancel
 //	    WAIT_PAY --> CLOSED: close
 //	    PAID --> REFUNDING: refund
@@ -105,9 +112,9 @@
 // The answer is stored in the record with the operation's end: 201 and the
 // refund; 200 and the existing refund for an order refunded already
 // (another key); 409 REFUND_REFUSED when the provider refused (the order is
-// PAID again and a new key may ask again); 404 NOT_FOUND, 409
-// ORDER_NOT_REFUNDABLE as before. When the provider fails or does not
-// answer within -provider-timeout (10 s), the answer is 503
+// PAID again and a new key may ask again); 404 NOT_FOUND (no such
+// order), 409 ORDER_NOT_REFUNDABLE (not paid). When the provider fails or
+// does not answer within -provider-timeout (10 s), the answer is 503
 // PROVIDER_UNAVAILABLE with Retry-After, the key is released and the order
 // stays REFUNDING: the client's retry with the same key resumes at the
 // first step not done, and the provider, which de-duplicates by the key,
@@ -221,6 +228,24 @@
 // callback for the order's amount three times at once, as providers do,
 // through its own handler; its trade number is derived from the order, so
 // paying twice repeats one trade instead of paying twice.
+//
+// # Card checkouts
+//
+// POST /orders/{order_no}/card-checkout {"source": "tok_visa", "address":
+// "…"} pays a waiting order with a card at the payment provider and books
+// its shipment with the carrier (payprov's /v1/charges and
+// /v1/shipments): two foreign calls in one operation of steps, named
+// card-checkout. WAIT_PAY → CHARGING first (the close job and a cancel
+// leave a CHARGING order alone); the charge; CHARGING → PAID with the
+// payment row (trade_no: the charge's id, so a refund refunds the charge)
+// and order.paid; the shipment; the shipment row (shop_shipments). It
+// answers 201 {"order_no", "status", "amount_cents", "charge_id",
+// "shipment_id", "tracking_number"}; 402 CARD_DECLINED when the card was
+// declined (the order is WAIT_PAY again); 409 SHIPMENT_REFUSED when the
+// carrier refused (the order stays PAID); 409 ORDER_NOT_PAYABLE for an
+// order not waiting for its payment; 503 PROVIDER_UNAVAILABLE as refunds
+// do. A retry after the charge resumes at the shipment: the card is
+// charged once.
 //
 // # Running
 //

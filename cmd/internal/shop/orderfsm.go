@@ -15,6 +15,9 @@ import (
 // fsm). Every change of an order's status goes through transitionOrder:
 //
 //	WAIT_PAY → PAID       the payment callback
+//	WAIT_PAY → CHARGING   a card checkout begins (POST /orders/{order_no}/card-checkout)
+//	CHARGING → PAID       the payment provider charged the card
+//	CHARGING → WAIT_PAY   the payment provider declined the card
 //	WAIT_PAY → CANCELLED  the owner (POST /orders/{order_no}/cancel)
 //	WAIT_PAY → CLOSED     the close job, for orders unpaid for -pay-timeout
 //	PAID      → REFUNDING  a refund begins (POST /orders/{order_no}/refunds)
@@ -25,11 +28,14 @@ import (
 // steps (refund.go): an order stays REFUNDING while the provider's answer
 // is unknown, until a retry or the completer learns it.
 var orderMachine = fsm.MustNew(&fsm.Definition{
-	States:  []fsm.State{StatusWaitPay, StatusPaid, StatusCancelled, StatusClosed, StatusRefunding, StatusRefunded},
+	States:  []fsm.State{StatusWaitPay, StatusCharging, StatusPaid, StatusCancelled, StatusClosed, StatusRefunding, StatusRefunded},
 	Initial: StatusWaitPay,
 	Final:   []fsm.State{StatusCancelled, StatusClosed, StatusRefunded},
 	Transitions: []fsm.Transition{
 		{Name: trPay, From: []fsm.State{StatusWaitPay}, To: StatusPaid},
+		{Name: trCharge, From: []fsm.State{StatusWaitPay}, To: StatusCharging},
+		{Name: trCharged, From: []fsm.State{StatusCharging}, To: StatusPaid},
+		{Name: trDeclined, From: []fsm.State{StatusCharging}, To: StatusWaitPay},
 		{Name: trCancel, From: []fsm.State{StatusWaitPay}, To: StatusCancelled},
 		{Name: trClose, From: []fsm.State{StatusWaitPay}, To: StatusClosed},
 		{Name: trRefund, From: []fsm.State{StatusPaid}, To: StatusRefunding},
@@ -89,6 +95,9 @@ type querier interface {
 // Transitions of orderMachine, by name (transitionOrder fires them).
 const (
 	trPay      = "pay"
+	trCharge   = "charge"
+	trCharged  = "charged"
+	trDeclined = "declined"
 	trCancel   = "cancel"
 	trClose    = "close"
 	trRefund   = "refund"

@@ -34,6 +34,10 @@ const (
 	CodeRefundInProgress    = "REFUND_IN_PROGRESS"    // 409, Retry-After
 	CodeRefundRefused       = "REFUND_REFUSED"        // 409
 	CodeProviderUnavailable = "PROVIDER_UNAVAILABLE"  // 503, Retry-After
+	// Card checkouts (POST /orders/{order_no}/card-checkout).
+	CodeCheckoutInProgress = "CHECKOUT_IN_PROGRESS" // 409, Retry-After
+	CodeCardDeclined       = "CARD_DECLINED"        // 402
+	CodeShipmentRefused    = "SHIPMENT_REFUSED"     // 409
 	// Submit tokens (POST /orders with Submit-Token).
 	CodeInvalidToken        = "INVALID_TOKEN"        // 400
 	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
@@ -47,6 +51,7 @@ var shopCodes = map[string]bool{
 	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
 	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
 	CodeRefundInProgress: true, CodeRefundRefused: true, CodeProviderUnavailable: true,
+	CodeCheckoutInProgress: true, CodeCardDeclined: true, CodeShipmentRefused: true,
 	CodeInvalidToken: true, CodeDuplicateSubmission: true, CodeTokenReused: true,
 }
 

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/payprov"
-	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/steps"
 )
 
@@ -30,9 +28,9 @@ import (
 // A local step's transaction runs again, whole, when the database refused
 // it as a deadlock victim or could not serialise it (retryable, as the
 // shop's other transactions). Each step's result is checkpointed, so a
-// retry of the request, or the
-// completer after a crash or a failed attempt, resumes at the first step
-// not done, and the provider de-duplicates its call by the derived key.
+// retry of the request, or the completer after a crash or a failed
+// attempt, resumes at the first step not done, and the provider
+// de-duplicates its call by the derived key.
 // The answer (201 and the refund; 200 for an order refunded already; 409
 // REFUND_REFUSED) is stored in the record by the operation itself, so the
 // completer stores the same bytes a client would have got.
@@ -61,9 +59,9 @@ var (
 	refusedStep   = steps.Step[bool]{Name: StepRefused, Retry: retryable}
 )
 
-// RefundCurrency is the currency of the shop's amounts, as the provider
-// is told it.
-const RefundCurrency = "USD"
+// Currency is the currency of the shop's amounts, as the payment
+// provider is told it (refunds, charges).
+const Currency = "USD"
 
 // refundReason is what the shop tells the provider a refund is for.
 const refundReason = "requested_by_customer"
@@ -77,12 +75,14 @@ const (
 	sqlOrderTradeNo = `SELECT trade_no FROM shop_payments WHERE order_no = ? ORDER BY id LIMIT 1`
 )
 
-// Refunder refunds payments at the payment provider (*payprov.Client).
-// Its errors are payprov.Client.Refund's: a *payprov.RefusedError is a
-// definite refusal; any other leaves the outcome unknown, and the call
-// is made again under the same key.
-type Refunder interface {
+// Provider is the payment provider, which also books shipments as a
+// carrier would (*payprov.Client). Its errors are payprov.Client's: a
+// *payprov.RefusedError is a definite refusal; any other leaves the
+// outcome unknown, and the call is made again under the same key.
+type Provider interface {
 	Refund(ctx context.Context, key string, req payprov.RefundRequest) (payprov.Refund, error)
+	Charge(ctx context.Context, key string, req payprov.ChargeRequest) (payprov.Charge, error)
+	Ship(ctx context.Context, key string, req payprov.ShipmentRequest) (payprov.Shipment, error)
 }
 
 // Refund is a refund as the API shows it.
@@ -128,19 +128,6 @@ type refundBegun struct {
 	Existing bool `json:"existing,omitempty"`
 }
 
-// providerAnswer is the provider step's checkpoint: the provider's
-// refund, or its definite refusal (kept, so that a resumed run does not
-// ask again).
-type providerAnswer struct {
-	ID      string `json:"id,omitempty"`
-	Refused string `json:"refused,omitempty"`
-	Message string `json:"message,omitempty"`
-}
-
-// errProviderUnavailable marks a provider call whose outcome is unknown
-// (a failure, a timeout): the attempt ends, 503 PROVIDER_UNAVAILABLE.
-var errProviderUnavailable = errors.New("shop: the payment provider did not answer the refund")
-
 // problemRefundInProgress: another request's refund of the order runs.
 // Not stored (a retry later gets the refund).
 func problemRefundInProgress(orderNo string) *problemError {
@@ -181,19 +168,19 @@ func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) 
 		return refundAnswer{Refund: begun.Refund}, nil
 	}
 	ref := begun.Refund
-	paid, err := steps.Foreign(run, StepProvider, func(ctx context.Context, key string) (providerAnswer, error) {
-		got, err := s.provider.Refund(ctx, key, payprov.RefundRequest{
-			Payment: begun.Payment, AmountCents: ref.AmountCents, Currency: RefundCurrency, Reason: refundReason,
+	if ref.AmountCents == 0 {
+		// An order free after its coupon: nothing to refund at the
+		// provider (which refuses an amount of 0).
+		return s.refunded(run, ref, providerCall{})
+	}
+	paid, err := steps.Foreign(run, StepProvider, func(ctx context.Context, key string) (providerCall, error) {
+		return callProvider(func() (providerCall, error) {
+			got, err := s.provider.Refund(ctx, key, payprov.RefundRequest{
+				Payment: begun.Payment, AmountCents: ref.AmountCents, Currency: Currency, Reason: refundReason,
+			})
+			s.afterStep(StepProviderCall)
+			return providerCall{ID: got.ID}, err
 		})
-		s.afterStep(StepProviderCall)
-		var refused *payprov.RefusedError
-		switch {
-		case errors.As(err, &refused):
-			return providerAnswer{Refused: refused.Code, Message: refused.Message}, nil
-		case err != nil:
-			return providerAnswer{}, fmt.Errorf("%w: %w", errProviderUnavailable, err)
-		}
-		return providerAnswer{ID: got.ID}, nil
 	})
 	if err != nil {
 		return refundAnswer{}, err
@@ -209,6 +196,12 @@ func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) 
 		return refundAnswer{}, &idem.DefiniteError{Code: CodeRefundRefused,
 			Message: fmt.Sprintf("the payment provider refused to refund order %s (%s: %s); the order is PAID again", ref.OrderNo, paid.Refused, paid.Message)}
 	}
+	return s.refunded(run, ref, paid)
+}
+
+// refunded runs the refunded step: ref done, with the provider's refund
+// paid (none for an amount of 0).
+func (s *Shop) refunded(run *steps.Run, ref Refund, paid providerCall) (refundAnswer, error) {
 	done, err := refundedStep.Local(run, func(ctx context.Context, tx *sql.Tx) (Refund, error) {
 		return s.finishRefund(ctx, tx, ref, paid.ID)
 	})
@@ -226,44 +219,27 @@ func (s *Shop) refundSteps(ctx context.Context, run *steps.Run, in refundInput) 
 // ORDER_NOT_REFUNDABLE (not paid), REFUND_IN_PROGRESS (another request
 // refunds it).
 func (s *Shop) beginRefund(ctx context.Context, tx *sql.Tx, in refundInput) (refundBegun, error) {
-	for {
-		o, err := s.orderOf(ctx, tx, in.User, in.OrderNo)
-		if errors.Is(err, errOrderNotFound) {
-			return refundBegun{}, problemOrderNotFound
-		} else if err != nil {
-			return refundBegun{}, err
-		}
-		if o.Status != StatusPaid {
-			return s.notBegun(ctx, tx, in.OrderNo, o.Status)
-		}
-		var payment string
-		switch err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderTradeNo), in.OrderNo).Scan(&payment); {
-		case errors.Is(err, sql.ErrNoRows):
-			// Paid with no payment on record (an order paid by hand):
-			// the order's number is the payment's reference.
-			payment = in.OrderNo
-		case err != nil:
-			return refundBegun{}, fmt.Errorf("read the order's payment: %w", err)
-		}
-		t, err := s.transitionOrder(ctx, tx, in.OrderNo, trRefund, o.Version)
-		var illegal *illegalTransitionError
-		var conflict *conflictError
-		switch {
-		case errors.As(err, &conflict):
-			continue // read it again
-		case errors.As(err, &illegal):
-			return s.notBegun(ctx, tx, in.OrderNo, illegal.Current)
-		case err != nil:
-			return refundBegun{}, err
-		case t.AlreadyApplied:
-			return s.notBegun(ctx, tx, in.OrderNo, StatusRefunding)
-		}
-		ref := Refund{RefundNo: newRefundNo(), OrderNo: in.OrderNo, AmountCents: o.AmountCents, Status: StatusRefunding}
-		if _, err := tx.ExecContext(ctx, rebind(s.dialect, sqlInsertRefund), ref.RefundNo, ref.OrderNo, ref.AmountCents, ref.Status, time.Now().UnixMilli()); err != nil {
-			return refundBegun{}, fmt.Errorf("insert the refund row: %w", err)
-		}
-		return refundBegun{Refund: ref, Payment: payment}, nil
+	o, other, err := s.holdOrder(ctx, tx, in.User, in.OrderNo, trRefund)
+	switch {
+	case err != nil:
+		return refundBegun{}, err
+	case other != "":
+		return s.notBegun(ctx, tx, in.OrderNo, other)
 	}
+	var payment string
+	switch err := tx.QueryRowContext(ctx, rebind(s.dialect, sqlOrderTradeNo), in.OrderNo).Scan(&payment); {
+	case errors.Is(err, sql.ErrNoRows):
+		// Paid with no payment on record (an order paid by hand): the
+		// order's number is the payment's reference.
+		payment = in.OrderNo
+	case err != nil:
+		return refundBegun{}, fmt.Errorf("read the order's payment: %w", err)
+	}
+	ref := Refund{RefundNo: newRefundNo(), OrderNo: in.OrderNo, AmountCents: o.AmountCents, Status: StatusRefunding}
+	if _, err := tx.ExecContext(ctx, rebind(s.dialect, sqlInsertRefund), ref.RefundNo, ref.OrderNo, ref.AmountCents, ref.Status, time.Now().UnixMilli()); err != nil {
+		return refundBegun{}, fmt.Errorf("insert the refund row: %w", err)
+	}
+	return refundBegun{Refund: ref, Payment: payment}, nil
 }
 
 // notBegun answers a refund of an order in status, which is not PAID.
@@ -294,10 +270,11 @@ func (s *Shop) readRefund(ctx context.Context, q querier, orderNo string) (Refun
 }
 
 // finishRefund is the refunded step: ref's row becomes REFUNDED with the
-// provider's refund id, the order REFUNDING → REFUNDED, and the event
-// order.refunded is written, in tx.
+// provider's refund id (NULL when there is none: an amount of 0), the
+// order REFUNDING → REFUNDED, and the event order.refunded is written, in
+// tx.
 func (s *Shop) finishRefund(ctx context.Context, tx *sql.Tx, ref Refund, providerID string) (Refund, error) {
-	res, err := tx.ExecContext(ctx, rebind(s.dialect, sqlRefundDone), StatusRefunded, providerID, ref.OrderNo, StatusRefunding)
+	res, err := tx.ExecContext(ctx, rebind(s.dialect, sqlRefundDone), StatusRefunded, sql.NullString{String: providerID, Valid: providerID != ""}, ref.OrderNo, StatusRefunding)
 	if err != nil {
 		return Refund{}, fmt.Errorf("mark the refund row refunded: %w", err)
 	}
@@ -306,7 +283,7 @@ func (s *Shop) finishRefund(ctx context.Context, tx *sql.Tx, ref Refund, provide
 	} else if n != 1 {
 		return Refund{}, fmt.Errorf("shop: order %s has no REFUNDING refund row to mark refunded", ref.OrderNo)
 	}
-	if err := s.leaveRefunding(ctx, tx, ref.OrderNo, trRefunded); err != nil {
+	if err := s.leaveHeld(ctx, tx, ref.OrderNo, trRefunded); err != nil {
 		return Refund{}, err
 	}
 	if err := s.addEvent(ctx, tx, EventOrderRefunded, ref.OrderNo); err != nil {
@@ -323,70 +300,26 @@ func (s *Shop) undoRefund(ctx context.Context, tx *sql.Tx, orderNo string) error
 	if _, err := tx.ExecContext(ctx, rebind(s.dialect, sqlRefundDrop), orderNo, StatusRefunding); err != nil {
 		return fmt.Errorf("delete the refused refund row: %w", err)
 	}
-	return s.leaveRefunding(ctx, tx, orderNo, trRefused)
+	return s.leaveHeld(ctx, tx, orderNo, trRefused)
 }
 
-// leaveRefunding makes transition name (refunded, refused) of orderNo,
-// which this operation moved to REFUNDING: nothing else moves it from
-// there, so any other outcome is a failure.
-func (s *Shop) leaveRefunding(ctx context.Context, tx *sql.Tx, orderNo, name string) error {
-	t, err := s.transitionOrder(ctx, tx, orderNo, name, 0)
-	switch {
-	case err != nil:
-		return err
-	case t.AlreadyApplied:
-		return fmt.Errorf("shop: order %s left REFUNDING without its refund operation (transition %s)", orderNo, name)
-	}
-	return nil
-}
-
-// encodeRefund is the refund operation's OpConfig.Encode: the record
-// holds the HTTP answer. A refund: 201 (200 for an order refunded
-// already) and the Refund. A definite refusal of the provider: 409
-// REFUND_REFUSED. A refusal of the request (*problemError, but
-// REFUND_IN_PROGRESS): its problem. Anything else is not stored (the
-// attempt failed; the key is released).
+// encodeRefund is the refund operation's OpConfig.Encode: 201 and the
+// Refund (200 for an order refunded already), or encodeOp's answer to
+// an error.
 func encodeRefund(out refundAnswer, err error) (idem.Response, error, bool) {
-	var de *idem.DefiniteError
-	var pe *problemError
-	switch {
-	case err == nil:
-		status := http.StatusOK
-		if out.Created {
-			status = http.StatusCreated
-		}
-		resp, jerr := idemhttp.JSONResponse(status, out.Refund)
-		if jerr != nil {
-			return idem.Response{}, jerr, false
-		}
-		return resp, nil, true
-	case errors.As(err, &de) && de.Code == CodeRefundRefused:
-		return problemResponse(http.StatusConflict, CodeRefundRefused, "Refund refused", de.Message), err, true
-	case errors.As(err, &pe) && pe.code != CodeRefundInProgress:
-		return problemResponse(pe.status, pe.code, pe.title, pe.detail), err, true
+	status := http.StatusOK
+	if out.Created {
+		status = http.StatusCreated
 	}
-	return idem.Response{}, err, false
+	return encodeOp(status, out.Refund, err)
 }
 
-// decodeRefund is the refund operation's OpConfig.Decode: a stored
-// answer back into the operation's result or error.
+// decodeRefund is the refund operation's OpConfig.Decode.
 func decodeRefund(resp idem.Response, replayed bool) (refundAnswer, error) {
-	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated {
-		var out refundAnswer
-		out.Created = resp.StatusCode == http.StatusCreated
-		if err := json.Unmarshal(resp.Body, &out.Refund); err != nil {
-			return refundAnswer{}, fmt.Errorf("shop: decode a stored refund: %w", err)
-		}
-		return out, nil
-	}
-	var p problem
-	if err := json.Unmarshal(resp.Body, &p); err != nil {
-		return refundAnswer{}, fmt.Errorf("shop: decode a stored refund's problem (status %d): %w", resp.StatusCode, err)
-	}
-	if p.Code == CodeRefundRefused {
-		return refundAnswer{}, &idem.DefiniteError{Code: p.Code, Message: p.Detail, Replayed: replayed}
-	}
-	return refundAnswer{}, &problemError{resp.StatusCode, p.Code, p.Title, p.Detail}
+	var out refundAnswer
+	out.Created = resp.StatusCode == http.StatusCreated
+	err := decodeOp(resp, replayed, &out.Refund)
+	return out, err
 }
 
 // refundHandler serves POST /orders/{order_no}/refunds: it runs the
@@ -395,24 +328,6 @@ func decodeRefund(resp idem.Response, replayed bool) (refundAnswer, error) {
 func (s *Shop) refundHandler(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	out, err := s.refund.Run(ctx, refundInput{User: userFrom(ctx), OrderNo: r.PathValue("order_no")})
-	var pe *problemError
-	switch resp, _, stored := encodeRefund(out, err); {
-	case errors.Is(err, idem.ErrLeaseLost):
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
-			"another execution of this request took over; retry to get its answer")
-	case stored:
-		idemhttp.WriteResponse(w, resp)
-	case errors.As(err, &pe):
-		// REFUND_IN_PROGRESS: Retry-After makes idemhttp release the key.
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, pe.status, pe.code, pe.title, pe.detail)
-	case errors.Is(err, errProviderUnavailable):
-		s.log.WarnContext(ctx, "shop: refund: the payment provider did not answer; the key is released and the completer resumes the refund", "error", err)
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, http.StatusServiceUnavailable, CodeProviderUnavailable, "Payment provider unavailable",
-			"the payment provider did not answer the refund; retry with the same Idempotency-Key (the shop also finishes it on its own)")
-	default:
-		s.fail(w, r, "refund order", err)
-	}
+	resp, _, stored := encodeRefund(out, err)
+	s.answerOp(w, r, "refund order", resp, stored, err)
 }

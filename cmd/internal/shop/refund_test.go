@@ -79,6 +79,26 @@ func (r *refundRig) state(t *testing.T, orderNo string) refundState {
 	return st
 }
 
+// completeOne runs the completer's passes until one finished an
+// operation: it is due after the runner's backoff (10 ms here).
+func (r *refundRig) completeOne(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := r.s.Runner().Complete(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Finished == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the completer finished nothing: %+v", p)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // ledgerRefunds counts the refunds the provider made of payment.
 func ledgerRefunds(t *testing.T, c *payprov.Client, payment string) int {
 	t.Helper()
@@ -240,21 +260,7 @@ func TestRefundFinishedByCompleter(t *testing.T) {
 		if rec := r.post(o.OrderNo, "r1"); rec.Code != http.StatusServiceUnavailable {
 			t.Fatalf("refund: %d %s", rec.Code, rec.Body)
 		}
-		// Due after the runner's backoff (10 ms here): poll the completer.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			p, err := r.s.Runner().Complete(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p.Finished == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the completer finished nothing: %+v", p)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		r.completeOne(t)
 		st := r.state(t, o.OrderNo)
 		if !done(st) {
 			t.Fatalf("after the completer: %+v", st)
@@ -273,4 +279,29 @@ func TestRefundFinishedByCompleter(t *testing.T) {
 			t.Fatalf("at the end: %+v", st)
 		}
 	})
+}
+
+// An order free after its coupon is refunded without the provider (which
+// refuses an amount of 0): REFUNDED, no provider id, one event.
+func TestRefundOfAFreeOrder(t *testing.T) {
+	c, _ := newProvider(t)
+	db, _ := sqliteBackend.fresh(t)
+	catalog := shop.Catalog{Products: []shop.Product{{SKU: "PIN-1", Name: "Pin", PriceCents: 100, Stock: 10}},
+		Coupons: []shop.Coupon{{ID: 1, Name: "500 off", DiscountCents: 500, Total: 10}}}
+	r := &refundRig{db: db, provider: c, s: shopOnWith(t, db, sqliteBackend.dialect, catalog, func(cfg *shop.Config) { cfg.Provider = c })}
+	if status, _, code := claimCoupon(t, r.s, 5, "1"); status != http.StatusCreated {
+		t.Fatalf("claim: %d %s", status, code)
+	}
+	_, o, _ := postOrder(t, r.s, 5, "o1", `{"sku":"PIN-1","quantity":1,"coupon_id":1}`)
+	if o.AmountCents != 0 {
+		t.Fatalf("order: %+v, want 0 cents", o)
+	}
+	setPaid(t, db, o.OrderNo)
+	rec := r.post(o.OrderNo, "r1")
+	if rec.Code != http.StatusCreated || decodeRefund(t, rec).ProviderRefundID != "" {
+		t.Fatalf("refund: %d %s", rec.Code, rec.Body)
+	}
+	if st := r.state(t, o.OrderNo); st.Order != shop.StatusRefunded || st.Row != shop.StatusRefunded || st.Events != 1 || st.Ledger != 0 {
+		t.Fatalf("after the refund: %+v", st)
+	}
 }

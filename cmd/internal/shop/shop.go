@@ -72,9 +72,11 @@ type Config struct {
 	// StoreName names Store in Observer's events; empty means the
 	// dialect's name ("sqlite", "postgres", "mysql").
 	StoreName string
-	// Provider refunds payments (required): refunds go through it as an
-	// operation of steps (refund.go); shopd's is a *payprov.Client.
-	Provider Refunder
+	// Provider refunds payments, charges cards and books shipments
+	// (required): refunds and card checkouts go through it as operations
+	// of steps (refund.go, cardcheckout.go); shopd's is a
+	// *payprov.Client.
+	Provider Provider
 	// Steps configures the runner of the refund operations (nil:
 	// steps' defaults; its Logger defaults to Logger): shopd's
 	// -complete-interval is its Interval. Start its completer with
@@ -82,9 +84,10 @@ type Config struct {
 	Steps *steps.Config
 	// AfterStep, when set, is called after each step of a refund ends
 	// (with the step's name: StepRefunding, StepProvider, StepRefunded,
-	// StepRefused) and after the provider's answer arrived, before its
-	// checkpoint (StepProviderCall). It is for fault injection in tests
-	// (shopd's SHOPD_CRASH_AFTER_STEP kills the process there).
+	// StepRefused; also when a resumed run found the step checkpointed)
+	// and after the provider's answer arrived, before its checkpoint
+	// (StepProviderCall). It is for fault injection in tests (shopd's
+	// SHOPD_CRASH_AFTER_STEP kills the process there).
 	AfterStep func(step string)
 	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
 	// handler of its registry), to any caller: no token, no user. Nil
@@ -120,10 +123,11 @@ type Shop struct {
 	observer idem.Observer
 	// Refunds (refund.go): the provider, the journal and runner of the
 	// operations of steps, the refund operation, and Config.AfterStep.
-	provider Refunder
+	provider Provider
 	journal  *sqlstore.StepJournal
 	runner   *steps.Runner
 	refund   *steps.Op[refundInput, refundAnswer]
+	cardOp   *steps.Op[checkoutInput, CardCheckout]
 	stepHook func(step string)
 }
 
@@ -254,6 +258,7 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))),
 		s.authenticated(http.HandlerFunc(s.cancelHandler))))
 	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
+	mux.Handle("POST /orders/{order_no}/card-checkout", s.authenticated(idm.Handler(http.HandlerFunc(s.cardCheckoutHandler))))
 	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
 	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
 	mux.Handle("GET /users/me/points", s.authenticated(http.HandlerFunc(s.pointsHandler)))
@@ -281,6 +286,9 @@ func (s *Shop) newRunner(cfg Config) error {
 		return fmt.Errorf("shop: %w", err)
 	}
 	if s.refund, err = s.defineRefund(s.runner); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	if s.cardOp, err = s.defineCheckout(s.runner); err != nil {
 		return fmt.Errorf("shop: %w", err)
 	}
 	return nil
@@ -324,11 +332,13 @@ type Order struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// Order statuses: an order waits for its payment, then is paid (and may
+// Order statuses: an order waits for its payment (CHARGING while a card
+// checkout charges it), then is paid (and may
 // be refunded: REFUNDING while the payment provider refunds it), or is
 // cancelled by its owner or closed unpaid by the shop.
 const (
 	StatusWaitPay   = "WAIT_PAY"
+	StatusCharging  = "CHARGING"
 	StatusPaid      = "PAID"
 	StatusCancelled = "CANCELLED"
 	StatusClosed    = "CLOSED"
@@ -796,7 +806,7 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
-	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"),
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "orders", "", "card-checkout"), pathHasSegments(p, "coupons", "", "claim"),
 		pathHasSegments(p, "orders", "", "pay"):
 		allow = "POST"
 	case p == "/users/me/coupons":

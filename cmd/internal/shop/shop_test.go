@@ -242,6 +242,7 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"POST", "/orders/", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/ord_1/cancel", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"GET", "/orders/ord_1/refunds", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"GET", "/orders/ord_1/card-checkout", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"DELETE", "/coupons/1/claim", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"POST", "/users/me/coupons", 405, "METHOD_NOT_ALLOWED", "GET"},
 		{"POST", "/coupons/1/claim/x", 404, "NOT_FOUND", ""},
