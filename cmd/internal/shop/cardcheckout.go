@@ -39,17 +39,26 @@ import (
 // checkoutOpName is the card checkout operation's name in the journal.
 const checkoutOpName = "card-checkout"
 
-// The card checkout's steps (names are identities in the journal).
-var (
-	chargingStep = steps.Step[int64]{Name: "charging", Retry: retryable}
-	declinedStep = steps.Step[bool]{Name: "declined", Retry: retryable}
-	paidStep     = steps.Step[bool]{Name: "paid", Retry: retryable}
-	shippedStep  = steps.Step[bool]{Name: "shipped", Retry: retryable}
+// The card checkout's steps, by name (identities in the journal), as
+// Config.AfterStep hears them; StepChargeCall and StepShipCall are the
+// moments after the provider answered, before the answer's checkpoint.
+const (
+	StepCharging   = "charging"
+	StepChargeCall = "charge-call"
+	StepCharge     = "charge"
+	StepDeclined   = "declined"
+	StepPaid       = "paid"
+	StepShipCall   = "ship-call"
+	StepShip       = "ship"
+	StepShipped    = "shipped"
 )
 
-const (
-	stepCharge = "charge"
-	stepShip   = "ship"
+// The card checkout's local steps.
+var (
+	chargingStep = steps.Step[int64]{Name: StepCharging, Retry: retryable}
+	declinedStep = steps.Step[bool]{Name: StepDeclined, Retry: retryable}
+	paidStep     = steps.Step[bool]{Name: StepPaid, Retry: retryable}
+	shippedStep  = steps.Step[bool]{Name: StepShipped, Retry: retryable}
 )
 
 // Statements of card checkouts, written with ? (rebind).
@@ -106,17 +115,20 @@ func (s *Shop) checkoutSteps(ctx context.Context, run *steps.Run, in checkoutInp
 	if err != nil {
 		return CardCheckout{}, err
 	}
+	s.afterStep(StepCharging)
 	var charge providerCall
 	if amount > 0 { // an order free after its coupon is not charged
-		charge, err = steps.Foreign(run, stepCharge, func(ctx context.Context, key string) (providerCall, error) {
+		charge, err = steps.Foreign(run, StepCharge, func(ctx context.Context, key string) (providerCall, error) {
 			return callProvider(func() (providerCall, error) {
 				ch, err := s.provider.Charge(ctx, key, payprov.ChargeRequest{AmountCents: amount, Currency: Currency, Source: in.Source, Description: "order " + in.OrderNo})
+				s.afterStep(StepChargeCall)
 				return providerCall{ID: ch.ID}, err
 			})
 		})
 		if err != nil {
 			return CardCheckout{}, err
 		}
+		s.afterStep(StepCharge)
 	}
 	if charge.Refused != "" {
 		if _, err := declinedStep.Local(run, func(ctx context.Context, tx *sql.Tx) (bool, error) {
@@ -124,6 +136,7 @@ func (s *Shop) checkoutSteps(ctx context.Context, run *steps.Run, in checkoutInp
 		}); err != nil {
 			return CardCheckout{}, err
 		}
+		s.afterStep(StepDeclined)
 		return CardCheckout{}, &idem.DefiniteError{Code: CodeCardDeclined,
 			Message: fmt.Sprintf("the payment provider declined the card for order %s (%s: %s); the order still waits for its payment", in.OrderNo, charge.Refused, charge.Message)}
 	}
@@ -132,15 +145,18 @@ func (s *Shop) checkoutSteps(ctx context.Context, run *steps.Run, in checkoutInp
 	}); err != nil {
 		return CardCheckout{}, err
 	}
-	ship, err := steps.Foreign(run, stepShip, func(ctx context.Context, key string) (providerCall, error) {
+	s.afterStep(StepPaid)
+	ship, err := steps.Foreign(run, StepShip, func(ctx context.Context, key string) (providerCall, error) {
 		return callProvider(func() (providerCall, error) {
 			sh, err := s.provider.Ship(ctx, key, payprov.ShipmentRequest{Order: in.OrderNo, Address: in.Address})
+			s.afterStep(StepShipCall)
 			return providerCall{ID: sh.ID, Tracking: sh.TrackingNumber}, err
 		})
 	})
 	if err != nil {
 		return CardCheckout{}, err
 	}
+	s.afterStep(StepShip)
 	if ship.Refused != "" {
 		return CardCheckout{}, &idem.DefiniteError{Code: CodeShipmentRefused,
 			Message: fmt.Sprintf("order %s is paid, but the carrier refused to ship it (%s: %s); refund it or ask support", in.OrderNo, ship.Refused, ship.Message)}
@@ -151,6 +167,7 @@ func (s *Shop) checkoutSteps(ctx context.Context, run *steps.Run, in checkoutInp
 	}); err != nil {
 		return CardCheckout{}, err
 	}
+	s.afterStep(StepShipped)
 	return CardCheckout{OrderNo: in.OrderNo, Status: StatusPaid, AmountCents: amount, ChargeID: charge.ID, ShipmentID: ship.ID, TrackingNumber: ship.Tracking}, nil
 }
 

@@ -264,9 +264,11 @@
 // are checked and -addr is bound before any data is touched. -lease (30 s)
 // is how long a request holds its Idempotency-Key, renewed while it runs:
 // a request whose shopd died is taken over by a retry once it ends. The
-// environment variable SHOPD_CRASH_AFTER_STEP (refunding, provider-call,
-// provider, refunded or refused) makes shopd kill itself with SIGKILL when
-// that step of a refund ends, for crash tests (Config.AfterStep).
+// environment variable SHOPD_CRASH_AFTER_STEP (a step of a refund:
+// refunding, provider-call, provider, refunded, refused; or of a card
+// checkout: charging, charge-call, charge, declined, paid, ship-call,
+// ship, shipped) makes shopd kill itself with SIGKILL when that step ends,
+// for crash tests (Config.AfterStep).
 //
 // # Events and loyalty points
 //

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/payprov"
@@ -46,18 +48,21 @@ func checkProviderURL(raw string) error {
 	return nil
 }
 
+// crashSteps are the names Config.AfterStep hears: the refund's and the
+// card checkout's steps, and the moments after a provider answered.
+var crashSteps = []string{StepRefunding, StepProviderCall, StepProvider, StepRefunded, StepRefused,
+	StepCharging, StepChargeCall, StepCharge, StepDeclined, StepPaid, StepShipCall, StepShip, StepShipped}
+
 // crashAfterStep returns the AfterStep hook of $SHOPD_CRASH_AFTER_STEP: it
 // kills the process, at once and without cleanup (SIGKILL on Unix), when
 // the step named there ends; nil when the variable is unset.
 func crashAfterStep() (func(step string), error) {
 	at := os.Getenv(crashEnv)
-	switch at {
-	case "":
+	if at == "" {
 		return nil, nil
-	case StepRefunding, StepProviderCall, StepProvider, StepRefunded, StepRefused:
-	default:
-		return nil, fmt.Errorf("shopd: $%s=%q names no refund step (%s, %s, %s, %s or %s)", crashEnv, at,
-			StepRefunding, StepProviderCall, StepProvider, StepRefunded, StepRefused)
+	}
+	if !slices.Contains(crashSteps, at) {
+		return nil, fmt.Errorf("shopd: $%s=%q names no step of a refund or a card checkout (%s)", crashEnv, at, strings.Join(crashSteps, ", "))
 	}
 	return func(step string) {
 		if step != at {

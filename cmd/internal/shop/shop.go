@@ -82,11 +82,13 @@ type Config struct {
 	// -complete-interval is its Interval. Start its completer with
 	// Shop.Runner().Start.
 	Steps *steps.Config
-	// AfterStep, when set, is called after each step of a refund ends
-	// (with the step's name: StepRefunding, StepProvider, StepRefunded,
-	// StepRefused; also when a resumed run found the step checkpointed)
-	// and after the provider's answer arrived, before its checkpoint
-	// (StepProviderCall). It is for fault injection in tests (shopd's
+	// AfterStep, when set, is called after each step of a refund or a
+	// card checkout ends (with the step's name: StepRefunding,
+	// StepProvider, StepRefunded, StepRefused; StepCharging, StepCharge,
+	// StepDeclined, StepPaid, StepShip, StepShipped; also when a resumed
+	// run found the step checkpointed) and after the provider's answer
+	// arrived, before its checkpoint (StepProviderCall, StepChargeCall,
+	// StepShipCall). It is for fault injection in tests (shopd's
 	// SHOPD_CRASH_AFTER_STEP kills the process there).
 	AfterStep func(step string)
 	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
