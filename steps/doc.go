@@ -29,7 +29,9 @@
 // A local step (Local) runs in a transaction of the journal's database;
 // its writes, its checkpoint (the step's result, encoded as JSON or by a
 // Step's Codec) and a check that the run still holds its record's lease
-// commit together or not at all. A foreign step (Foreign) calls another
+// commit together or not at all; with Step.Retry, a transaction the
+// database refused as a deadlock victim or could not serialise runs
+// again within the run instead of failing its attempt. A foreign step (Foreign) calls another
 // system with a key derived from the record's (idem.Lease.DeriveKey): the
 // same on every run, so that the other system de-duplicates the call;
 // its result is checkpointed after it returns. A run resumes after the

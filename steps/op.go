@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -370,7 +372,21 @@ type Step[T any] struct {
 	// it runs).
 	Name  string
 	Codec idem.Codec[T]
+	// Retry, for a local step, reports whether an error of its
+	// transaction (fn's, the checkpoint's or the commit's) means that
+	// the transaction rolled back and may simply run again, whole: a
+	// deadlock victim, a serialisation failure (sqlstore.Retryable says
+	// which). Local then runs it again at once, after a short jittered
+	// pause, up to LocalTries times in all, instead of failing the
+	// run's attempt. It must say false for an error after which the
+	// commit may have happened. Nil: every error ends the step.
+	// idem.ErrLeaseLost is never retried.
+	Retry func(err error) bool
 }
+
+// LocalTries bounds how many times Local runs a step's transaction when
+// Step.Retry allows running it again.
+const LocalTries = 10
 
 func (st Step[T]) codec() idem.Codec[T] {
 	if st.Codec == nil {
@@ -397,7 +413,9 @@ func (st Step[T]) checkpointed(s *Run) (out T, ok bool, err error) {
 // lease: a run whose key was taken over commits nothing
 // (idem.ErrLeaseLost). A step checkpointed before returns its result and
 // does not run. An error of fn rolls its writes back and is returned;
-// the step is not checkpointed. The journal must be a TxJournal.
+// the step is not checkpointed, unless Step.Retry lets the transaction
+// run again (a deadlock, a serialisation failure). The journal must be a
+// TxJournal.
 func (st Step[T]) Local(s *Run, fn func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
 	out, ok, err := st.checkpointed(s)
 	if ok || err != nil {
@@ -408,28 +426,54 @@ func (st Step[T]) Local(s *Run, fn func(ctx context.Context, tx *sql.Tx) (T, err
 		return out, fmt.Errorf("steps: step %q: a local step needs a TxJournal (sqlstore.StepJournal)", st.Name)
 	}
 	ctx := s.x.Context()
+	for try := 1; ; try++ {
+		var b []byte
+		out, b, err = st.localTx(ctx, s, tj, fn)
+		if err == nil {
+			s.done[st.Name] = b
+			return out, nil
+		}
+		if st.Retry == nil || try == LocalTries || errors.Is(err, idem.ErrLeaseLost) || !st.Retry(err) {
+			return out, err
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(localPause) << min(try, 6))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return out, err
+		case <-t.C:
+		}
+	}
+}
+
+// localPause is the first pause's bound before Local runs a step's
+// transaction again (doubled each try, with full jitter).
+const localPause = time.Millisecond
+
+// localTx runs one transaction of a local step: fn and the checkpoint,
+// committed together. It returns fn's result and its encoding.
+func (st Step[T]) localTx(ctx context.Context, s *Run, tj TxJournal, fn func(ctx context.Context, tx *sql.Tx) (T, error)) (out T, b []byte, err error) {
 	tx, err := tj.BeginTx(ctx)
 	if err != nil {
-		return out, fmt.Errorf("steps: step %q: begin: %w", st.Name, err)
+		return out, nil, fmt.Errorf("steps: step %q: begin: %w", st.Name, err)
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	out, err = fn(ctx, tx)
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
-	b, err := st.codec().Marshal(out)
+	b, err = st.codec().Marshal(out)
 	if err != nil {
-		return out, fmt.Errorf("steps: step %q: encode its result: %w", st.Name, err)
+		return out, nil, fmt.Errorf("steps: step %q: encode its result: %w", st.Name, err)
 	}
 	if err := tj.SaveTx(ctx, tx, s.lease, st.Name, b); err != nil {
-		return out, fmt.Errorf("steps: step %q: %w", st.Name, err)
+		return out, nil, fmt.Errorf("steps: step %q: %w", st.Name, err)
 	}
 	if err := tx.Commit(); err != nil {
 		// It may have committed: the next run's Begin tells.
-		return out, fmt.Errorf("steps: step %q: commit: %w", st.Name, err)
+		return out, nil, fmt.Errorf("steps: step %q: commit: %w", st.Name, err)
 	}
-	s.done[st.Name] = b
-	return out, nil
+	return out, b, nil
 }
 
 // Foreign runs fn, a call to another system, with a key derived from the

@@ -19,6 +19,7 @@ import (
 // With SHOPD_MAIN set, the test binary runs shopd's main with the rest of
 // its arguments.
 func TestMain(m *testing.M) {
+	runPayprovIfAsked()
 	if os.Getenv("SHOPD_MAIN") == "1" {
 		os.Args = append(os.Args[:1], os.Args[2:]...) // drop -test.run
 		main()
@@ -40,6 +41,10 @@ func TestBadFlagsExit2(t *testing.T) {
 		{"-redis", "http://cache:6379"},
 		{"-events", "Shop.EU"},
 		{"-nosuchflag"},
+		{"-provider", "ftp://provider"},
+		{"-lease", "1ms"},
+		{"-complete-interval", "0s"},
+		{"-provider-timeout", "-1s"},
 		{"-addr", "nonsense"},
 		{"-addr", busy.Addr().String()}, // a port in use
 	} {

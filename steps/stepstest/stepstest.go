@@ -80,6 +80,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
+		{"LocalStepRetriesItsTransaction", testLocalRetry},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1033,6 +1034,46 @@ func testLocalStep(t *testing.T, s Setup) {
 	}
 	if countEffects(t, s, in.ID, "reserve") != 1 || countEffects(t, s, in.ID, "book") != 1 {
 		t.Fatalf("after the answer: reserve %d, book %d; want 1 and 1", countEffects(t, s, in.ID, "reserve"), countEffects(t, s, in.ID, "book"))
+	}
+}
+
+// A local step whose Retry allows it runs its transaction again within
+// the run: the rolled-back tries leave nothing, the run answers at once.
+// Retry's refusal, or LocalTries tries, end the step with the error.
+func testLocalRetry(t *testing.T, s Setup) {
+	effects(t, s)
+	ctx := ctxOf(t)
+	r := newRunner(t, s, time.Minute, nil)
+	var tries atomic.Int32
+	op, err := steps.Define(r, "local-retry-"+unique(t), func(ctx context.Context, run *steps.Run, in Transfer) (int, error) {
+		step := steps.Step[int]{Name: "book", Retry: func(err error) bool { return errors.Is(err, errFlaky) }}
+		return step.Local(run, func(ctx context.Context, tx *sql.Tx) (int, error) {
+			if err := insertEffect(ctx, s, tx, in.ID, "book"); err != nil {
+				return 0, err
+			}
+			if n := tries.Add(1); n <= int32(in.Amount) {
+				return 0, errFlaky // rolls the insert back; runs again
+			}
+			return in.Amount, nil
+		})
+	}, &steps.OpConfig[Transfer, int]{Key: func(in Transfer) (string, string, error) { return "", in.ID, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Transfer{ID: unique(t), Amount: 2}
+	if out, _, err := op.Call(ctx, in); err != nil || out != 2 || tries.Load() != 3 {
+		t.Fatalf("Call: %d, %v after %d tries; want 2 after 3 tries", out, err, tries.Load())
+	}
+	if n := countEffects(t, s, in.ID, "book"); n != 1 {
+		t.Fatalf("book committed %d times, want 1", n)
+	}
+	tries.Store(0)
+	always := Transfer{ID: unique(t), Amount: 1000}
+	if _, _, err := op.Call(ctx, always); !errors.Is(err, errFlaky) || tries.Load() != steps.LocalTries {
+		t.Fatalf("Call that always fails: %v after %d tries; want errFlaky after %d", err, tries.Load(), steps.LocalTries)
+	}
+	if n := countEffects(t, s, always.ID, "book"); n != 0 {
+		t.Fatalf("a step that never committed left %d rows", n)
 	}
 }
 

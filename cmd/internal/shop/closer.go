@@ -408,7 +408,7 @@ func (s *Shop) closeOrder(ctx context.Context, fence int64, orderNo string, vers
 		} else if n == 0 {
 			return ErrFenced
 		}
-		t, err := s.transitionOrder(ctx, tx, orderNo, StatusClosed, version)
+		t, err := s.transitionOrder(ctx, tx, orderNo, trClose, version)
 		var illegal *illegalTransitionError
 		var conflict *conflictError
 		switch {

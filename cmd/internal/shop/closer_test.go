@@ -488,7 +488,7 @@ func TestCloseJobCountsOnTheDatabaseClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inTwoHours, err := shop.New(shop.Config{DB: later, Dialect: sqlstore.MySQL, Store: store})
+	inTwoHours, err := shop.New(shop.Config{DB: later, Dialect: sqlstore.MySQL, Store: store, Provider: testProvider(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@
 //	GET  /products            the catalogue, with the stock left
 //	POST /orders/{order_no}/cancel   cancel a waiting order (WAIT_PAY → CANCELLED)
 //	POST /orders/{order_no}/refunds  refund a paid order (Idempotency-Key required)
+//	POST /orders/{order_no}/card-checkout  pay a waiting order by card and ship it:
+//	                                 {"source", "address"} (Idempotency-Key required)
 //	POST /coupons/{id}/claim  claim a coupon, once per user
 //	GET  /users/me/coupons    the caller's coupon claims
 //	GET  /users/me/points     the caller's loyalty points: {"balance", "ledger":[{"order_no","event","points","at"}]}
@@ -59,16 +61,25 @@
 // transaction; its amount_cents is price × quantity minus the coupon's
 // discount. Every change of an order's status is a transition of one
 // state machine (orderfsm.go): WAIT_PAY → PAID (payment), WAIT_PAY →
+// CHARGING → PAID (a card checkout; CHARGING → WAIT_PAY when the card is
+// declined), WAIT_PAY →
 // CANCELLED (the owner), WAIT_PAY → CLOSED (the close job, after
-// -pay-timeout, default 30m), PAID → REFUNDED. Its Mermaid diagram (a
+// -pay-timeout, default 30m), PAID → REFUNDING → REFUNDED (a refund,
+// through the payment provider), REFUNDING → PAID (the provider refused
+// it). Its Mermaid diagram (a
 // test keeps it, and the README's, equal to the machine's):
 //
 //	stateDiagram-v2
 //	    [*] --> WAIT_PAY
 //	    WAIT_PAY --> PAID: pay
+//	    WAIT_PAY --> CHARGING: charge
+//	    CHARGING --> PAID: charged
+//	    CHARGING --> WAIT_PAY: declined
 //	    WAIT_PAY --> CANCELLED: cancel
 //	    WAIT_PAY --> CLOSED: close
-//	    PAID --> REFUNDED: refund
+//	    PAID --> REFUNDING: refund
+//	    REFUNDING --> REFUNDED: refunded
+//	    REFUNDING --> PAID: refused
 //	    CANCELLED --> [*]
 //	    CLOSED --> [*]
 //	    REFUNDED --> [*]
@@ -82,6 +93,40 @@
 // harmless (the same order, the same claim). A claim is unique on (user,
 // coupon) and takes one of the coupon's total in its transaction; a refund
 // is unique on its order.
+//
+// # Refunds
+//
+// A refund goes through the payment provider (-provider; package payprov
+// simulates one), as an operation of steps (package steps) under the
+// request's idempotency record, each step checkpointed in the shop's
+// database (sqlstore.StepJournal):
+//
+//	refunding  PAID → REFUNDING and the refund row (REFUNDING), one transaction
+//	provider   POST /v1/refunds at the provider, under a key derived from the
+//	           request's (the payment: the order's trade_no; its amount)
+//	refunded   the row REFUNDED with the provider's refund id, REFUNDING →
+//	           REFUNDED and the event order.refunded, one transaction
+//	refused    instead, on the provider's definite refusal: the row deleted,
+//	           REFUNDING → PAID, one transaction
+//
+// The answer is stored in the record with the operation's end: 201 and the
+// refund; 200 and the existing refund for an order refunded already
+// (another key); 409 REFUND_REFUSED when the provider refused (the order is
+// PAID again and a new key may ask again); 404 NOT_FOUND (no such
+// order), 409 ORDER_NOT_REFUNDABLE (not paid). When the provider fails or
+// does not answer within -provider-timeout (10 s), the answer is 503
+// PROVIDER_UNAVAILABLE with Retry-After, the key is released and the order
+// stays REFUNDING: the client's retry with the same key resumes at the
+// first step not done, and the provider, which de-duplicates by the key,
+// refunds once. A request with another key meanwhile gets 409
+// REFUND_IN_PROGRESS (not stored). The completer (steps.Runner.Start, in
+// every shopd, every -complete-interval, 5 s) finishes the refunds whose
+// client stopped retrying, or whose shopd died between two steps, and
+// stores the same answer a client would have got. Without -provider (and
+// $SHOPD_PROVIDER), shopd embeds a simulated provider on a free loopback
+// port, logs its URL, and keeps its state next to the SQLite file
+// (payprov.json), so that a refund resumed after a restart meets the
+// provider that made it; with a server database, in memory only.
 //
 // The close job runs in every shopd: a pass every tenth of -pay-timeout
 // (from 1 s to 1 min) closes the expired orders, 100 a batch,
@@ -184,6 +229,24 @@
 // through its own handler; its trade number is derived from the order, so
 // paying twice repeats one trade instead of paying twice.
 //
+// # Card checkouts
+//
+// POST /orders/{order_no}/card-checkout {"source": "tok_visa", "address":
+// "…"} pays a waiting order with a card at the payment provider and books
+// its shipment with the carrier (payprov's /v1/charges and
+// /v1/shipments): two foreign calls in one operation of steps, named
+// card-checkout. WAIT_PAY → CHARGING first (the close job and a cancel
+// leave a CHARGING order alone); the charge; CHARGING → PAID with the
+// payment row (trade_no: the charge's id, so a refund refunds the charge)
+// and order.paid; the shipment; the shipment row (shop_shipments). It
+// answers 201 {"order_no", "status", "amount_cents", "charge_id",
+// "shipment_id", "tracking_number"}; 402 CARD_DECLINED when the card was
+// declined (the order is WAIT_PAY again); 409 SHIPMENT_REFUSED when the
+// carrier refused (the order stays PAID); 409 ORDER_NOT_PAYABLE for an
+// order not waiting for its payment; 503 PROVIDER_UNAVAILABLE as refunds
+// do. A retry after the charge resumes at the shipment: the card is
+// charged once.
+//
 // # Running
 //
 // Main runs shopd: the first SIGINT or SIGTERM stops accepting requests
@@ -198,7 +261,14 @@
 // its answer, 1 m; it must exceed -read-timeout plus -wait, and when it is
 // not given it grows to -read-timeout + -wait + 30 s if that is longer)
 // and -idle-timeout (a keep-alive connection between requests, 1 m). Flags
-// are checked and -addr is bound before any data is touched.
+// are checked and -addr is bound before any data is touched. -lease (30 s)
+// is how long a request holds its Idempotency-Key, renewed while it runs:
+// a request whose shopd died is taken over by a retry once it ends. The
+// environment variable SHOPD_CRASH_AFTER_STEP (a step of a refund:
+// refunding, provider-call, provider, refunded, refused; or of a card
+// checkout: charging, charge-call, charge, declined, paid, ship-call,
+// ship, shipped) makes shopd kill itself with SIGKILL when that step ends,
+// for crash tests (Config.AfterStep).
 //
 // # Events and loyalty points
 //

@@ -128,7 +128,7 @@ func TestReadsEndWhenDatabaseHangs(t *testing.T) {
 	if err := shop.Migrate(ctx, db, sqlstore.PostgreSQL); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: sqlstore.PostgreSQL, Store: store})
+	s, err := shop.New(shop.Config{DB: db, Dialect: sqlstore.PostgreSQL, Store: store, Provider: testProvider(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func TestClientGoneIsNotAnError(t *testing.T) {
 	}
 	reqCtx, cancel := context.WithCancel(ctx)
 	logs := &levelCounter{}
-	s, err := shop.New(shop.Config{DB: db, Store: cancelAfterAcquire{store, cancel}, Logger: slog.New(logs)})
+	s, err := shop.New(shop.Config{DB: db, Store: cancelAfterAcquire{store, cancel}, Provider: testProvider(t), Logger: slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestClientGoneIsNotAnError(t *testing.T) {
 		t.Fatalf("%d orders (%v) for a cancelled request, want 0", n, err)
 	}
 
-	s2, err := shop.New(shop.Config{DB: db, Store: store})
+	s2, err := shop.New(shop.Config{DB: db, Store: store, Provider: testProvider(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

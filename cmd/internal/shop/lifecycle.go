@@ -2,17 +2,13 @@ package shop
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net/http"
 	"time"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
 	"github.com/idemkit/idem/uniq"
 )
@@ -31,8 +27,6 @@ const (
 	// The claim the order used, and only that one, becomes usable again.
 	sqlReleaseClaim = `UPDATE shop_coupon_claims SET status = 'UNUSED', order_no = NULL, version = version + 1
 		WHERE user_id = ? AND coupon_id = ? AND status = 'USED' AND order_no = ?`
-	sqlInsertRefund = `INSERT INTO shop_refunds (refund_no, order_no, amount_cents, status, created_ms) VALUES (?, ?, ?, ?, ?)`
-	sqlGetRefund    = `SELECT refund_no, order_no, amount_cents, status FROM shop_refunds WHERE order_no = ?`
 )
 
 // The retry policy of every transaction the shop runs: a transaction the
@@ -162,7 +156,7 @@ func (s *Shop) cancelOrder(ctx context.Context, user int64, orderNo string) (Ord
 			} else if err != nil {
 				return err
 			}
-			t, err := s.transitionOrder(ctx, tx, orderNo, StatusCancelled, o.Version)
+			t, err := s.transitionOrder(ctx, tx, orderNo, trCancel, o.Version)
 			var illegal *illegalTransitionError
 			var conflict *conflictError
 			switch {
@@ -197,108 +191,4 @@ func (s *Shop) cancelHandler(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, o)
-}
-
-// Refund is a refund as the API shows it.
-type Refund struct {
-	RefundNo    string `json:"refund_no"`
-	OrderNo     string `json:"order_no"`
-	AmountCents int64  `json:"amount_cents"`
-	Status      string `json:"status"`
-}
-
-// newRefundNo returns a random refund number, e.g. "ref_3f9c0a5e1b2d4c6f8a7e9b10".
-func newRefundNo() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "ref_" + hex.EncodeToString(b[:])
-}
-
-// refundOrder refunds user's paid order orderNo in tx: it inserts the
-// refund row, unique on the order (insert first; a duplicate reads the
-// row that is there), and, when it created the row, moves the order PAID →
-// REFUNDED with the version it read. It returns the refund and whether this
-// call created it. Refusals are *problemError: NOT_FOUND,
-// ORDER_NOT_REFUNDABLE (not paid).
-func (s *Shop) refundOrder(ctx context.Context, tx *sql.Tx, user int64, orderNo string) (Refund, bool, error) {
-	o, err := s.orderOf(ctx, tx, user, orderNo)
-	if errors.Is(err, errOrderNotFound) {
-		return Refund{}, false, problemOrderNotFound
-	} else if err != nil {
-		return Refund{}, false, err
-	}
-	notRefundable := func(status string) error {
-		return &problemError{http.StatusConflict, CodeOrderNotRefundable, "Order not refundable",
-			fmt.Sprintf("order %s is %s; only a paid order (PAID) can be refunded", orderNo, status)}
-	}
-	if o.Status != StatusPaid && o.Status != StatusRefunded {
-		return Refund{}, false, notRefundable(o.Status)
-	}
-	ref := Refund{RefundNo: newRefundNo(), OrderNo: orderNo, AmountCents: o.AmountCents, Status: StatusRefunded}
-	ref, created, err := insertOrGet(ctx, tx,
-		func(ctx context.Context, q querier) (Refund, error) {
-			_, err := q.ExecContext(ctx, rebind(s.dialect, sqlInsertRefund), ref.RefundNo, ref.OrderNo, ref.AmountCents, ref.Status, time.Now().UnixMilli())
-			return ref, err
-		},
-		func(ctx context.Context, q querier) (Refund, error) {
-			var got Refund
-			err := q.QueryRowContext(ctx, rebind(s.dialect, sqlGetRefund+lockingRead(s.dialect)), orderNo).Scan(&got.RefundNo, &got.OrderNo, &got.AmountCents, &got.Status)
-			return got, err
-		})
-	if err != nil {
-		return Refund{}, false, fmt.Errorf("refund row: %w", err)
-	}
-	if !created {
-		return ref, false, nil
-	}
-	t, err := s.transitionOrder(ctx, tx, orderNo, StatusRefunded, o.Version)
-	var illegal *illegalTransitionError
-	switch {
-	case errors.As(err, &illegal):
-		return Refund{}, false, notRefundable(illegal.Current)
-	case err != nil:
-		// A conflict cannot happen (only a refund moves a paid order,
-		// and the refund row this call holds excludes another); report
-		// it as the failure it would be.
-		return Refund{}, false, err
-	case t.AlreadyApplied:
-		return Refund{}, false, fmt.Errorf("shop: order %s is REFUNDED without a refund row", orderNo)
-	}
-	if err := s.addEvent(ctx, tx, EventOrderRefunded, orderNo); err != nil {
-		return Refund{}, false, err
-	}
-	return ref, true, nil
-}
-
-func (s *Shop) refundHandler(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	var resp idem.Response
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		ref, created, err := s.refundOrder(ctx, tx, userFrom(ctx), r.PathValue("order_no"))
-		if err != nil {
-			return err
-		}
-		status := http.StatusOK
-		if created {
-			status = http.StatusCreated
-		}
-		if resp, err = idemhttp.JSONResponse(status, ref); err != nil {
-			return err
-		}
-		// The stored answer commits with the refund, or neither does.
-		if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
-			return exec.CompleteTx(ctx, tx, resp)
-		}
-		return nil
-	})
-	switch {
-	case errors.Is(err, idem.ErrLeaseLost):
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, http.StatusConflict, idemhttp.CodeProcessing, "Request in progress",
-			"another execution of this request took over; retry to get its answer")
-	case err != nil:
-		s.answerError(w, r, "refund order", err)
-	default:
-		idemhttp.WriteResponse(w, resp)
-	}
 }

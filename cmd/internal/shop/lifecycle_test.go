@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/cmd/internal/shop"
 	"github.com/idemkit/idem/sqlstore"
@@ -209,7 +210,8 @@ func TestRefundOrder(t *testing.T) {
 		if status != 200 || other != ref || replayed != "" {
 			t.Fatalf("another key: %d %+v replayed=%q, want 200 with %+v", status, other, replayed, ref)
 		}
-		if r := readOrderRow(t, db, b.dialect, o.OrderNo, 5); r.Status != "REFUNDED" || r.Version != 3 || r.Refunds != 1 {
+		// PAID (2) → REFUNDING (3) → REFUNDED (4).
+		if r := readOrderRow(t, db, b.dialect, o.OrderNo, 5); r.Status != "REFUNDED" || r.Version != 4 || r.Refunds != 1 {
 			t.Fatalf("after refunds: %+v", r)
 		}
 		var refundNo string
@@ -230,7 +232,9 @@ func TestRefundOrder(t *testing.T) {
 }
 
 // 10 refunds of one paid order at once, each with its own key: one refund
-// row, one 201, nine 200 with the same refund.
+// row, one 201, nine 200 with the same refund. A refund that meets
+// another in progress is 409 REFUND_IN_PROGRESS, not stored: its client
+// retries with the same key until it gets the refund.
 func TestConcurrentRefunds(t *testing.T) {
 	forIsolations(t, func(t *testing.T, b backend) {
 		s, db := newShop(t, b)
@@ -244,7 +248,14 @@ func TestConcurrentRefunds(t *testing.T) {
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				statuses[i], refunds[i], _, _ = refund(t, s, 5, "key-"+strconv.Itoa(i), o.OrderNo)
+				for {
+					var code string
+					statuses[i], refunds[i], code, _ = refund(t, s, 5, "key-"+strconv.Itoa(i), o.OrderNo)
+					if statuses[i] != 409 || code != shop.CodeRefundInProgress {
+						return
+					}
+					time.Sleep(5 * time.Millisecond) // pacing only: the loop ends on an answer
+				}
 			})
 		}
 		close(start)
@@ -264,7 +275,7 @@ func TestConcurrentRefunds(t *testing.T) {
 		if created != 1 {
 			t.Errorf("%d answers 201, want 1", created)
 		}
-		if r := readOrderRow(t, db, b.dialect, o.OrderNo, 5); r.Status != "REFUNDED" || r.Version != 3 || r.Refunds != 1 {
+		if r := readOrderRow(t, db, b.dialect, o.OrderNo, 5); r.Status != "REFUNDED" || r.Version != 4 || r.Refunds != 1 {
 			t.Fatalf("after %d refunds: %+v", n, r)
 		}
 	})

@@ -124,7 +124,7 @@ func (s *Shop) HandleLoyalty(ctx context.Context, tx *sql.Tx, d inbox.Delivery) 
 	case user != ev.UserID || amount != ev.AmountCents:
 		return fmt.Errorf("%w: %s of order %s for user %d and %d cents; the order is user %d's, of %d cents",
 			errBadEvent, ev.Event, ev.OrderNo, ev.UserID, ev.AmountCents, user, amount)
-	case ev.Event == EventOrderPaid && status != StatusPaid && status != StatusRefunded,
+	case ev.Event == EventOrderPaid && status != StatusPaid && status != StatusRefunding && status != StatusRefunded,
 		ev.Event == EventOrderRefunded && status != StatusRefunded:
 		return fmt.Errorf("%w: %s of order %s, which is %s", errBadEvent, ev.Event, ev.OrderNo, status)
 	}

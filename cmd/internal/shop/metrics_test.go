@@ -95,7 +95,7 @@ func metricsShopOn(t *testing.T, b backend) (*shop.Shop, *httptest.Server, *sql.
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Observer: obs,
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Observer: obs, Provider: testProvider(t),
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
 		t.Fatal(err)

@@ -15,20 +15,32 @@ import (
 // fsm). Every change of an order's status goes through transitionOrder:
 //
 //	WAIT_PAY → PAID       the payment callback
+//	WAIT_PAY → CHARGING   a card checkout begins (POST /orders/{order_no}/card-checkout)
+//	CHARGING → PAID       the payment provider charged the card
+//	CHARGING → WAIT_PAY   the payment provider declined the card
 //	WAIT_PAY → CANCELLED  the owner (POST /orders/{order_no}/cancel)
 //	WAIT_PAY → CLOSED     the close job, for orders unpaid for -pay-timeout
-//	PAID     → REFUNDED   a refund (POST /orders/{order_no}/refunds)
+//	PAID      → REFUNDING  a refund begins (POST /orders/{order_no}/refunds)
+//	REFUNDING → REFUNDED   the payment provider refunded it
+//	REFUNDING → PAID       the payment provider refused the refund, for good
 //
-// CANCELLED, CLOSED and REFUNDED are final.
+// CANCELLED, CLOSED and REFUNDED are final. A refund is an operation of
+// steps (refund.go): an order stays REFUNDING while the provider's answer
+// is unknown, until a retry or the completer learns it.
 var orderMachine = fsm.MustNew(&fsm.Definition{
-	States:  []fsm.State{StatusWaitPay, StatusPaid, StatusCancelled, StatusClosed, StatusRefunded},
+	States:  []fsm.State{StatusWaitPay, StatusCharging, StatusPaid, StatusCancelled, StatusClosed, StatusRefunding, StatusRefunded},
 	Initial: StatusWaitPay,
 	Final:   []fsm.State{StatusCancelled, StatusClosed, StatusRefunded},
 	Transitions: []fsm.Transition{
-		{Name: "pay", From: []fsm.State{StatusWaitPay}, To: StatusPaid},
-		{Name: "cancel", From: []fsm.State{StatusWaitPay}, To: StatusCancelled},
-		{Name: "close", From: []fsm.State{StatusWaitPay}, To: StatusClosed},
-		{Name: "refund", From: []fsm.State{StatusPaid}, To: StatusRefunded},
+		{Name: trPay, From: []fsm.State{StatusWaitPay}, To: StatusPaid},
+		{Name: trCharge, From: []fsm.State{StatusWaitPay}, To: StatusCharging},
+		{Name: trCharged, From: []fsm.State{StatusCharging}, To: StatusPaid},
+		{Name: trDeclined, From: []fsm.State{StatusCharging}, To: StatusWaitPay},
+		{Name: trCancel, From: []fsm.State{StatusWaitPay}, To: StatusCancelled},
+		{Name: trClose, From: []fsm.State{StatusWaitPay}, To: StatusClosed},
+		{Name: trRefund, From: []fsm.State{StatusPaid}, To: StatusRefunding},
+		{Name: trRefunded, From: []fsm.State{StatusRefunding}, To: StatusRefunded},
+		{Name: trRefused, From: []fsm.State{StatusRefunding}, To: StatusPaid},
 	},
 })
 
@@ -80,20 +92,40 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// transitionOrder moves order orderNo to `to` through orderMachine: one
-// conditional update (status in the legal sources of to, and version =
-// version when version is positive; updated_ms set in the same statement),
-// in q (a transaction, so that the transition commits with its side
-// effects). When no row moved, fsm reads the row (a locking read on
-// MySQL) and transitionOrder answers: already in to → AlreadyApplied;
-// another state → *illegalTransitionError; the version moved →
-// *conflictError; no row → errOrderNotFound.
-func (s *Shop) transitionOrder(ctx context.Context, q querier, orderNo, to string, version int64) (orderTransition, error) {
+// Transitions of orderMachine, by name (transitionOrder fires them).
+const (
+	trPay      = "pay"
+	trCharge   = "charge"
+	trCharged  = "charged"
+	trDeclined = "declined"
+	trCancel   = "cancel"
+	trClose    = "close"
+	trRefund   = "refund"
+	trRefunded = "refunded"
+	trRefused  = "refused"
+)
+
+// transitionOrder makes the transition named name of orderNo through
+// orderMachine: one conditional update (status in the transition's
+// sources, and version = version when version is positive; updated_ms set
+// in the same statement), in q (a transaction, so that the transition
+// commits with its side effects). Only the named transition's sources
+// move: a payment never moves a REFUNDING order to PAID, though "refused"
+// leads there. When no row moved, fsm reads the row (a locking read on
+// MySQL) and transitionOrder answers: already in the target →
+// AlreadyApplied; another state → *illegalTransitionError; the version
+// moved → *conflictError; no row → errOrderNotFound.
+func (s *Shop) transitionOrder(ctx context.Context, q querier, orderNo, name string, version int64) (orderTransition, error) {
+	tr, ok := orderMachine.Lookup(name)
+	if !ok {
+		return orderTransition{}, fmt.Errorf("shop: order transition %q is not declared", name)
+	}
+	to := string(tr.To)
 	opts := []fsm.Option{fsm.Set("updated_ms", time.Now().UnixMilli())}
 	if version > 0 {
 		opts = append(opts, fsm.IfVersion(version))
 	}
-	r, err := s.orders.Transition(ctx, q, orderNo, fsm.State(to), opts...)
+	r, err := s.orders.Fire(ctx, q, orderNo, name, opts...)
 	var illegal *fsm.IllegalTransitionError
 	var conflict *fsm.ConflictError
 	switch {

@@ -580,7 +580,7 @@ func (e *orderStatusError) Error() string { return "shop: order is " + e.status 
 // nothing it says why: errAlreadyPaid, an *orderStatusError (another
 // state), errOrderMoved (still WAIT_PAY, another version) or an error.
 func (s *Shop) markOrderPaid(ctx context.Context, tx *sql.Tx, orderNo string, version int64) error {
-	tr, err := s.transitionOrder(ctx, tx, orderNo, StatusPaid, version)
+	tr, err := s.transitionOrder(ctx, tx, orderNo, trPay, version)
 	var illegal *illegalTransitionError
 	var conflict *conflictError
 	switch {
@@ -631,7 +631,7 @@ func (s *Shop) simulatePayment(ctx context.Context, user int64, orderNo string) 
 	switch o.Status {
 	case StatusCancelled, StatusClosed:
 		return notPayable(paymentCallback{OrderNo: orderNo}, o.Status).problem
-	case StatusPaid, StatusRefunded:
+	case StatusPaid, StatusRefunding, StatusRefunded:
 		return nil
 	}
 	body, err := json.Marshal(paymentCallback{OrderNo: o.OrderNo, TradeNo: s.tradeNoFor(o.OrderNo), AmountCents: o.AmountCents, Status: PaymentSuccess})

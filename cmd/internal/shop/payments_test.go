@@ -44,7 +44,7 @@ func newPayShop(t *testing.T, b backend) (*shop.Shop, *sql.DB) {
 	if err := shop.Seed(ctx, db, b.dialect, shop.DefaultCatalog()); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, PaySecret: testPaySecret, Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))})
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, PaySecret: testPaySecret, Provider: testProvider(t), Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,10 @@ package shop
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
 )
 
@@ -29,6 +31,13 @@ const (
 	CodeCouponSoldOut       = "COUPON_SOLD_OUT"       // 409
 	CodeOrderNotCancellable = "ORDER_NOT_CANCELLABLE" // 409
 	CodeOrderNotRefundable  = "ORDER_NOT_REFUNDABLE"  // 409
+	CodeRefundInProgress    = "REFUND_IN_PROGRESS"    // 409, Retry-After
+	CodeRefundRefused       = "REFUND_REFUSED"        // 409
+	CodeProviderUnavailable = "PROVIDER_UNAVAILABLE"  // 503, Retry-After
+	// Card checkouts (POST /orders/{order_no}/card-checkout).
+	CodeCheckoutInProgress = "CHECKOUT_IN_PROGRESS" // 409, Retry-After
+	CodeCardDeclined       = "CARD_DECLINED"        // 402
+	CodeShipmentRefused    = "SHIPMENT_REFUSED"     // 409
 	// Submit tokens (POST /orders with Submit-Token).
 	CodeInvalidToken        = "INVALID_TOKEN"        // 400
 	CodeDuplicateSubmission = "DUPLICATE_SUBMISSION" // 409
@@ -41,6 +50,8 @@ var shopCodes = map[string]bool{
 	CodeUnknownSKU: true, CodeOutOfStock: true, CodeCouponNotUsable: true,
 	CodeBadSignature: true, CodeOrderNotFound: true, CodeAmountMismatch: true, CodeOrderNotPayable: true, CodeTradeConflict: true,
 	CodeCouponSoldOut: true, CodeOrderNotCancellable: true, CodeOrderNotRefundable: true,
+	CodeRefundInProgress: true, CodeRefundRefused: true, CodeProviderUnavailable: true,
+	CodeCheckoutInProgress: true, CodeCardDeclined: true, CodeShipmentRefused: true,
 	CodeInvalidToken: true, CodeDuplicateSubmission: true, CodeTokenReused: true,
 }
 
@@ -75,6 +86,17 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string)
 		idemhttp.WriteProblem(w, status, code, title, detail)
 		return
 	}
+	resp := problemResponse(status, code, title, detail)
+	h := w.Header()
+	h["Content-Type"] = resp.Header["Content-Type"]
+	delete(h, "Content-Length")
+	w.WriteHeader(status)
+	_, _ = w.Write(resp.Body)
+}
+
+// problemResponse is the answer writeProblem writes for one of the shop's
+// own codes, as a response to store (an operation's answer, steps.OpConfig.Encode).
+func problemResponse(status int, code, title, detail string) idem.Response {
 	b, err := json.Marshal(problem{
 		Type:   problemTypeBase + strings.ToLower(code),
 		Title:  title,
@@ -83,12 +105,7 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string)
 		Code:   code,
 	})
 	if err != nil { // cannot happen: strings and an int always encode
-		idemhttp.WriteProblem(w, status, code, title, detail)
-		return
+		b = []byte(`{"status":` + strconv.Itoa(status) + `,"code":"` + code + `"}`)
 	}
-	h := w.Header()
-	h["Content-Type"] = []string{"application/problem+json"}
-	delete(h, "Content-Length")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	return idem.Response{StatusCode: status, Header: map[string][]string{"Content-Type": {"application/problem+json"}}, Body: b}
 }

@@ -22,8 +22,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/internal/admin"
 	"github.com/idemkit/idem/cmd/internal/dsn"
+	"github.com/idemkit/idem/cmd/internal/payprov"
 	"github.com/idemkit/idem/cmd/internal/tracing"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/tieredstore"
 )
 
@@ -144,6 +146,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dbFlag := fs.String("db", "", "database of the orders and the idempotency records: sqlite:PATH, postgres://user:pass@host:port/db, "+
 		"mysql://user:pass@host:port/db or mysql:DSN (a go-sql-driver DSN) (default sqlite:DATA/shop.db)")
 	redisFlag := fs.String("redis", "", "redis://[user:pass@]host:port/db: put Redis in front of the database (tieredstore); empty: the database alone")
+	lease := fs.Duration("lease", idem.DefaultLease, "how long a request holds its Idempotency-Key before a retry may take it over (renewed while it runs); "+
+		"a request whose shopd died is resumed by a retry after that")
 	wait := fs.Duration("wait", 0, "how long a retry waits for an in-flight first request before 409 (0: answer 409 at once)")
 	catalogFlag := fs.String("catalog", "", "JSON file of the catalogue a fresh database starts with (default: SKU-1, BOOK-1 and coupon 1)")
 	paySecret := fs.String("pay-secret", "", "secret of payment callbacks' Pay-Signature (HMAC-SHA256), shared with the payment provider "+
@@ -162,6 +166,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	adminToken := fs.String("admin-token", "", "token of the operator page at /admin/ (at least 16 bytes; default $"+adminTokenEnv+"; "+
 		"neither: the page is off); prefer the environment variable, which ps does not show")
 	adminLogKeys := fs.Bool("admin-log-keys", false, "log the raw idempotency key and message ID of the operator page's actions (default: their hash only)")
+	providerFlag := fs.String("provider", "", "base URL of the payment provider that refunds (http://host:port; default $"+providerEnv+"; "+
+		"neither: a simulated provider (payprov) embedded in shopd, on a free loopback port, its URL logged)")
+	providerTimeout := fs.Duration("provider-timeout", defaultProviderTimeout, "longest wait for one call to the payment provider; "+
+		"a refund whose call times out answers 503 PROVIDER_UNAVAILABLE and is resumed by a retry or the completer")
+	completeInterval := fs.Duration("complete-interval", defaultCompleteInterval, "how often the completer looks for refunds whose client stopped retrying, and finishes them")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	readTimeout := fs.Duration("read-timeout", defaultReadTimeout,
 		"longest time to read a request, headers and body; a slower client's connection is closed")
@@ -180,8 +189,33 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// net.Listen would take every interface and a random port.
 		return errors.New("shopd: -addr must be host:port (127.0.0.1:8080, or :8080 for every interface)")
 	}
+	if *lease < time.Second || *lease > time.Hour {
+		return errors.New("shopd: -lease must be from 1s to 1h")
+	}
 	if *wait < 0 {
 		return fmt.Errorf("shopd: -wait must not be negative")
+	}
+	if *providerTimeout <= 0 {
+		return errors.New("shopd: -provider-timeout must be positive")
+	}
+	if *completeInterval <= 0 {
+		return errors.New("shopd: -complete-interval must be positive")
+	}
+	if set := flagSet(fs); set["provider"] && *providerFlag == "" {
+		return errors.New("shopd: -provider must not be empty (leave it out for $" + providerEnv + " or the embedded provider)")
+	}
+	providerURL := *providerFlag
+	if providerURL == "" {
+		providerURL = os.Getenv(providerEnv)
+	}
+	if providerURL != "" {
+		if err := checkProviderURL(providerURL); err != nil {
+			return err
+		}
+	}
+	crashStep, err := crashAfterStep()
+	if err != nil {
+		return err
 	}
 	if *payTimeout <= 0 || *payTimeout > MaxPayTimeout {
 		return fmt.Errorf("shopd: -pay-timeout must be positive and at most %v", MaxPayTimeout)
@@ -197,8 +231,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The write deadline counts from the end of a request's headers: it
 	// must leave room for the body (-read-timeout) and a retry's wait, or
 	// a slow client's order is created and its answer cannot be written.
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := flagSet(fs)
 	const maxTimeout = 24 * time.Hour
 	for _, d := range []struct {
 		name string
@@ -385,12 +418,35 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// consumer's and the relay's.
 	counters := &admin.Counters{}
 	observer := idem.Observers(obs, counters, traces.Observer())
-	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
-		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
+	if providerURL == "" {
+		// Its state lives next to the SQLite file, so that a refund
+		// resumed after a restart meets the provider that made it.
+		state := ""
+		if target.Dialect == sqlstore.SQLite {
+			state = filepath.Join(filepath.Dir(target.SQLitePath), "payprov.json")
+		}
+		stopProvider, url, err := startProvider(log, state)
+		if err != nil {
+			return fmt.Errorf("shopd: embedded payment provider: %w", err)
+		}
+		defer stopProvider()
+		providerURL = url
+		log.Info("shopd: refunds go to the embedded payment provider (payprov); give -provider or "+providerEnv+" for a real one", "provider", url)
+	}
+	provider := &payprov.Client{BaseURL: providerURL, HTTP: &http.Client{Timeout: *providerTimeout}}
+	shop, err := New(Config{DB: db, Dialect: target.Dialect, Store: store, Lease: *lease, Wait: *wait, Logger: log, PaySecret: secret, EventIDPrefix: *eventPrefix,
+		Observer: observer, StoreName: storeName, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Provider: provider, Steps: &steps.Config{Interval: *completeInterval}, AfterStep: crashStep})
 	if err != nil {
 		return err
 	}
 	defer shop.Close()
+	// The completer finishes refunds their clients left; it stops before
+	// the shop and the database close.
+	if err := shop.Runner().Start(); err != nil {
+		return fmt.Errorf("shopd: %w", err)
+	}
+	defer shop.Runner().Close()
 	// The close job runs in every instance; it stops before the database
 	// closes.
 	closer, err := shop.NewCloser(&CloserConfig{PayTimeout: *payTimeout, Retention: *eventRetention})
@@ -444,11 +500,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if redisDisplay != "" {
 		where += ", cache " + redisDisplay
 	}
-	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\nevents: %s\n\nTry it:\n"+
+	fmt.Fprintf(stdout, "shopd listening on %s (database %s)\nevents: %s\npayment provider: %s\n\nTry it:\n"+
 		"  curl -i -X POST %s/orders -H 'X-User-ID: 1' -H 'Idempotency-Key: order-1' \\\n"+
 		"       -H 'Content-Type: application/json' -d '{\"sku\":\"BOOK-1\",\"quantity\":2}'\n"+
 		"  (run it again: the same order comes back with Idempotent-Replayed: true)\n"+
-		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, base, base)
+		"  curl -s %s/orders -H 'X-User-ID: 1'\n", base, where, events.display, providerURL, base, base)
 
 	if *adminToken != "" {
 		fmt.Fprintf(stdout, "operator page: %s/admin/ (token of -admin-token or $%s)\n", base, adminTokenEnv)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/fsm"
 	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/sqlstore"
+	"github.com/idemkit/idem/steps"
 	"github.com/idemkit/idem/token"
 )
 
@@ -36,6 +37,12 @@ type Config struct {
 	// responses in one transaction it must complete in DB's transactions
 	// (idem.TxCompleter on the same database).
 	Store idem.Store
+	// Lease is how long an execution holds its idempotency key before
+	// another may take it over (renewed while it runs): the lease of the
+	// middleware's records and of the refund runner's. Zero means
+	// idem.DefaultLease (30 s). A request whose shopd died is resumed by
+	// a retry after it ends.
+	Lease time.Duration
 	// Wait, when positive, makes a retry that arrives while the first
 	// request is running wait up to this long and replay its answer instead
 	// of getting 409 PROCESSING.
@@ -65,6 +72,25 @@ type Config struct {
 	// StoreName names Store in Observer's events; empty means the
 	// dialect's name ("sqlite", "postgres", "mysql").
 	StoreName string
+	// Provider refunds payments, charges cards and books shipments
+	// (required): refunds and card checkouts go through it as operations
+	// of steps (refund.go, cardcheckout.go); shopd's is a
+	// *payprov.Client.
+	Provider Provider
+	// Steps configures the runner of the refund operations (nil:
+	// steps' defaults; its Logger defaults to Logger): shopd's
+	// -complete-interval is its Interval. Start its completer with
+	// Shop.Runner().Start.
+	Steps *steps.Config
+	// AfterStep, when set, is called after each step of a refund or a
+	// card checkout ends (with the step's name: StepRefunding,
+	// StepProvider, StepRefunded, StepRefused; StepCharging, StepCharge,
+	// StepDeclined, StepPaid, StepShip, StepShipped; also when a resumed
+	// run found the step checkpointed) and after the provider's answer
+	// arrived, before its checkpoint (StepProviderCall, StepChargeCall,
+	// StepShipCall). It is for fault injection in tests (shopd's
+	// SHOPD_CRASH_AFTER_STEP kills the process there).
+	AfterStep func(step string)
 	// Metrics, when set, serves GET /metrics (shopd: the Prometheus
 	// handler of its registry), to any caller: no token, no user. Nil
 	// leaves /metrics unrouted.
@@ -97,6 +123,14 @@ type Shop struct {
 	// observer is Config.Observer: the close job reports its sweeps to
 	// it (closer.go).
 	observer idem.Observer
+	// Refunds (refund.go): the provider, the journal and runner of the
+	// operations of steps, the refund operation, and Config.AfterStep.
+	provider Provider
+	journal  *sqlstore.StepJournal
+	runner   *steps.Runner
+	refund   *steps.Op[refundInput, refundAnswer]
+	cardOp   *steps.Op[checkoutInput, CardCheckout]
+	stepHook func(step string)
 }
 
 // queries are the shop's statements in its database's placeholder style.
@@ -137,6 +171,9 @@ func New(cfg Config) (*Shop, error) {
 	if cfg.DB == nil || cfg.Store == nil {
 		return nil, errors.New("shop: New needs a DB and a Store")
 	}
+	if cfg.Provider == nil {
+		return nil, errors.New("shop: New needs a Provider (the payment provider that refunds)")
+	}
 	if _, ok := cfg.Store.(idem.TxCompleter); !ok {
 		return nil, errors.New("shop: the store must complete inside the shop's transactions (idem.TxCompleter)")
 	}
@@ -155,7 +192,8 @@ func New(cfg Config) (*Shop, error) {
 	}
 	var err error
 	s := &Shop{db: cfg.DB, dialect: cfg.Dialect, q: newQueries(cfg.Dialect), log: cfg.Logger, web: newWebQueries(cfg.Dialect),
-		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret, points: newPointsQueries(cfg.Dialect)}
+		pq: newPayQueries(cfg.Dialect), paySecret: cfg.PaySecret, points: newPointsQueries(cfg.Dialect),
+		provider: cfg.Provider, stepHook: cfg.AfterStep}
 	if cfg.EventIDPrefix == "" {
 		cfg.EventIDPrefix = DefaultEventIDPrefix
 	}
@@ -171,6 +209,10 @@ func New(cfg Config) (*Shop, error) {
 		s.events.Close()
 		return nil, err
 	}
+	if s.journal, err = sqlstore.NewStepJournal(cfg.DB, &sqlstore.Config{Dialect: cfg.Dialect, Logger: cfg.Logger}); err != nil {
+		s.Close()
+		return nil, err
+	}
 	if s.tokens, err = token.New(s.tokenStore, nil); err != nil {
 		s.Close()
 		return nil, err
@@ -181,12 +223,18 @@ func New(cfg Config) (*Shop, error) {
 	idm, err := idemhttp.New(&idemhttp.Config{
 		Store:     cfg.Store,
 		Scope:     scopeOf,
+		Lease:     cfg.Lease,
 		Wait:      cfg.Wait,
 		Logger:    cfg.Logger,
 		Observer:  cfg.Observer,
 		StoreName: cfg.StoreName,
 	})
 	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.newRunner(cfg); err != nil {
+		s.Close()
 		return nil, err
 	}
 	mux := http.NewServeMux()
@@ -212,6 +260,7 @@ func New(cfg Config) (*Shop, error) {
 	mux.Handle("POST /orders/{order_no}/cancel", pageOrAPI(s.formPosts(s.pageAuthenticated(http.HandlerFunc(s.cancelPage))),
 		s.authenticated(http.HandlerFunc(s.cancelHandler))))
 	mux.Handle("POST /orders/{order_no}/refunds", s.authenticated(idm.Handler(http.HandlerFunc(s.refundHandler))))
+	mux.Handle("POST /orders/{order_no}/card-checkout", s.authenticated(idm.Handler(http.HandlerFunc(s.cardCheckoutHandler))))
 	mux.Handle("POST /coupons/{id}/claim", s.authenticated(http.HandlerFunc(s.claimHandler)))
 	mux.Handle("GET /users/me/coupons", s.authenticated(http.HandlerFunc(s.listClaims)))
 	mux.Handle("GET /users/me/points", s.authenticated(http.HandlerFunc(s.pointsHandler)))
@@ -221,10 +270,48 @@ func New(cfg Config) (*Shop, error) {
 	return s, nil
 }
 
+// newRunner creates the runner of the refund operations, over the shop's
+// step journal and a Guard of cfg.Store, and defines the refund on it.
+func (s *Shop) newRunner(cfg Config) error {
+	g, err := idem.NewGuard(cfg.Store, &idem.GuardConfig{Lease: cfg.Lease, Logger: cfg.Logger, Observer: cfg.Observer, StoreName: cfg.StoreName})
+	if err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	var sc steps.Config
+	if cfg.Steps != nil {
+		sc = *cfg.Steps
+	}
+	if sc.Logger == nil {
+		sc.Logger = cfg.Logger
+	}
+	if s.runner, err = steps.New(g, s.journal, &sc); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	if s.refund, err = s.defineRefund(s.runner); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	if s.cardOp, err = s.defineCheckout(s.runner); err != nil {
+		return fmt.Errorf("shop: %w", err)
+	}
+	return nil
+}
+
+// Runner is the runner of the shop's operations of steps (refunds): start
+// its completer (Runner().Start) in every instance, so that refunds whose
+// client stopped retrying finish, and Close it before the database closes.
+func (s *Shop) Runner() *steps.Runner { return s.runner }
+
 // Close releases what the Shop prepared on its database (the submit
-// tokens' and the outbox's statements); it does not close the database.
-// Requests served after Close fail. It is idempotent.
-func (s *Shop) Close() error { return errors.Join(s.tokenStore.Close(), s.events.Close()) }
+// tokens', the outbox's and the step journal's statements); it does not
+// close the database nor stop the completer (Runner().Close). Requests
+// served after Close fail. It is idempotent.
+func (s *Shop) Close() error {
+	errs := []error{s.tokenStore.Close(), s.events.Close()}
+	if s.journal != nil {
+		errs = append(errs, s.journal.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // Outbox is the outbox the shop writes its order events to, for a relay
 // (outbox.NewRelay) to publish.
@@ -247,13 +334,17 @@ type Order struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// Order statuses: an order waits for its payment, then is paid (and may
-// be refunded), or is cancelled by its owner or closed unpaid by the shop.
+// Order statuses: an order waits for its payment (CHARGING while a card
+// checkout charges it), then is paid (and may
+// be refunded: REFUNDING while the payment provider refunds it), or is
+// cancelled by its owner or closed unpaid by the shop.
 const (
 	StatusWaitPay   = "WAIT_PAY"
+	StatusCharging  = "CHARGING"
 	StatusPaid      = "PAID"
 	StatusCancelled = "CANCELLED"
 	StatusClosed    = "CLOSED"
+	StatusRefunding = "REFUNDING"
 	StatusRefunded  = "REFUNDED"
 )
 
@@ -717,7 +808,7 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 	case strings.HasPrefix(p, "/orders/") && p != "/orders/" && !strings.Contains(p[len("/orders/"):], "/"):
 		// /orders/{order_no}; "/orders/" names no order.
 		allow = "GET"
-	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "coupons", "", "claim"),
+	case pathHasSegments(p, "orders", "", "cancel"), pathHasSegments(p, "orders", "", "refunds"), pathHasSegments(p, "orders", "", "card-checkout"), pathHasSegments(p, "coupons", "", "claim"),
 		pathHasSegments(p, "orders", "", "pay"):
 		allow = "POST"
 	case p == "/users/me/coupons":

@@ -36,6 +36,13 @@ func newShopWith(t *testing.T, b backend, c shop.Catalog) (*shop.Shop, *sql.DB) 
 // returns a shop over it.
 func shopOn(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog) *shop.Shop {
 	t.Helper()
+	return shopOnWith(t, db, d, c, nil)
+}
+
+// shopOnWith is shopOn with the shop's Config changed by mod (when not
+// nil) before New.
+func shopOnWith(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog, mod func(*shop.Config)) *shop.Shop {
+	t.Helper()
 	ctx := context.Background()
 	store, err := sqlstore.New(db, &sqlstore.Config{Dialect: d})
 	if err != nil {
@@ -53,7 +60,14 @@ func shopOn(t *testing.T, db *sql.DB, d sqlstore.Dialect, c shop.Catalog) *shop.
 	if err := shop.Seed(ctx, db, d, c); err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: d, Store: store, Logger: testLogger()})
+	cfg := shop.Config{DB: db, Dialect: d, Store: store, Logger: testLogger()}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if cfg.Provider == nil {
+		cfg.Provider = testProvider(t)
+	}
+	s, err := shop.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,6 +242,7 @@ func TestUnknownRoutesAnswerProblems(t *testing.T) {
 		{"POST", "/orders/", 404, "NOT_FOUND", ""},
 		{"GET", "/orders/ord_1/cancel", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"GET", "/orders/ord_1/refunds", 405, "METHOD_NOT_ALLOWED", "POST"},
+		{"GET", "/orders/ord_1/card-checkout", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"DELETE", "/coupons/1/claim", 405, "METHOD_NOT_ALLOWED", "POST"},
 		{"POST", "/users/me/coupons", 405, "METHOD_NOT_ALLOWED", "GET"},
 		{"POST", "/coupons/1/claim/x", 404, "NOT_FOUND", ""},
