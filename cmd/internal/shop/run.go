@@ -477,6 +477,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return shop.RetryEvent(ctx, adminInbox, group, id)
 		},
 		RetryHelp: RetryHelp, Held: shop.HeldPayments, HeldNote: HeldNote,
+		// Refunds and card checkouts that keep failing end dead: listed,
+		// and retried from the page.
+		Operations: shop.Runner().Journal(),
 	})
 	if err != nil {
 		return fmt.Errorf("shopd: %w", err)
