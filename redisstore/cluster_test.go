@@ -62,7 +62,17 @@ func startCluster() {
 		cluster.missing = err
 		return
 	}
-	cluster.err = launchCluster(server)
+	// A node may fail to start on its port (FreePort's port, free a
+	// moment before, taken by another process since): a node refused its
+	// connections for the whole start on a loaded CI machine. Each try
+	// takes new ports; the last one's error stands, with its logs kept.
+	for try := 1; ; try++ {
+		if cluster.err = launchCluster(server); cluster.err == nil || try == 3 {
+			return
+		}
+		stopCluster()
+		cluster.procs, cluster.addrs, cluster.dir = nil, nil, ""
+	}
 }
 
 func launchCluster(server string) error {
