@@ -101,10 +101,13 @@ func ctxOf(t *testing.T) context.Context {
 }
 
 // unique returns a key prefix of the test's own.
-func unique(t *testing.T) string {
+func unique(t *testing.T) string { return "st-" + randomHex() }
+
+// randomHex returns 12 random hex digits.
+func randomHex() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return "st-" + hex.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // acquire acquires key on the store directly and returns the lease.
@@ -559,11 +562,7 @@ type Receipt struct {
 }
 
 // opName is the name of the journal-level tests' operations in this run.
-var opName = "op-" + func() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}()
+var opName = "op-" + randomHex()
 
 var errFlaky = errors.New("stepstest: flaky downstream")
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -14,21 +13,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/cmd/internal/payprov"
+	"github.com/idemkit/idem/cmd/internal/payprov/payprovtest"
 )
 
 // setup starts a provider configured by cfg and returns a client of it.
 func setup(t *testing.T, cfg *payprov.Config) (*payprov.Client, *payprov.Server) {
 	t.Helper()
-	srv, err := payprov.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		srv.Close() // first: it ends the requests that faults hold
-		ts.Close()
-	})
-	return &payprov.Client{BaseURL: ts.URL, HTTP: ts.Client()}, srv
+	return payprovtest.Start(t, cfg)
 }
 
 var refund = payprov.RefundRequest{Payment: "pay_1", AmountCents: 1299, Currency: "EUR", Reason: "requested_by_customer"}
