@@ -231,6 +231,15 @@ func (l *Load) Drained(t testing.TB) bool {
 	return l.Pending(t) == 0 && l.count(t, `SELECT COUNT(DISTINCT message_id) FROM effects`) >= l.Committed()
 }
 
+// Status describes how far the load got, for a test that timed out
+// waiting for it: events committed, still pending in the outbox, with
+// an effect row, and the consumer's tally.
+func (l *Load) Status(t testing.TB) string {
+	t.Helper()
+	return fmt.Sprintf("%d committed, %d pending in the outbox, %d with an effect row, %d publishes failed; deliveries: %v",
+		l.Committed(), l.Pending(t), l.count(t, `SELECT COUNT(DISTINCT message_id) FROM effects`), l.PublishErrors(), l.Tally.Counts())
+}
+
 // IDs returns the IDs of the committed events.
 func (l *Load) IDs(t testing.TB) []string {
 	t.Helper()

@@ -157,3 +157,23 @@ func (n *node) depth(t *testing.T, queue string, durable bool, args amqp.Table) 
 	t.Fatalf("inspect %s: %v", queue, err)
 	return 0, false
 }
+
+// info describes queue as the node sees it (ready messages and
+// consumers), or why it could not be inspected, for a test's failure.
+func (n *node) info(t *testing.T, queue string, args amqp.Table) string {
+	t.Helper()
+	c, err := amqp.DialConfig(n.url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return fmt.Sprint("dial: ", err)
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		return fmt.Sprint("channel: ", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, args)
+	if err != nil {
+		return fmt.Sprint("inspect: ", err)
+	}
+	return fmt.Sprintf("%d ready, %d consumers", q.Messages, q.Consumers)
+}

@@ -81,15 +81,30 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	// the other's figure back).
 	drained := func(since time.Time) map[string]time.Duration {
 		at := map[string]time.Duration{}
-		outboxload.Eventually(t, 2*time.Minute, "every event published and handled", func() bool {
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
 			for _, q := range queues {
 				if _, ok := at[q.name]; !ok && q.load.Drained(t) {
 					at[q.name] = time.Since(since).Round(time.Millisecond)
 				}
 			}
-			return len(at) == len(queues)
-		})
-		return at
+			if len(at) == len(queues) {
+				return at
+			}
+			if time.Now().After(deadline) {
+				// Say where it stuck: the outbox (publishing), the
+				// broker (ready messages, consumers) or the handlers.
+				for _, q := range queues {
+					if _, ok := at[q.name]; ok {
+						continue
+					}
+					info := n.info(t, q.name, q.args)
+					t.Errorf("%s queue not drained: %s; in the broker: %s", q.name, q.load.Status(t), info)
+				}
+				t.Fatalf("timed out after 3m0s waiting for every event published and handled; the node's log ends:\n%s", n.Tail(t))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	for _, q := range queues {
 		q.load.WaitEffects(t, 100, time.Minute)
