@@ -168,6 +168,8 @@ func (j *StepJournal) fail(ctx context.Context, op string, err error) error {
 	switch {
 	case errors.Is(err, idem.ErrLeaseLost), errors.Is(err, steps.ErrStepSaved), errors.Is(err, idem.ErrNotFound), errors.Is(err, steps.ErrNotRetryable):
 		return err
+	case errors.Is(err, idem.ErrMismatch):
+		return fmt.Errorf("sqlstore: steps %s: %w", op, err)
 	case j.cache.isClosed() && !errors.Is(err, ErrClosed):
 		return fmt.Errorf("%w (steps %s: %v)", ErrClosed, op, err)
 	}
@@ -265,9 +267,15 @@ func (j *StepJournal) Begin(ctx context.Context, l idem.Lease, s steps.Start) (s
 		if err != nil {
 			return err
 		}
-		if name != s.Name || fp != string(s.Fingerprint) || status == string(steps.StateDone) {
-			// Another operation under the key (released and reused), or
-			// this one again after its record expired: from the start.
+		if status != string(steps.StateDone) && (name != s.Name || fp != string(s.Fingerprint)) {
+			// The key was released after a failed attempt and is reused
+			// by another request: the operation is unfinished, its
+			// steps may be half done, and it is not to be dropped.
+			return fmt.Errorf("%w: the key's operation %q is %s, under another fingerprint", idem.ErrMismatch, name, status)
+		}
+		if status == string(steps.StateDone) {
+			// This one again after its record expired, or another
+			// operation under the key: from the start.
 			if _, err := j.exec(ctx, tx, stepsDrop, &v); err != nil {
 				return err
 			}

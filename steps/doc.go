@@ -49,7 +49,11 @@
 // operation's end commit in one transaction. Any other error ends the
 // attempt: the record is released (a client's retry resumes at once),
 // the journal counts the failure and schedules the completer after a
-// backoff.
+// backoff. Until the operation is done, its key stays its own: a
+// request under the key with another input or another operation, which
+// the released record no longer refuses, is refused by the journal
+// (idem.ErrMismatch), so that it cannot drop the operation's
+// checkpoints, nor call another system under its derived keys.
 //
 // # The completer
 //

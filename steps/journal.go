@@ -108,10 +108,15 @@ type Failure struct {
 // transaction; Memory keeps them in the process.
 type Journal interface {
 	// Begin records that the lease l runs the operation s and returns
-	// the checkpoints saved for it. An operation of the key with another
-	// name or fingerprint (the key was released and reused) is replaced,
-	// its checkpoints dropped. The operation becomes running, with one
-	// more attempt, and NextAt s.After from now.
+	// the checkpoints saved for it. A done operation of the key (its
+	// record expired, and the key is used again) is replaced, its
+	// checkpoints dropped. One not done with another name or fingerprint
+	// (the key was released after a failed attempt and is reused by
+	// another request) is refused with an error matching
+	// idem.ErrMismatch, and kept: its steps may be half done, and a
+	// retry of its own request, or the completer, is to finish it. The
+	// operation becomes running, with one more attempt, and NextAt
+	// s.After from now.
 	Begin(ctx context.Context, l idem.Lease, s Start) (Resumed, error)
 	// Save saves step's result. A step saved already is an error.
 	Save(ctx context.Context, l idem.Lease, step string, result []byte) error

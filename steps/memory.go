@@ -73,9 +73,15 @@ func (m *Memory) Begin(ctx context.Context, l idem.Lease, s Start) (Resumed, err
 	now := m.now()
 	k := opKey{l.Scope, l.Key}
 	o := m.ops[k]
+	if o != nil && o.op.State != StateDone && (o.op.Name != s.Name || o.op.Fingerprint != s.Fingerprint) {
+		// The key was released after a failed attempt and is reused by
+		// another request: the operation is unfinished, its steps may be
+		// half done, and it is not to be dropped.
+		return Resumed{}, fmt.Errorf("%w: the key's operation %q is %s, under another fingerprint", idem.ErrMismatch, o.op.Name, o.op.State)
+	}
 	if o == nil || o.op.Name != s.Name || o.op.Fingerprint != s.Fingerprint || o.op.State == StateDone {
-		// New, or the key was released or expired and reused: another
-		// operation, from its first step.
+		// New, or the key's operation is done and its record expired:
+		// another operation, or this one again, from its first step.
 		o = &memOp{op: Entry{Scope: l.Scope, Key: l.Key, Name: s.Name, Fingerprint: s.Fingerprint, CreatedAt: now}}
 		m.ops[k] = o
 	}

@@ -61,7 +61,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"BeginFenced", testBeginFenced},
 		{"CheckpointsResume", testCheckpointsResume},
 		{"StaleLeaseWritesNothing", testStaleLease},
-		{"OtherFingerprintStartsOver", testOtherFingerprint},
+		{"OtherFingerprintWaitsItsTurn", testOtherFingerprint},
 		{"FailWaitsThenDies", testFailDies},
 		{"DueAndPostpone", testDue},
 		{"SettleAndRetry", testSettleRetry},
@@ -278,11 +278,40 @@ func testOtherFingerprint(t *testing.T, s Setup) {
 	if err := s.Journal.Save(ctx, l, "a", []byte("1")); err != nil {
 		t.Fatal(err)
 	}
-	// The key is released and reused by another request.
+	// The key is released and reused by another request: refused while
+	// the operation is unfinished, whose steps may be half done.
 	if err := s.Store.Release(ctx, l); err != nil {
 		t.Fatal(err)
 	}
 	l2 := acquire(t, ctx, s.Store, key, "fp2", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l2, steps.Start{Name: opName, Fingerprint: "fp2", Input: []byte("2"), After: time.Hour}); !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("Begin under another fingerprint of an unfinished operation: %v, want ErrMismatch", err)
+	}
+	if _, err := s.Journal.Begin(ctx, l2, steps.Start{Name: "other", Fingerprint: "fp1", Input: []byte("2"), After: time.Hour}); !errors.Is(err, idem.ErrMismatch) {
+		t.Fatalf("Begin under another name of an unfinished operation: %v, want ErrMismatch", err)
+	}
+	if op, err := s.Journal.Get(ctx, "", key); err != nil || op.Fingerprint != "fp1" || op.Attempts != 1 || len(op.Checkpoints) != 1 {
+		t.Fatalf("the operation after the refused Begins: %+v, %v", op, err)
+	}
+	if err := s.Store.Release(ctx, l2); err != nil {
+		t.Fatal(err)
+	}
+	// Its own request finishes it; its record is evicted (or expires),
+	// and the key is used again: another operation, from the start.
+	l = acquire(t, ctx, s.Store, key, "fp1", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, start("op", "fp1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Store.Complete(ctx, l, idem.Response{StatusCode: 200}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Journal.Finish(ctx, l, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Store.Delete(ctx, "", key); err != nil {
+		t.Fatal(err)
+	}
+	l2 = acquire(t, ctx, s.Store, key, "fp2", time.Minute)
 	r, err := s.Journal.Begin(ctx, l2, steps.Start{Name: opName, Fingerprint: "fp2", Input: []byte("2"), After: time.Hour})
 	if err != nil {
 		t.Fatal(err)

@@ -96,25 +96,40 @@ type Client struct {
 // Errors: a *RefusedError when the provider refuses, for good; a
 // *StatusError matching ErrKeyReused when key was used with another
 // request, or of 400 for a malformed one; else (ErrInProgress, a 5xx, a
-// timeout, a lost connection) an error after which the outcome is unknown
-// or the request was not handled: retry with the same key (Retryable
-// reports which is which).
+// timeout, a lost connection, a success whose answer names no effect)
+// an error after which the outcome is unknown or the request was not
+// handled: retry with the same key (Retryable reports which is which).
 func (c *Client) Refund(ctx context.Context, key string, req RefundRequest) (Refund, error) {
 	var out Refund
-	return out, c.do(ctx, http.MethodPost, "/v1/refunds", key, req, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/refunds", key, req, &out)
+	return out, named(err, "/v1/refunds", out.ID)
 }
 
 // Charge charges a card under the idempotency key key; errors as Refund's.
 func (c *Client) Charge(ctx context.Context, key string, req ChargeRequest) (Charge, error) {
 	var out Charge
-	return out, c.do(ctx, http.MethodPost, "/v1/charges", key, req, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/charges", key, req, &out)
+	return out, named(err, "/v1/charges", out.ID)
 }
 
 // Ship creates a shipment under the idempotency key key; errors as
 // Refund's.
 func (c *Client) Ship(ctx context.Context, key string, req ShipmentRequest) (Shipment, error) {
 	var out Shipment
-	return out, c.do(ctx, http.MethodPost, "/v1/shipments", key, req, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/shipments", key, req, &out)
+	return out, named(err, "/v1/shipments", out.ID)
+}
+
+// named is the error of a call to path that answered err and an effect
+// of id: a success that names no effect ({}, null, a proxy's answer) is
+// no proof that the effect was made, nor that it was not, so it is an
+// error after which the outcome is unknown (Retryable): the retry under
+// the key gets the answer the provider stored.
+func named(err error, path, id string) error {
+	if err == nil && id == "" {
+		return fmt.Errorf("payprov: POST %s: the answer names no effect (no id)", path)
+	}
+	return err
 }
 
 // SetFault queues f (POST /_control/faults).

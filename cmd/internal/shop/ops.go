@@ -167,7 +167,9 @@ func decodeOp(resp idem.Response, replayed bool, v any) error {
 // resp (stored, when the operation stored it) or err. Under idemhttp a
 // stored answer is what the middleware sends; the others release the key:
 // 409 PROCESSING when the execution lost its lease, the inProgress
-// refusals and 503 PROVIDER_UNAVAILABLE with Retry-After, 500 otherwise.
+// refusals and 503 PROVIDER_UNAVAILABLE with Retry-After, 422
+// KEY_MISMATCH (with Retry-After) when the key's unfinished operation is
+// another request's, 500 otherwise.
 func (s *Shop) answerOp(w http.ResponseWriter, r *http.Request, what string, resp idem.Response, stored bool, err error) {
 	var pe *problemError
 	switch {
@@ -177,6 +179,13 @@ func (s *Shop) answerOp(w http.ResponseWriter, r *http.Request, what string, res
 			"another execution of this request took over; retry to get its answer")
 	case stored:
 		idemhttp.WriteResponse(w, resp)
+	case errors.Is(err, idem.ErrMismatch):
+		// The key's operation, of another request, is unfinished: a
+		// retry of that request, or the completer, finishes it. Not
+		// stored (Retry-After), so that the retry may take the key.
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusUnprocessableEntity, idemhttp.CodeKeyMismatch, "Idempotency key reused",
+			"this Idempotency-Key belongs to another request, whose operation is not finished; use a new key for this request")
 	case errors.As(err, &pe):
 		// Retry-After makes idemhttp release the key.
 		w.Header().Set("Retry-After", "1")
