@@ -523,9 +523,10 @@ func (j *StepJournal) Postpone(ctx context.Context, scope, key string, d time.Du
 }
 
 // Settle implements steps.Journal.
-func (j *StepJournal) Settle(ctx context.Context, scope, key string, fp idem.Fingerprint, state steps.State, reason string, retention time.Duration) error {
+func (j *StepJournal) Settle(ctx context.Context, seen steps.Entry, state steps.State, reason string, retention time.Duration) error {
 	reason = storedReason(reason, maxReason)
-	v := values{scope: scope, key: key, fingerprint: string(fp), reason: reason, retentionMS: ceilMS(retention)}
+	v := values{scope: seen.Scope, key: seen.Key, fingerprint: string(seen.Fingerprint), status: string(seen.State), attempts: int64(seen.Attempts),
+		reason: reason, retentionMS: ceilMS(retention)}
 	switch state {
 	case steps.StateDead:
 		if err := j.closedErr("settle"); err != nil {
@@ -543,7 +544,8 @@ func (j *StepJournal) Settle(ctx context.Context, scope, key string, fp idem.Fin
 			var name, gotFP, status string
 			var attempts int64
 			err := j.queryRow(ctx, tx, stepsOpLock, &v, &name, &gotFP, &status, &attempts)
-			if errors.Is(err, sql.ErrNoRows) || (err == nil && (gotFP != string(fp) || status == string(steps.StateDone))) {
+			if errors.Is(err, sql.ErrNoRows) || (err == nil && (gotFP != string(seen.Fingerprint) || status == string(steps.StateDone) ||
+				status != string(seen.State) || attempts != int64(seen.Attempts))) {
 				return nil
 			}
 			if err != nil {
