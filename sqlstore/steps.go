@@ -474,6 +474,11 @@ func (j *StepJournal) Get(ctx context.Context, scope, key string) (steps.Entry, 
 	if err := j.closedErr(op); err != nil {
 		return steps.Entry{}, err
 	}
+	if validateID(scope, key) != nil {
+		// No record, so no operation, can have it (and PostgreSQL
+		// refuses the bytes of some).
+		return steps.Entry{}, idem.ErrNotFound
+	}
 	v := values{scope: scope, key: key}
 	var e steps.Entry
 	// One transaction: the operation and its checkpoints as of one
@@ -566,6 +571,9 @@ func (j *StepJournal) Retry(ctx context.Context, scope, key string) error {
 	const op = "retry"
 	if err := j.closedErr(op); err != nil {
 		return err
+	}
+	if validateID(scope, key) != nil {
+		return idem.ErrNotFound
 	}
 	v := values{scope: scope, key: key}
 	if _, err := j.exec(ctx, nil, stepsRetry, &v); err != nil {

@@ -79,6 +79,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"CompleterShowsOpAnsweredByOthers", testAnsweredByOthers},
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
 		{"CompleterKeepsOperatorRetry", testCompleterKeepsRetry},
+		{"NoOperationUnderAnUnusableKey", testUnusableKey},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
 		{"LocalStepRetriesItsTransaction", testLocalRetry},
@@ -1532,5 +1533,23 @@ func testCompleterKeepsRetry(t *testing.T, s Setup) {
 	}
 	if n := c.get(key); n != 1 {
 		t.Fatalf("the retried operation ran %d times, want 1", n)
+	}
+}
+
+// testUnusableKey: an operator may type any scope and key (idem ops,
+// the operator page's form). One that no idempotency record can have
+// (not UTF-8, a NUL or another control character, over 255 bytes) has
+// no operation either: Get and Retry answer idem.ErrNotFound, as for
+// any key without one, not a database's error about the bytes.
+func testUnusableKey(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	long := strings.Repeat("k", idem.MaxKeyLen+1)
+	for _, id := range [][2]string{{"", "bad\xff\xfe"}, {"", "nul\x00"}, {"", "esc\x1b[2J"}, {"", long}, {"bad\xff", "k"}, {"nul\x00", "k"}, {long, "k"}} {
+		if _, err := s.Journal.Get(ctx, id[0], id[1]); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get(%q, %.20q…): %v; want idem.ErrNotFound", id[0], id[1], err)
+		}
+		if err := s.Journal.Retry(ctx, id[0], id[1]); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Retry(%q, %.20q…): %v; want idem.ErrNotFound", id[0], id[1], err)
+		}
 	}
 }
