@@ -576,20 +576,24 @@ func (j *StepJournal) Retry(ctx context.Context, scope, key string) error {
 		return idem.ErrNotFound
 	}
 	v := values{scope: scope, key: key}
-	if _, err := j.exec(ctx, nil, stepsRetry, &v); err != nil {
-		return j.fail(ctx, op, err)
-	}
-	// MySQL counts changed rows only: read what the operation is now.
-	e, err := scanEntry(j.rowOf(ctx, nil, stepsGet, &v))
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return idem.ErrNotFound
-	case err != nil:
-		return j.fail(ctx, op, err)
-	case e.State != steps.StateWaiting:
-		return steps.ErrNotRetryable
-	}
-	return nil
+	// The operation is read under its row lock and updated in one
+	// transaction: a read after the update could find an attempt that
+	// began since (running) and report a retry made as refused.
+	return j.inTx(ctx, op, func(tx *sql.Tx) error {
+		var name, fp, status string
+		var attempts int64
+		err := j.queryRow(ctx, tx, stepsOpLock, &v, &name, &fp, &status, &attempts)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return idem.ErrNotFound
+		case err != nil:
+			return err
+		case status != string(steps.StateDead) && status != string(steps.StateWaiting):
+			return steps.ErrNotRetryable
+		}
+		_, err = j.exec(ctx, tx, stepsRetry, &v)
+		return err
+	})
 }
 
 // Sweep implements steps.Journal.

@@ -599,7 +599,7 @@ WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND owner = ? AND fence =
 
 -- name: steps_op_lock
 -- params: scope key
--- The operation, under a row lock, in Begin and Fail.
+-- The operation, under a row lock, in Begin, Fail, Settle and Retry.
 SELECT name, fingerprint, status, attempts FROM idem_ops
 WHERE scope = COALESCE(?, X'') AND idempotency_key = ? FOR UPDATE;
 

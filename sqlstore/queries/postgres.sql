@@ -469,7 +469,7 @@ WHERE scope = $1 AND idempotency_key = $2 AND owner = $3 AND fence = $4 FOR UPDA
 
 -- name: steps_op_lock
 -- params: scope key
--- The operation, under a row lock, in Begin and Fail.
+-- The operation, under a row lock, in Begin, Fail, Settle and Retry.
 SELECT name, fingerprint, status, attempts FROM idem_ops
 WHERE scope = $1 AND idempotency_key = $2 FOR UPDATE;
 
