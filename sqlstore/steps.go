@@ -474,6 +474,11 @@ func (j *StepJournal) Get(ctx context.Context, scope, key string) (steps.Entry, 
 	if err := j.closedErr(op); err != nil {
 		return steps.Entry{}, err
 	}
+	if validateID(scope, key) != nil {
+		// No record, so no operation, can have it (and PostgreSQL
+		// refuses the bytes of some).
+		return steps.Entry{}, idem.ErrNotFound
+	}
 	v := values{scope: scope, key: key}
 	var e steps.Entry
 	// One transaction: the operation and its checkpoints as of one
@@ -523,9 +528,10 @@ func (j *StepJournal) Postpone(ctx context.Context, scope, key string, d time.Du
 }
 
 // Settle implements steps.Journal.
-func (j *StepJournal) Settle(ctx context.Context, scope, key string, fp idem.Fingerprint, state steps.State, reason string, retention time.Duration) error {
+func (j *StepJournal) Settle(ctx context.Context, seen steps.Entry, state steps.State, reason string, retention time.Duration) error {
 	reason = storedReason(reason, maxReason)
-	v := values{scope: scope, key: key, fingerprint: string(fp), reason: reason, retentionMS: ceilMS(retention)}
+	v := values{scope: seen.Scope, key: seen.Key, fingerprint: string(seen.Fingerprint), status: string(seen.State), attempts: int64(seen.Attempts),
+		reason: reason, retentionMS: ceilMS(retention)}
 	switch state {
 	case steps.StateDead:
 		if err := j.closedErr("settle"); err != nil {
@@ -543,7 +549,8 @@ func (j *StepJournal) Settle(ctx context.Context, scope, key string, fp idem.Fin
 			var name, gotFP, status string
 			var attempts int64
 			err := j.queryRow(ctx, tx, stepsOpLock, &v, &name, &gotFP, &status, &attempts)
-			if errors.Is(err, sql.ErrNoRows) || (err == nil && (gotFP != string(fp) || status == string(steps.StateDone))) {
+			if errors.Is(err, sql.ErrNoRows) || (err == nil && (gotFP != string(seen.Fingerprint) || status == string(steps.StateDone) ||
+				status != string(seen.State) || attempts != int64(seen.Attempts))) {
 				return nil
 			}
 			if err != nil {
@@ -565,21 +572,28 @@ func (j *StepJournal) Retry(ctx context.Context, scope, key string) error {
 	if err := j.closedErr(op); err != nil {
 		return err
 	}
-	v := values{scope: scope, key: key}
-	if _, err := j.exec(ctx, nil, stepsRetry, &v); err != nil {
-		return j.fail(ctx, op, err)
-	}
-	// MySQL counts changed rows only: read what the operation is now.
-	e, err := scanEntry(j.rowOf(ctx, nil, stepsGet, &v))
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	if validateID(scope, key) != nil {
 		return idem.ErrNotFound
-	case err != nil:
-		return j.fail(ctx, op, err)
-	case e.State != steps.StateWaiting:
-		return steps.ErrNotRetryable
 	}
-	return nil
+	v := values{scope: scope, key: key}
+	// The operation is read under its row lock and updated in one
+	// transaction: a read after the update could find an attempt that
+	// began since (running) and report a retry made as refused.
+	return j.inTx(ctx, op, func(tx *sql.Tx) error {
+		var name, fp, status string
+		var attempts int64
+		err := j.queryRow(ctx, tx, stepsOpLock, &v, &name, &fp, &status, &attempts)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return idem.ErrNotFound
+		case err != nil:
+			return err
+		case status != string(steps.StateDead) && status != string(steps.StateWaiting):
+			return steps.ErrNotRetryable
+		}
+		_, err = j.exec(ctx, tx, stepsRetry, &v)
+		return err
+	})
 }
 
 // Sweep implements steps.Journal.

@@ -136,11 +136,14 @@ type Journal interface {
 	// Postpone moves a running or waiting operation's NextAt to d from
 	// now (the completer found it in flight).
 	Postpone(ctx context.Context, scope, key string, d time.Duration) error
-	// Settle ends an operation that the completer found ended elsewhere,
-	// if its fingerprint is fp and it is not done: done (its record was
-	// completed under its key), or dead with reason (it cannot be
-	// resumed). Done operations are kept for retention.
-	Settle(ctx context.Context, scope, key string, fp idem.Fingerprint, state State, reason string, retention time.Duration) error
+	// Settle ends the operation seen, as Due (or Get) returned it, that
+	// the completer found ended elsewhere: done (its record was completed
+	// under its key), or dead with reason (it cannot be resumed). It
+	// changes nothing unless the operation is still as seen (its
+	// fingerprint, state and attempts) and not done: the completer
+	// decided from seen, and an operator's Retry or another attempt
+	// since then must stand. Done operations are kept for retention.
+	Settle(ctx context.Context, seen Entry, state State, reason string, retention time.Duration) error
 	// Get returns the operation with its checkpoints, or idem.ErrNotFound.
 	Get(ctx context.Context, scope, key string) (Entry, error)
 	// List returns up to limit operations in state, least recently

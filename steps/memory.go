@@ -185,14 +185,15 @@ func (m *Memory) Postpone(ctx context.Context, scope, key string, d time.Duratio
 }
 
 // Settle implements Journal.
-func (m *Memory) Settle(ctx context.Context, scope, key string, fp idem.Fingerprint, state State, reason string, retention time.Duration) error {
+func (m *Memory) Settle(ctx context.Context, seen Entry, state State, reason string, retention time.Duration) error {
 	if state != StateDone && state != StateDead {
 		return fmt.Errorf("steps: settle: state %q is neither done nor dead", state)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	o := m.ops[opKey{scope, key}]
-	if o == nil || o.op.Fingerprint != fp || o.op.State == StateDone {
+	o := m.ops[opKey{seen.Scope, seen.Key}]
+	if o == nil || o.op.Fingerprint != seen.Fingerprint || o.op.State == StateDone ||
+		o.op.State != seen.State || o.op.Attempts != seen.Attempts {
 		return nil
 	}
 	if state == StateDone {

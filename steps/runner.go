@@ -216,7 +216,7 @@ func (r *Runner) resumeOne(ctx context.Context, rs resumer, op Entry, p *Pass, l
 		// The key was released and is held by another request: that one
 		// would have replaced this operation had it been one.
 		p.Settled++
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
+		return r.j.Settle(ctx, op, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
 	case errors.Is(err, errAttempted):
 		p.Failed++
 		log.InfoContext(ctx, "steps: completer: attempt failed", slog.Any(idem.LogErr, err))
@@ -246,12 +246,12 @@ func (r *Runner) dead(ctx context.Context, op Entry, p *Pass, reason string) err
 		return r.answered(ctx, op, p)
 	case idem.Mismatch:
 		p.Settled++
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
+		return r.j.Settle(ctx, op, StateDead, "steps: the key is held by another request (other fingerprint)", 0)
 	default:
 		return fmt.Errorf("steps: acquire: unknown outcome %v", res.Outcome)
 	}
 	p.Settled++
-	err = r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead, reason, 0)
+	err = r.j.Settle(ctx, op, StateDead, reason, 0)
 	return errors.Join(err, x.Release(context.WithoutCancel(ctx)))
 }
 
@@ -264,10 +264,10 @@ func (r *Runner) dead(ctx context.Context, op Entry, p *Pass, reason string) err
 func (r *Runner) answered(ctx context.Context, op Entry, p *Pass) error {
 	p.Settled++
 	if op.State == StateWaiting {
-		return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDead,
+		return r.j.Settle(ctx, op, StateDead,
 			"steps: the key was answered after a failed attempt, not by the operation: its steps may be half done ("+op.LastError+")", 0)
 	}
-	return r.j.Settle(ctx, op.Scope, op.Key, op.Fingerprint, StateDone, "", r.g.Config().Retention)
+	return r.j.Settle(ctx, op, StateDone, "", r.g.Config().Retention)
 }
 
 // Retry makes a dead (or waiting) operation due now: the completer

@@ -599,7 +599,7 @@ WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND owner = ? AND fence =
 
 -- name: steps_op_lock
 -- params: scope key
--- The operation, under a row lock, in Begin and Fail.
+-- The operation, under a row lock, in Begin, Fail, Settle and Retry.
 SELECT name, fingerprint, status, attempts FROM idem_ops
 WHERE scope = COALESCE(?, X'') AND idempotency_key = ? FOR UPDATE;
 
@@ -665,10 +665,11 @@ UPDATE idem_ops SET status = 'done', next_at = 0, last_error = X'', updated_at =
 WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND fingerprint = COALESCE(?, X'') AND status <> 'done';
 
 -- name: steps_settle_dead
--- params: reason scope key fingerprint
--- The completer cannot resume the operation: dead, with the reason.
+-- params: reason scope key fingerprint status attempts
+-- The completer cannot resume the operation: dead, with the reason, if
+-- it is still as the completer read it (status, attempts).
 UPDATE idem_ops SET status = 'dead', next_at = 0, last_error = COALESCE(?, X''), updated_at = (TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)
-WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND fingerprint = COALESCE(?, X'') AND status <> 'done';
+WHERE scope = COALESCE(?, X'') AND idempotency_key = ? AND fingerprint = COALESCE(?, X'') AND status <> 'done' AND status = ? AND attempts = ?;
 
 -- name: steps_due
 -- params: name limit

@@ -401,7 +401,7 @@ WHERE scope = ?1 AND idempotency_key = ?2 AND owner = ?3 AND fence = ?4;
 
 -- name: steps_op_lock
 -- params: scope key
--- The operation, under a row lock, in Begin and Fail.
+-- The operation, under a row lock, in Begin, Fail, Settle and Retry.
 SELECT name, fingerprint, status, attempts FROM idem_ops
 WHERE scope = ?1 AND idempotency_key = ?2;
 
@@ -462,10 +462,11 @@ UPDATE idem_ops SET status = 'done', next_at = 0, last_error = '', updated_at = 
 WHERE scope = ?2 AND idempotency_key = ?3 AND fingerprint = ?4 AND status <> 'done';
 
 -- name: steps_settle_dead
--- params: reason scope key fingerprint
--- The completer cannot resume the operation: dead, with the reason.
+-- params: reason scope key fingerprint status attempts
+-- The completer cannot resume the operation: dead, with the reason, if
+-- it is still as the completer read it (status, attempts).
 UPDATE idem_ops SET status = 'dead', next_at = 0, last_error = ?1, updated_at = CAST(unixepoch('subsec') * 1000 AS INTEGER)
-WHERE scope = ?2 AND idempotency_key = ?3 AND fingerprint = ?4 AND status <> 'done';
+WHERE scope = ?2 AND idempotency_key = ?3 AND fingerprint = ?4 AND status <> 'done' AND status = ?5 AND attempts = ?6;
 
 -- name: steps_due
 -- params: name limit

@@ -78,6 +78,8 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		{"AnyReasonIsKept", testAnyReason},
 		{"CompleterShowsOpAnsweredByOthers", testAnsweredByOthers},
 		{"CompleterSettlesAnsweredLastAttempt", testCompleterAnsweredLast},
+		{"CompleterKeepsOperatorRetry", testCompleterKeepsRetry},
+		{"NoOperationUnderAnUnusableKey", testUnusableKey},
 		{"LocalStepCommitsWithCheckpoint", testLocalStep},
 		{"LocalStepStaleCommitsNothing", testLocalStale},
 		{"LocalStepRetriesItsTransaction", testLocalRetry},
@@ -434,14 +436,29 @@ func testSettleRetry(t *testing.T, s Setup) {
 	if err := s.Journal.Retry(ctx, "", key); !errors.Is(err, steps.ErrNotRetryable) {
 		t.Fatalf("Retry of a running operation: %v, want ErrNotRetryable", err)
 	}
-	// Another fingerprint settles nothing.
-	if err := s.Journal.Settle(ctx, "", key, "other", steps.StateDead, "no", 0); err != nil {
+	seen, err := s.Journal.Get(ctx, "", key)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if op, _ := s.Journal.Get(ctx, "", key); op.State != steps.StateRunning {
-		t.Fatalf("Settle under another fingerprint changed the operation: %+v", op)
+	// Another fingerprint, state or count of attempts than the
+	// operation's (it changed since it was read) settles nothing.
+	for _, stale := range []func(e *steps.Entry){
+		func(e *steps.Entry) { e.Fingerprint = "other" },
+		func(e *steps.Entry) { e.State = steps.StateWaiting },
+		func(e *steps.Entry) { e.Attempts++ },
+	} {
+		e := seen
+		stale(&e)
+		for _, st := range []steps.State{steps.StateDead, steps.StateDone} {
+			if err := s.Journal.Settle(ctx, e, st, "no", time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if op, _ := s.Journal.Get(ctx, "", key); op.State != steps.StateRunning || len(op.Checkpoints) != 1 {
+				t.Fatalf("Settle %s of %+v changed the operation: %+v", st, e, op)
+			}
+		}
 	}
-	if err := s.Journal.Settle(ctx, "", key, "fp", steps.StateDead, "cannot resume", 0); err != nil {
+	if err := s.Journal.Settle(ctx, seen, steps.StateDead, "cannot resume", 0); err != nil {
 		t.Fatal(err)
 	}
 	op, err := s.Journal.Get(ctx, "", key)
@@ -465,7 +482,14 @@ func testSettleRetry(t *testing.T, s Setup) {
 	if op.State != steps.StateWaiting || op.Attempts != 0 || op.NextAt.After(time.Now().Add(time.Minute)) || len(op.Checkpoints) != 1 {
 		t.Fatalf("after Retry: %+v (want waiting, 0 attempts, due, checkpoint kept)", op)
 	}
-	if err := s.Journal.Settle(ctx, "", key, "fp", steps.StateDone, "", time.Hour); err != nil {
+	// What was read before the Retry settles nothing.
+	if err := s.Journal.Settle(ctx, seen, steps.StateDead, "stale", 0); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Journal.Get(ctx, "", key); e.State != steps.StateWaiting || e.Attempts != 0 {
+		t.Fatalf("a Settle of what was read before the Retry: %+v", e)
+	}
+	if err := s.Journal.Settle(ctx, op, steps.StateDone, "", time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	op, _ = s.Journal.Get(ctx, "", key)
@@ -1350,7 +1374,7 @@ func testAnyReason(t *testing.T, s Setup) {
 		if !utf8.ValidString(e.LastError) || !strings.HasPrefix(e.LastError, reason[:3]) {
 			t.Fatalf("reason %d: LastError %q", i, e.LastError)
 		}
-		if err := s.Journal.Settle(ctx, "", key, "fp", steps.StateDead, reason, 0); err != nil {
+		if err := s.Journal.Settle(ctx, e, steps.StateDead, reason, 0); err != nil {
 			t.Fatalf("reason %d: Settle dead: %v", i, err)
 		}
 		if e, err := s.Journal.Get(ctx, "", key); err != nil || e.State != steps.StateDead || !utf8.ValidString(e.LastError) {
@@ -1413,4 +1437,119 @@ func settled(t *testing.T, ctx context.Context, r *steps.Runner, s Setup, key st
 		return err == nil && e.State != from, err
 	})
 	return s.Journal.Get(ctx, "", key)
+}
+
+// hookJournal runs a hook of the test's after Due has read and before
+// Settle writes: the window in which a completer decides from what it
+// read.
+type hookJournal struct {
+	steps.Journal
+	mu          sync.Mutex
+	due, settle func()
+}
+
+func (h *hookJournal) take(f *func()) func() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := *f
+	*f = nil
+	return g
+}
+
+func (h *hookJournal) Due(ctx context.Context, name string, limit int) ([]steps.Entry, error) {
+	ops, err := h.Journal.Due(ctx, name, limit)
+	if f := h.take(&h.due); f != nil {
+		f()
+	}
+	return ops, err
+}
+
+func (h *hookJournal) Settle(ctx context.Context, seen steps.Entry, state steps.State, reason string, retention time.Duration) error {
+	if f := h.take(&h.settle); f != nil {
+		f()
+	}
+	return h.Journal.Settle(ctx, seen, state, reason, retention)
+}
+
+// testCompleterKeepsRetry: the completer reads an operation on its last
+// attempt (one MaxAttempts for every party), running, its run seemingly
+// gone. That run then fails (dead) and lets the key go; the completer
+// acquires the key to settle the operation dead, and an operator's
+// Retry lands just before its Settle. The Settle must not undo the
+// Retry: the operation stays due with its attempts from 0, and the next
+// pass runs it.
+func testCompleterKeepsRetry(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	hj := &hookJournal{Journal: s.Journal}
+	hs := s
+	hs.Journal = hj
+	r := newRunner(t, hs, time.Minute, &steps.Config{MaxAttempts: 1})
+	var c counter
+	name := "retried-" + unique(t)
+	key := unique(t)
+	if _, err := steps.Define(r, name, func(ctx context.Context, run *steps.Run, in Transfer) (string, error) {
+		c.add(key)
+		return "ok", nil
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	l := acquire(t, ctx, s.Store, key, "fp", time.Minute)
+	if _, err := s.Journal.Begin(ctx, l, steps.Start{Name: name, Fingerprint: "fp", Input: []byte(`{"id":"x"}`), After: -time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var hookErr error
+	hj.due = func() {
+		st, err := s.Journal.Fail(ctx, l, steps.Failure{Reason: "flaky", Backoff: time.Hour, MaxAttempts: 1})
+		if err != nil || st != steps.StateDead {
+			hookErr = fmt.Errorf("the last run's Fail: %s, %v; want dead", st, err)
+			return
+		}
+		hookErr = s.Store.Release(ctx, l)
+	}
+	hj.settle = func() {
+		if err := s.Journal.Retry(ctx, "", key); err != nil && hookErr == nil {
+			hookErr = fmt.Errorf("the operator's Retry: %w", err)
+		}
+	}
+	if _, err := r.Complete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	if hj.take(&hj.settle) != nil {
+		t.Fatal("the completer did not settle the operation (the test's interleaving did not happen)")
+	}
+	e, err := s.Journal.Get(ctx, "", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.State != steps.StateWaiting || e.Attempts != 0 {
+		t.Fatalf("after the operator's Retry and the completer's Settle: %s with %d attempts (%q); want waiting with 0: the Retry was undone", e.State, e.Attempts, e.LastError)
+	}
+	e, err = settled(t, ctx, r, s, key, steps.StateWaiting)
+	if err != nil || e.State != steps.StateDone {
+		t.Fatalf("the retried operation: %+v, %v; want done", e, err)
+	}
+	if n := c.get(key); n != 1 {
+		t.Fatalf("the retried operation ran %d times, want 1", n)
+	}
+}
+
+// testUnusableKey: an operator may type any scope and key (idem ops,
+// the operator page's form). One that no idempotency record can have
+// (not UTF-8, a NUL or another control character, over 255 bytes) has
+// no operation either: Get and Retry answer idem.ErrNotFound, as for
+// any key without one, not a database's error about the bytes.
+func testUnusableKey(t *testing.T, s Setup) {
+	ctx := ctxOf(t)
+	long := strings.Repeat("k", idem.MaxKeyLen+1)
+	for _, id := range [][2]string{{"", "bad\xff\xfe"}, {"", "nul\x00"}, {"", "esc\x1b[2J"}, {"", long}, {"bad\xff", "k"}, {"nul\x00", "k"}, {long, "k"}} {
+		if _, err := s.Journal.Get(ctx, id[0], id[1]); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Get(%q, %.20q…): %v; want idem.ErrNotFound", id[0], id[1], err)
+		}
+		if err := s.Journal.Retry(ctx, id[0], id[1]); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Retry(%q, %.20q…): %v; want idem.ErrNotFound", id[0], id[1], err)
+		}
+	}
 }
