@@ -86,6 +86,12 @@ type canonicalizer struct {
 	unsorted []object
 	ordered  []span // the text of each member ("key":value) in out
 	moved    int    // bytes copied to put members in order (the tests read it)
+	// lastInPlace is where in out the last object put in order in place
+	// starts (-1: none yet).
+	lastInPlace int
+	// reference turns the shortcuts off (no pairwise name comparison, no
+	// putting in order in place), for the tests that compare the two.
+	reference bool
 }
 
 // object is an object of out whose members are out of order: its text
@@ -104,6 +110,7 @@ type span struct{ start, end int }
 type member struct {
 	keyStart, keyEnd int
 	start, end       int
+	plain            bool // the key is a plain name (isPlainName)
 }
 
 // jsonError reports where and why a text is not JSON, or is ambiguous.
@@ -131,6 +138,7 @@ func (c *canonicalizer) begin(src, out []byte) {
 	c.keys, c.mem = c.keys[:0], c.mem[:0]
 	c.unsorted, c.ordered = c.unsorted[:0], c.ordered[:0]
 	c.moved = 0
+	c.lastInPlace = -1
 }
 
 func (c *canonicalizer) canonical() ([]byte, error) {
@@ -342,6 +350,7 @@ func (c *canonicalizer) object() error {
 			return err
 		}
 		m.keyEnd = len(c.keys)
+		m.plain = isPlainName(c.keys[m.keyStart:m.keyEnd])
 		c.skipSpace()
 		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
 			return c.fail("expected ':' after an object key")
@@ -384,9 +393,44 @@ func (c *canonicalizer) object() error {
 		members := c.mem[memBase:]
 		keys := c.keys
 		// No two names are equal (the object is not ambiguous).
-		slices.SortFunc(members, func(a, b member) int {
-			return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
-		})
+		if len(members) <= 12 {
+			// Insertion sort, shifting rather than swapping.
+			for i := 1; i < len(members); i++ {
+				m := members[i]
+				key := keys[m.keyStart:m.keyEnd]
+				j := i
+				for ; j > 0 && bytes.Compare(keys[members[j-1].keyStart:members[j-1].keyEnd], key) > 0; j-- {
+					members[j] = members[j-1]
+				}
+				members[j] = m
+			}
+		} else {
+			slices.SortFunc(members, func(a, b member) int {
+				return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
+			})
+		}
+		// An object with nothing put in order inside it is put in order
+		// at once, in place: its text is final but for the order of its
+		// members. One with something inside put in order (in place, or
+		// left for the end) is left for the end, so that no byte moves
+		// in place twice.
+		if !c.reference && c.lastInPlace < open && (len(c.unsorted) == 0 || c.unsorted[len(c.unsorted)-1].start < open) {
+			tmp := c.tmp[:0]
+			for k, m := range members {
+				if k > 0 {
+					tmp = append(tmp, ',')
+				}
+				tmp = append(tmp, c.out[m.start:m.end]...)
+			}
+			copy(c.out[open+1:], tmp)
+			c.tmp = tmp
+			c.moved += len(tmp)
+			c.lastInPlace = open
+			c.mem = c.mem[:memBase]
+			c.keys = c.keys[:keyBase]
+			c.depth--
+			return nil
+		}
 		first := len(c.ordered)
 		for _, m := range members {
 			c.ordered = append(c.ordered, span{m.start, m.end})
@@ -402,6 +446,19 @@ func (c *canonicalizer) object() error {
 // ambiguous reports whether two of an object's members have names that
 // encoding/json can take for the same (see CanonicalJSON).
 func (c *canonicalizer) ambiguous(members []member) bool {
+	if len(members) <= 8 && !c.reference {
+		// Few members: compare each pair, most at a glance (names of
+		// ASCII letters and such fold to names of their own length).
+		for i := 1; i < len(members); i++ {
+			a := members[i]
+			for _, b := range members[:i] {
+				if c.sameName(c.keys[a.keyStart:a.keyEnd], c.keys[b.keyStart:b.keyEnd], a.plain && b.plain) {
+					return true
+				}
+			}
+		}
+		return false
+	}
 	fold, spans := c.fold[:0], c.spans[:0]
 	for _, m := range members {
 		start := len(fold)
@@ -421,6 +478,48 @@ func (c *canonicalizer) ambiguous(members []member) bool {
 		}
 	}
 	return false
+}
+
+// sameName reports whether encoding/json can take the decoded member
+// names a and b for the same name: whether they fold alike
+// (appendFoldedName). plain says both are plain names (isPlainName).
+func (c *canonicalizer) sameName(a, b []byte, plain bool) bool {
+	if plain {
+		// Each character folds to itself or its upper case.
+		if len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			x, y := a[i], b[i]
+			if 'a' <= x && x <= 'z' {
+				x -= 'a' - 'A'
+			}
+			if 'a' <= y && y <= 'z' {
+				y -= 'a' - 'A'
+			}
+			if x != y {
+				return false
+			}
+		}
+		return true
+	}
+	fold := appendFoldedName(c.fold[:0], a)
+	n := len(fold)
+	fold = appendFoldedName(fold, b)
+	c.fold = fold
+	return bytes.Equal(fold[:n], fold[n:])
+}
+
+// isPlainName reports whether a decoded member name is all ASCII and no
+// integer: its folded form is its own bytes with letters in upper case.
+func isPlainName(name []byte) bool {
+	for _, ch := range name {
+		if ch >= utf8.RuneSelf {
+			return false
+		}
+	}
+	_, _, integer := integerName(name)
+	return !integer
 }
 
 // appendFoldedName appends the form of a decoded member name (as the
