@@ -28,11 +28,11 @@ type Store struct {
 	records map[recordID]*entry
 }
 
-// entry is a stored record with room for its response, so that completing
-// it allocates only the copies of the body and headers.
+// entry is a stored record. Its Record.Response is always nil: a
+// completed record's response is resp, encoded (see encodeResponse).
 type entry struct {
 	idem.Record
-	resp idem.Response
+	resp []byte
 }
 
 type recordID struct{ scope, key string }
@@ -79,11 +79,11 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		tookOver = rec.Status == idem.StatusProcessing
 		rec = &entry{Record: idem.Record{Scope: req.Scope, Key: req.Key, Fence: rec.Fence + 1}}
 	case rec.Fingerprint != req.Fingerprint:
-		return idem.AcquireResult{Outcome: idem.Mismatch, Record: cloneRecord(&rec.Record)}, nil
+		return rec.result(idem.Mismatch)
 	case rec.Status == idem.StatusCompleted:
-		return idem.AcquireResult{Outcome: idem.Completed, Record: cloneRecord(&rec.Record)}, nil
+		return rec.result(idem.Completed)
 	case now.Before(rec.LeaseUntil):
-		return idem.AcquireResult{Outcome: idem.InFlight, Record: cloneRecord(&rec.Record)}, nil
+		return rec.result(idem.InFlight)
 	default:
 		// A processing record whose lease has ended: take it over. The
 		// record keeps its CreatedAt; a new execution holds it.
@@ -121,7 +121,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
-	stored := resp.Clone()
+	stored := encodeResponse(&resp)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -135,7 +135,6 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	now := s.now()
 	rec.Status = idem.StatusCompleted
 	rec.resp = stored
-	rec.Response = &rec.resp
 	rec.CompletedAt = now
 	rec.Retention = retention
 	rec.ExpiresAt = now.Add(retention)
@@ -199,7 +198,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 	if !ok {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return cloneRecord(&rec.Record), nil
+	return rec.record()
 }
 
 // Delete removes the record whatever its state; idem.ErrNotFound if none.
@@ -313,17 +312,25 @@ func leaseOf(rec *idem.Record) idem.Lease {
 	return idem.Lease{Scope: rec.Scope, Key: rec.Key, Owner: rec.Owner, Fence: rec.Fence, Until: rec.LeaseUntil}
 }
 
-func cloneRecord(rec *idem.Record) idem.Record {
-	c := *rec
-	c.Response = cloneResponse(rec.Response)
-	return c
+// record returns a copy of the record, its response decoded (sharing no
+// memory with the store).
+func (e *entry) record() (idem.Record, error) {
+	c := e.Record
+	if e.resp != nil {
+		r, err := decodeResponse(e.resp)
+		if err != nil {
+			return idem.Record{}, err
+		}
+		c.Response = r
+	}
+	return c, nil
 }
 
-// cloneResponse deep-copies r (see idem.Response.Clone); nil stays nil.
-func cloneResponse(r *idem.Response) *idem.Response {
-	if r == nil {
-		return nil
+// result is an Acquire's answer of outcome with a copy of the record.
+func (e *entry) result(outcome idem.Outcome) (idem.AcquireResult, error) {
+	rec, err := e.record()
+	if err != nil {
+		return idem.AcquireResult{}, err
 	}
-	c := r.Clone()
-	return &c
+	return idem.AcquireResult{Outcome: outcome, Record: rec}, nil
 }
