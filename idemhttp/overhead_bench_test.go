@@ -107,3 +107,20 @@ func BenchmarkCanonicalJSONUnsorted(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCanonicalJSONDense: CanonicalJSON of the canonical form of
+// BenchmarkOverhead's 1 KiB body: as many members, none out of order.
+func BenchmarkCanonicalJSONDense(b *testing.B) {
+	src, err := idemhttp.CanonicalJSON(nil, overheadBodies[1].body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var dst []byte
+	b.ReportAllocs()
+	b.SetBytes(int64(len(src)))
+	for b.Loop() {
+		if dst, err = idemhttp.CanonicalJSON(dst[:0], src); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
