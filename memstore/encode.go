@@ -3,15 +3,17 @@ package memstore
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 
 	"github.com/idemkit/idem"
 )
 
-// A completed record's response is kept encoded in one byte slice, which
-// holds no pointers: the garbage collector does not scan it. A store of
-// many completed records then costs the collector a few pointers per
-// record, not a header map, its values and a body each, and every
-// allocation in the process pays less for the store's size.
+// A completed record's response is kept encoded at the end of its
+// entry's text, a string, which holds no pointers: the garbage collector
+// does not scan it. A store of many completed records then costs the
+// collector a few words per record, not a header map, its values and a
+// body each, and every allocation in the process pays less for the
+// store's size.
 //
 // The encoding (uvarints, except the flags byte):
 //
@@ -26,17 +28,19 @@ const (
 	flagOmitted = 4
 )
 
-// encodeResponse returns r encoded, sharing no memory with r.
-func encodeResponse(r *idem.Response) []byte {
-	n := 2*binary.MaxVarintLen64 + 1 + len(r.Body)
+// appendResponse returns prefix followed by r encoded, as one new
+// string.
+func appendResponse(prefix string, r *idem.Response) string {
+	total := 0
+	hlen := uvarintLen(uint64(len(r.Header)))
 	for name, values := range r.Header {
-		n += 2*binary.MaxVarintLen64 + len(name)
+		total += len(values)
+		hlen += uvarintLen(uint64(len(name))) + len(name) + uvarintLen(uint64(len(values))+1)
 		for _, v := range values {
-			n += binary.MaxVarintLen64 + len(v)
+			hlen += uvarintLen(uint64(len(v))) + len(v)
 		}
 	}
-	b := make([]byte, 0, n+binary.MaxVarintLen64)
-	b = binary.AppendUvarint(b, uint64(r.StatusCode))
+	hlen += uvarintLen(uint64(total))
 	var flags byte
 	if r.Header != nil {
 		flags |= flagHeader
@@ -47,62 +51,73 @@ func encodeResponse(r *idem.Response) []byte {
 	if r.BodyOmitted {
 		flags |= flagOmitted
 	}
-	b = append(b, flags)
-	// The header's length first, so that decoding turns it into one
-	// string at once.
-	lenAt := len(b)
-	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
-	start := len(b)
-	total := 0
-	for _, values := range r.Header {
-		total += len(values)
-	}
-	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	b = binary.AppendUvarint(b, uint64(total))
+	var sb strings.Builder
+	var scratch [binary.MaxVarintLen64]byte
+	uvarint := func(v uint64) { sb.Write(binary.AppendUvarint(scratch[:0], v)) }
+	sb.Grow(len(prefix) + binary.MaxVarintLen64 + 9 + hlen + len(r.Body))
+	sb.WriteString(prefix)
+	uvarint(uint64(r.StatusCode))
+	sb.WriteByte(flags)
+	sb.Write(binary.LittleEndian.AppendUint64(scratch[:0], uint64(hlen)))
+	uvarint(uint64(len(r.Header)))
+	uvarint(uint64(total))
 	for name, values := range r.Header {
-		b = binary.AppendUvarint(b, uint64(len(name)))
-		b = append(b, name...)
+		uvarint(uint64(len(name)))
+		sb.WriteString(name)
 		if values == nil {
-			b = binary.AppendUvarint(b, 0)
+			uvarint(0)
 			continue
 		}
-		b = binary.AppendUvarint(b, uint64(len(values))+1)
+		uvarint(uint64(len(values)) + 1)
 		for _, v := range values {
-			b = binary.AppendUvarint(b, uint64(len(v)))
-			b = append(b, v...)
+			uvarint(uint64(len(v)))
+			sb.WriteString(v)
 		}
 	}
-	// A fixed-width length: the header's size is known only now.
-	binary.LittleEndian.PutUint64(b[lenAt:], uint64(len(b)-start))
-	return append(b, r.Body...)
+	sb.Write(r.Body)
+	return sb.String()
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
 }
 
 var errCorrupt = errors.New("memstore: corrupt stored response")
 
-// decodeResponse returns the response b encodes, sharing no memory with
-// b: its header's names and values are substrings of one new string.
-func decodeResponse(b []byte) (*idem.Response, error) {
-	status, n := binary.Uvarint(b)
-	if n <= 0 || len(b) < n+1+8 {
+// decodeResponse returns the response s encodes. Its header's names and
+// values are substrings of s; its body is a copy.
+func decodeResponse(s string) (*idem.Response, error) {
+	p := &reader{s: s}
+	status := p.uvarint()
+	if p.bad || len(s)-p.i < 9 {
 		return nil, errCorrupt
 	}
-	b = b[n:]
-	flags := b[0]
-	hlen := binary.LittleEndian.Uint64(b[1:])
-	b = b[9:]
-	if hlen > uint64(len(b)) {
+	flags := s[p.i]
+	var hlen uint64
+	for k := 8; k >= 1; k-- {
+		hlen = hlen<<8 | uint64(s[p.i+k])
+	}
+	p.i += 9
+	if hlen > uint64(len(s)-p.i) {
 		return nil, errCorrupt
 	}
 	r := &idem.Response{StatusCode: int(status), BodyOmitted: flags&flagOmitted != 0}
 	if flags&flagHeader != 0 {
-		h, err := decodeHeader(string(b[:hlen]))
+		h, err := decodeHeader(s[p.i : p.i+int(hlen)])
 		if err != nil {
 			return nil, err
 		}
 		r.Header = h
 	}
-	if body := b[hlen:]; flags&flagBody != 0 {
-		r.Body = append(make([]byte, 0, len(body)), body...)
+	if body := s[p.i+int(hlen):]; flags&flagBody != 0 {
+		r.Body = []byte(body)
+	} else if body != "" {
+		return nil, errCorrupt
 	}
 	return r, nil
 }
