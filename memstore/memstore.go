@@ -165,13 +165,11 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
 	now := s.now()
-	done := *rec
-	done.text = appendResponse(rec.text, &resp)
-	done.completed = true
-	done.completedAt = at(now)
-	done.retention = retention
-	done.expiresAt = at(now.Add(retention))
-	s.records[id] = &done
+	rec.text = appendResponse(rec.text, &resp)
+	rec.completed = true
+	rec.completedAt = at(now)
+	rec.retention = retention
+	rec.expiresAt = at(now.Add(retention))
 	return nil
 }
 
