@@ -124,6 +124,9 @@ func (st *fpState) put() {
 	if cap(st.canon.tmp) > maxPooledScratch {
 		st.canon.tmp = nil
 	}
+	if cap(st.canon.stack) > maxPooledScratch/48 {
+		st.canon.stack = nil
+	}
 	if cap(st.canon.keys) > maxPooledScratch {
 		st.canon.keys = nil
 	}
