@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/benchpair"
 	"github.com/idemkit/idem/memstore"
 )
 
@@ -122,5 +123,49 @@ func BenchmarkCanonicalJSONDense(b *testing.B) {
 		if dst, err = idemhttp.CanonicalJSON(dst[:0], src); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkOverheadPaired is BenchmarkOverhead with the bare handler, a
+// first execution and a replay interleaved in one loop (benchpair), so
+// that the ratios hold on a noisy machine. It reports each one's mean
+// (bare-ns, first-ns, replay-ns) and the overheads in multiples of the
+// bare request: first-over-bare = (first − bare) / bare, and
+// replay-over-bare. The three share one process, and so its garbage
+// collector, which the records of the first executions keep busy.
+//
+//	go test -run '^$' -bench '^BenchmarkOverheadPaired$' -benchmem -benchtime 100000x -count 5 ./idemhttp/
+func BenchmarkOverheadPaired(b *testing.B) {
+	for _, body := range overheadBodies {
+		b.Run(body.name, func(b *testing.B) {
+			m, err := idemhttp.New(&idemhttp.Config{Store: memstore.New(nil)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			guarded := m.Handler(http.HandlerFunc(overheadHandler))
+			bare := http.HandlerFunc(overheadHandler)
+			serve := func(h http.Handler, key string) {
+				r := httptest.NewRequest(http.MethodPost, "/orders", bytes.NewReader(body.body))
+				r.Header.Set("Content-Type", "application/json")
+				if key != "" {
+					r.Header.Set(idemhttp.HeaderIdempotencyKey, key)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if w.Code != http.StatusCreated {
+					b.Fatalf("status %d: %s", w.Code, w.Body)
+				}
+			}
+			serve(guarded, "same")
+			i := 0
+			b.ReportAllocs()
+			means := benchpair.Run(b,
+				benchpair.Func{Name: "bare", F: func() { serve(bare, "") }},
+				benchpair.Func{Name: "first", F: func() { i++; serve(guarded, "k-"+strconv.Itoa(i)) }},
+				benchpair.Func{Name: "replay", F: func() { serve(guarded, "same") }},
+			)
+			benchpair.Ratio(b, "first-over-bare", means[1]-means[0], means[0])
+			benchpair.Ratio(b, "replay-over-bare", means[2]-means[0], means[0])
+		})
 	}
 }
