@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
+	"math/bits"
 	"slices"
 	"strconv"
 	"unicode"
@@ -68,17 +69,16 @@ func CanonicalJSON(dst, src []byte) ([]byte, error) {
 }
 
 // canonicalizer holds the state of one canonicalisation. Its scratch
-// slices (keys, members, tmp) may be reused across runs.
+// slices (keys, members, stack, tmp) may be reused across runs.
 type canonicalizer struct {
 	src   []byte
-	pos   int
-	depth int
-	out   []byte
-	keys  []byte   // decoded keys of the objects being parsed, a stack
-	mem   []member // members of the objects being parsed, a stack
-	tmp   []byte   // scratch: the text with every object's members in order
-	fold  []byte   // scratch: the folded names of one object
-	spans []span   // scratch: where each folded name is in fold
+	out   []byte      // the output, as begin set it, and as canonical returns it
+	stack []container // the objects and arrays being parsed, outermost first
+	keys  []byte      // keys not read in src (see member), decoded, a stack
+	mem   []member    // members of the objects being parsed, a stack
+	tmp   []byte      // scratch: the text with every object's members in order
+	fold  []byte      // scratch: the folded names of one object
+	spans []span      // scratch: where each folded name is in fold
 	// The objects whose members are out of order, and their members in
 	// order: the text is written as read, and put in order once at the
 	// end, so that each byte is copied once however deep such objects
@@ -86,6 +86,22 @@ type canonicalizer struct {
 	unsorted []object
 	ordered  []span // the text of each member ("key":value) in out
 	moved    int    // bytes copied to put members in order (the tests read it)
+	// lastInPlace is where in out the last object put in order in place
+	// starts (-1: none yet).
+	lastInPlace int
+	// reference turns the shortcuts off (no pairwise name comparison, no
+	// putting in order in place), for the tests that compare the two.
+	reference bool
+}
+
+// container is an object or an array being parsed.
+type container struct {
+	object  bool
+	sorted  bool // an object whose members so far are in order
+	start   int  // where it starts in src
+	open    int  // where it starts in out
+	memBase int  // where an object's members start in mem
+	keyBase int  // where an object's decoded keys start in keys
 }
 
 // object is an object of out whose members are out of order: its text
@@ -99,11 +115,48 @@ type object struct {
 // span is a range of a byte slice.
 type span struct{ start, end int }
 
-// member is one object member: its decoded key in keys and its canonical
-// text ("key":value) in out.
+// member is one object member: its decoded key, and its canonical text
+// ("key":value) in out. A key without escapes whose characters are all
+// ASCII and need none is its own decoded form, and is read in src; any
+// other is decoded into keys.
 type member struct {
 	keyStart, keyEnd int
 	start, end       int
+	prefix           uint64 // keyPrefix of the key
+	decoded          bool   // the key is keys[keyStart:keyEnd], not src[keyStart:keyEnd]
+	plain            bool   // the key is a plain name (isPlainName)
+}
+
+// key returns m's decoded key.
+func (c *canonicalizer) key(m *member) []byte {
+	if m.decoded {
+		return c.keys[m.keyStart:m.keyEnd]
+	}
+	return c.src[m.keyStart:m.keyEnd]
+}
+
+// compareKeys compares the keys of a and b, as bytes.Compare.
+func (c *canonicalizer) compareKeys(a, b *member) int {
+	if a.prefix != b.prefix {
+		if a.prefix < b.prefix {
+			return -1
+		}
+		return 1
+	}
+	return bytes.Compare(c.key(a), c.key(b))
+}
+
+// keyPrefix returns the first eight bytes of key, zero-padded, read
+// big-endian: keys whose prefixes differ order as their prefixes.
+func keyPrefix(key []byte) uint64 {
+	var p uint64
+	for i := range 8 {
+		p <<= 8
+		if i < len(key) {
+			p |= uint64(key[i])
+		}
+	}
+	return p
 }
 
 // jsonError reports where and why a text is not JSON, or is ambiguous.
@@ -121,31 +174,35 @@ func (e *jsonError) Error() string {
 	return "idemhttp: " + what + " JSON at byte " + strconv.Itoa(e.offset) + ": " + e.msg
 }
 
-func (c *canonicalizer) fail(msg string) error {
-	return &jsonError{offset: c.pos, msg: msg}
+// errAt reports that the text is not JSON at byte pos.
+func errAt(pos int, msg string) error {
+	return &jsonError{offset: pos, msg: msg}
 }
 
 // begin readies c to canonicalise src, appending to out.
 func (c *canonicalizer) begin(src, out []byte) {
-	c.src, c.pos, c.depth, c.out = src, 0, 0, out
-	c.keys, c.mem = c.keys[:0], c.mem[:0]
+	c.src, c.out = src, out
+	c.stack, c.keys, c.mem = c.stack[:0], c.keys[:0], c.mem[:0]
 	c.unsorted, c.ordered = c.unsorted[:0], c.ordered[:0]
 	c.moved = 0
+	c.lastInPlace = -1
 }
 
 func (c *canonicalizer) canonical() ([]byte, error) {
+	src := c.src
 	base := len(c.out)
-	c.skipSpace()
-	if c.pos == len(c.src) {
-		return nil, c.fail("no value")
+	pos := skipSpace(src, 0)
+	if pos == len(src) {
+		return nil, errAt(pos, "no value")
 	}
-	if err := c.value(); err != nil {
+	out, pos, err := c.parse(c.out, pos)
+	if err != nil {
 		return nil, err
 	}
-	c.skipSpace()
-	if c.pos != len(c.src) {
-		return nil, c.fail("data after the value")
+	if pos = skipSpace(src, pos); pos != len(src) {
+		return nil, errAt(pos, "data after the value")
 	}
+	c.out = out
 	if len(c.unsorted) > 0 {
 		// Recorded as they closed (inner first): order them by position.
 		slices.SortFunc(c.unsorted, func(a, b object) int { return cmp.Compare(a.start, b.start) })
@@ -178,234 +235,392 @@ func (c *canonicalizer) emit(dst []byte, lo, hi int) []byte {
 	}
 }
 
-func (c *canonicalizer) skipSpace() {
-	for c.pos < len(c.src) {
-		switch c.src[c.pos] {
-		case ' ', '\t', '\n', '\r':
-			c.pos++
-		default:
-			return
-		}
+// jsonSpace has the bit 1<<b set for each whitespace byte b of JSON.
+const jsonSpace uint64 = 1<<' ' | 1<<'\t' | 1<<'\n' | 1<<'\r'
+
+// skipSpace returns the position of the first byte of src from pos on
+// that is not whitespace.
+func skipSpace(src []byte, pos int) int {
+	for pos < len(src) && src[pos] <= ' ' && jsonSpace&(1<<src[pos]) != 0 {
+		pos++
 	}
+	return pos
 }
 
-// value parses one value at c.pos (whitespace already skipped).
-func (c *canonicalizer) value() error {
-	if c.pos >= len(c.src) {
-		return c.fail("unexpected end")
+// flushSpace skips the whitespace at src[pos:] for parse (which calls it
+// only at a byte up to ' '): it returns out with the pending run
+// src[run:pos] appended, and the position after the whitespace as the
+// new run and position.
+func flushSpace(out, src []byte, run, pos int) ([]byte, int, int) {
+	if end := skipSpace(src, pos); end > pos {
+		out = append(out, src[run:pos]...)
+		return out, end, end
 	}
-	switch ch := c.src[c.pos]; {
-	case ch == '{':
-		return c.object()
-	case ch == '[':
-		return c.array()
-	case ch == '"':
-		return c.str(false)
-	case ch == '-' || '0' <= ch && ch <= '9':
-		return c.number()
-	case ch == 't':
-		return c.literal("true")
-	case ch == 'f':
-		return c.literal("false")
-	case ch == 'n':
-		return c.literal("null")
-	}
-	return c.fail("unexpected character " + strconv.QuoteRuneToASCII(rune(c.src[c.pos])))
+	return out, run, pos
 }
 
-func (c *canonicalizer) literal(lit string) error {
-	if len(c.src)-c.pos < len(lit) || string(c.src[c.pos:c.pos+len(lit)]) != lit {
-		return c.fail("invalid literal")
-	}
-	c.pos += len(lit)
-	c.out = append(c.out, lit...)
-	return nil
-}
-
-func (c *canonicalizer) number() error {
-	start := c.pos
+// parse parses the value at src[pos] (whitespace skipped) and appends
+// its canonical form to out; it returns out and the position after the
+// value.
+//
+// It runs through the text in one loop, keeping the objects and arrays
+// it is in on a stack, rather than call itself for each value, so that
+// out and the position stay in registers. Text that is its own canonical
+// form (all but whitespace and some escapes) is not copied token by
+// token: the canonical form so far is out followed by src[run:pos], and
+// src[run:pos] is appended to out only when something else must follow
+// it (or an object must be put in order in place).
+func (c *canonicalizer) parse(out []byte, pos int) ([]byte, int, error) {
 	src := c.src
-	i := c.pos
-	if src[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(src) && src[i] == '0':
-		i++
-	case i < len(src) && '1' <= src[i] && src[i] <= '9':
-		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
-			i++
-		}
-	default:
-		c.pos = i
-		return c.fail("invalid number")
-	}
-	if i < len(src) && src[i] == '.' {
-		i++
-		d := i
-		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
-			i++
-		}
-		if i == d {
-			c.pos = i
-			return c.fail("invalid number: no digit after '.'")
-		}
-	}
-	if i < len(src) && (src[i] == 'e' || src[i] == 'E') {
-		i++
-		if i < len(src) && (src[i] == '+' || src[i] == '-') {
-			i++
-		}
-		d := i
-		for i < len(src) && '0' <= src[i] && src[i] <= '9' {
-			i++
-		}
-		if i == d {
-			c.pos = i
-			return c.fail("invalid number: no digit in the exponent")
-		}
-	}
-	c.pos = i
-	c.out = append(c.out, src[start:i]...)
-	return nil
-}
-
-func (c *canonicalizer) enter() error {
-	c.depth++
-	if c.depth > maxJSONDepth {
-		return c.fail("nested too deep")
-	}
-	return nil
-}
-
-func (c *canonicalizer) array() error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	c.pos++ // '['
-	c.out = append(c.out, '[')
-	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == ']' {
-		c.pos++
-		c.out = append(c.out, ']')
-		c.depth--
-		return nil
-	}
+	run := pos
 	for {
-		c.skipSpace()
-		if err := c.value(); err != nil {
-			return err
+		// A value at pos, whitespace skipped.
+		if pos >= len(src) {
+			return out, pos, errAt(pos, "unexpected end")
 		}
-		c.skipSpace()
-		if c.pos >= len(c.src) {
-			return c.fail("unexpected end in an array")
-		}
-		switch c.src[c.pos] {
-		case ',':
-			c.pos++
-			c.out = append(c.out, ',')
-		case ']':
-			c.pos++
-			c.out = append(c.out, ']')
-			c.depth--
-			return nil
-		default:
-			return c.fail("expected ',' or ']' in an array")
-		}
-	}
-}
-
-func (c *canonicalizer) object() error {
-	if err := c.enter(); err != nil {
-		return err
-	}
-	objStart := c.pos
-	c.pos++ // '{'
-	open := len(c.out)
-	c.out = append(c.out, '{')
-	memBase, keyBase := len(c.mem), len(c.keys)
-	c.skipSpace()
-	if c.pos < len(c.src) && c.src[c.pos] == '}' {
-		c.pos++
-		c.out = append(c.out, '}')
-		c.depth--
-		return nil
-	}
-	sorted := true
-	for {
-		c.skipSpace()
-		if c.pos >= len(c.src) || c.src[c.pos] != '"' {
-			return c.fail("expected a string key in an object")
-		}
-		m := member{keyStart: len(c.keys), start: len(c.out)}
-		if err := c.str(true); err != nil {
-			return err
-		}
-		m.keyEnd = len(c.keys)
-		c.skipSpace()
-		if c.pos >= len(c.src) || c.src[c.pos] != ':' {
-			return c.fail("expected ':' after an object key")
-		}
-		c.pos++
-		c.out = append(c.out, ':')
-		c.skipSpace()
-		if err := c.value(); err != nil {
-			return err
-		}
-		m.end = len(c.out)
-		if n := len(c.mem); n > memBase {
-			prev := c.mem[n-1]
-			if bytes.Compare(c.keys[prev.keyStart:prev.keyEnd], c.keys[m.keyStart:m.keyEnd]) > 0 {
-				sorted = false
+		opened := false // an object was opened, and its first key is next
+		switch ch := src[pos]; {
+		case ch == '"':
+			// safeEnd, inline (too costly for the compiler to inline).
+			i := pos + 1
+			if i+8 <= len(src) {
+				if f := unsafeBytes(binary.LittleEndian.Uint64(src[i:])); f != 0 {
+					i += bits.TrailingZeros64(f) / 8
+				} else {
+					i = safeEnd(src, i+8)
+				}
+			} else {
+				i = safeEnd(src, i)
 			}
-		}
-		c.mem = append(c.mem, m)
-		c.skipSpace()
-		if c.pos >= len(c.src) {
-			return c.fail("unexpected end in an object")
-		}
-		if c.src[c.pos] == ',' {
-			c.pos++
-			c.out = append(c.out, ',')
+			if i < len(src) && src[i] == '"' {
+				pos = i + 1
+				break
+			}
+			var err error
+			if out, run, pos, err = c.strSlow(out, run, pos, i, false); err != nil {
+				return out, pos, err
+			}
+		case ch == '{':
+			if len(c.stack) >= maxJSONDepth {
+				return out, pos, errAt(pos, "nested too deep")
+			}
+			// Appended zero, then set: a struct built whole and copied
+			// costs a stalled load.
+			c.stack = append(c.stack, container{})
+			top := &c.stack[len(c.stack)-1]
+			top.object, top.sorted, top.start, top.open = true, true, pos, len(out)+pos-run
+			top.memBase, top.keyBase = len(c.mem), len(c.keys)
+			if pos++; pos < len(src) && src[pos] <= ' ' {
+				out, run, pos = flushSpace(out, src, run, pos)
+			}
+			if pos < len(src) && src[pos] == '}' {
+				pos++
+				c.stack = c.stack[:len(c.stack)-1]
+				break
+			}
+			opened = true
+		case ch == '[':
+			if len(c.stack) >= maxJSONDepth {
+				return out, pos, errAt(pos, "nested too deep")
+			}
+			c.stack = append(c.stack, container{})
+			top := &c.stack[len(c.stack)-1]
+			top.start, top.open = pos, len(out)+pos-run
+			if pos++; pos < len(src) && src[pos] <= ' ' {
+				out, run, pos = flushSpace(out, src, run, pos)
+			}
+			if pos < len(src) && src[pos] == ']' {
+				pos++
+				c.stack = c.stack[:len(c.stack)-1]
+				break
+			}
 			continue
+		case ch == '-' || '0' <= ch && ch <= '9':
+			i := pos
+			if ch == '-' {
+				i++
+			}
+			if i >= len(src) || src[i] < '0' || src[i] > '9' {
+				return out, i, errAt(i, "invalid number")
+			}
+			if src[i] == '0' {
+				i++
+			} else {
+				for i++; i < len(src) && '0' <= src[i] && src[i] <= '9'; i++ {
+				}
+			}
+			if i < len(src) && src[i] == '.' {
+				i++
+				d := i
+				for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+					i++
+				}
+				if i == d {
+					return out, i, errAt(i, "invalid number: no digit after '.'")
+				}
+			}
+			if i < len(src) && src[i]|0x20 == 'e' {
+				i++
+				if i < len(src) && (src[i] == '+' || src[i] == '-') {
+					i++
+				}
+				d := i
+				for i < len(src) && '0' <= src[i] && src[i] <= '9' {
+					i++
+				}
+				if i == d {
+					return out, i, errAt(i, "invalid number: no digit in the exponent")
+				}
+			}
+			pos = i
+		case ch == 't':
+			if len(src)-pos < 4 || string(src[pos:pos+4]) != "true" {
+				return out, pos, errAt(pos, "invalid literal")
+			}
+			pos += 4
+		case ch == 'f':
+			if len(src)-pos < 5 || string(src[pos:pos+5]) != "false" {
+				return out, pos, errAt(pos, "invalid literal")
+			}
+			pos += 5
+		case ch == 'n':
+			if len(src)-pos < 4 || string(src[pos:pos+4]) != "null" {
+				return out, pos, errAt(pos, "invalid literal")
+			}
+			pos += 4
+		default:
+			return out, pos, errAt(pos, "unexpected character "+strconv.QuoteRuneToASCII(rune(ch)))
 		}
-		if c.src[c.pos] == '}' {
-			c.pos++
-			c.out = append(c.out, '}')
+
+		// After a value, or after the '{' of an object just opened:
+		// close what ends here, then go to the next value.
+		for {
+			if len(c.stack) == 0 {
+				return append(out, src[run:pos]...), pos, nil
+			}
+			top := &c.stack[len(c.stack)-1]
+			if !opened {
+				if top.object {
+					c.mem[len(c.mem)-1].end = len(out) + pos - run
+				}
+				if pos < len(src) && src[pos] <= ' ' {
+					out, run, pos = flushSpace(out, src, run, pos)
+				}
+				if pos >= len(src) {
+					if top.object {
+						return out, pos, errAt(pos, "unexpected end in an object")
+					}
+					return out, pos, errAt(pos, "unexpected end in an array")
+				}
+				ch := src[pos]
+				if !top.object {
+					if ch == ']' {
+						pos++
+						c.stack = c.stack[:len(c.stack)-1]
+						continue
+					}
+					if ch != ',' {
+						return out, pos, errAt(pos, "expected ',' or ']' in an array")
+					}
+					if pos++; pos < len(src) && src[pos] <= ' ' {
+						out, run, pos = flushSpace(out, src, run, pos)
+					}
+					break
+				}
+				if ch == '}' {
+					pos++
+					var err error
+					if out, run, err = c.closeObject(out, run, pos); err != nil {
+						return out, pos, err
+					}
+					continue
+				}
+				if ch != ',' {
+					return out, pos, errAt(pos, "expected ',' or '}' in an object")
+				}
+				pos++
+				if pos < len(src) && src[pos] <= ' ' {
+					out, run, pos = flushSpace(out, src, run, pos)
+				}
+			}
+			opened = false
+
+			// A member's key, then ':'.
+			if pos >= len(src) || src[pos] != '"' {
+				return out, pos, errAt(pos, "expected a string key in an object")
+			}
+			start := len(out) + pos - run
+			var key []byte
+			decoded := false
+			// safeEnd, inline, and the key's keyPrefix if it ends there.
+			keyStart, keyEnd := pos+1, pos+1
+			var prefix uint64
+			if keyStart+8 <= len(src) {
+				v := binary.LittleEndian.Uint64(src[keyStart:])
+				if f := unsafeBytes(v); f != 0 {
+					n := bits.TrailingZeros64(f) / 8
+					keyEnd += n
+					prefix = bits.ReverseBytes64(v) &^ (^uint64(0) >> (8 * n))
+				} else {
+					keyEnd = safeEnd(src, keyStart+8)
+					prefix = bits.ReverseBytes64(v)
+				}
+			} else {
+				keyEnd = safeEnd(src, keyStart)
+				prefix = keyPrefix(src[keyStart:keyEnd])
+			}
+			if keyEnd < len(src) && src[keyEnd] == '"' {
+				key = src[keyStart:keyEnd]
+				pos = keyEnd + 1
+			} else {
+				decoded, keyStart = true, len(c.keys)
+				var err error
+				if out, run, pos, err = c.strSlow(out, run, pos, keyEnd, true); err != nil {
+					return out, pos, err
+				}
+				keyEnd = len(c.keys)
+				key = c.keys[keyStart:keyEnd]
+				prefix = keyPrefix(key)
+			}
+			if top.sorted && len(c.mem) > top.memBase {
+				prev := &c.mem[len(c.mem)-1]
+				if prev.prefix != prefix {
+					top.sorted = prev.prefix < prefix
+				} else {
+					top.sorted = bytes.Compare(c.key(prev), key) <= 0
+				}
+			}
+			c.mem = append(c.mem, member{})
+			m := &c.mem[len(c.mem)-1]
+			m.keyStart, m.keyEnd, m.start, m.prefix, m.decoded = keyStart, keyEnd, start, prefix, decoded
+			// No integer starts above '9'.
+			m.plain = !decoded && len(key) > 0 && key[0] > '9' || isPlainName(key)
+			if pos < len(src) && src[pos] <= ' ' {
+				out, run, pos = flushSpace(out, src, run, pos)
+			}
+			if pos >= len(src) || src[pos] != ':' {
+				return out, pos, errAt(pos, "expected ':' after an object key")
+			}
+			if pos++; pos < len(src) && src[pos] <= ' ' {
+				out, run, pos = flushSpace(out, src, run, pos)
+			}
 			break
 		}
-		return c.fail("expected ',' or '}' in an object")
 	}
-	if len(c.mem)-memBase > 1 && c.ambiguous(c.mem[memBase:]) {
-		return &jsonError{offset: objStart, ambiguous: true, msg: "two members of an object have the same member name " +
+}
+
+// closeObject ends the object on top of the stack, whose '}' is at
+// src[pos-1], for parse: it refuses it if it is ambiguous, and puts its
+// members in order, in out at once or in unsorted for the end. It
+// returns out and the run (see parse).
+func (c *canonicalizer) closeObject(out []byte, run, pos int) ([]byte, int, error) {
+	top := c.stack[len(c.stack)-1]
+	c.stack = c.stack[:len(c.stack)-1]
+	members := c.mem[top.memBase:]
+	if len(members) > 1 && c.ambiguous(members) {
+		return out, run, &jsonError{offset: top.start, ambiguous: true, msg: "two members of an object have the same member name " +
 			"(exactly, or as encoding/json matches names: case-insensitively, or as the same integer)"}
 	}
-	if !sorted {
-		members := c.mem[memBase:]
-		keys := c.keys
+	if !top.sorted {
 		// No two names are equal (the object is not ambiguous).
-		slices.SortFunc(members, func(a, b member) int {
-			return bytes.Compare(keys[a.keyStart:a.keyEnd], keys[b.keyStart:b.keyEnd])
-		})
-		first := len(c.ordered)
-		for _, m := range members {
-			c.ordered = append(c.ordered, span{m.start, m.end})
+		if len(members) <= 12 {
+			// Insertion sort, shifting rather than swapping.
+			for i := 1; i < len(members); i++ {
+				m := members[i]
+				j := i
+				for ; j > 0; j-- {
+					p := &members[j-1]
+					if p.prefix < m.prefix || p.prefix == m.prefix && bytes.Compare(c.key(p), c.key(&m)) < 0 {
+						break
+					}
+					members[j] = *p
+				}
+				members[j] = m
+			}
+		} else {
+			slices.SortFunc(members, func(a, b member) int { return c.compareKeys(&a, &b) })
 		}
-		c.unsorted = append(c.unsorted, object{start: open, end: len(c.out), first: first, last: len(c.ordered)})
+		// An object with nothing put in order inside it is put in order
+		// at once, in place: its text is final but for the order of its
+		// members. One with something inside put in order (in place, or
+		// left for the end) is left for the end, so that no byte moves
+		// in place twice.
+		open := top.open
+		if !c.reference && c.lastInPlace < open && (len(c.unsorted) == 0 || c.unsorted[len(c.unsorted)-1].start < open) {
+			if shift := run - len(out); open >= len(out) {
+				// Its text is still all in the run (src[open+shift:pos]):
+				// append it from there in order.
+				out = append(out, c.src[run:open+shift+1]...)
+				for k := range members {
+					if k > 0 {
+						out = append(out, ',')
+					}
+					out = append(out, c.src[members[k].start+shift:members[k].end+shift]...)
+				}
+				out = append(out, '}')
+				run = pos
+				c.moved += pos - 2 - (open + shift)
+			} else {
+				out, run = append(out, c.src[run:pos]...), pos
+				tmp := c.tmp[:0]
+				for k := range members {
+					if k > 0 {
+						tmp = append(tmp, ',')
+					}
+					tmp = append(tmp, out[members[k].start:members[k].end]...)
+				}
+				copy(out[open+1:], tmp)
+				c.tmp = tmp
+				c.moved += len(tmp)
+			}
+			c.lastInPlace = open
+		} else {
+			first := len(c.ordered)
+			for _, m := range members {
+				c.ordered = append(c.ordered, span{m.start, m.end})
+			}
+			c.unsorted = append(c.unsorted, object{start: open, end: len(out) + pos - run, first: first, last: len(c.ordered)})
+		}
 	}
-	c.mem = c.mem[:memBase]
-	c.keys = c.keys[:keyBase]
-	c.depth--
-	return nil
+	c.mem = c.mem[:top.memBase]
+	c.keys = c.keys[:top.keyBase]
+	return out, run, nil
 }
 
 // ambiguous reports whether two of an object's members have names that
 // encoding/json can take for the same (see CanonicalJSON).
 func (c *canonicalizer) ambiguous(members []member) bool {
+	if len(members) <= 8 && !c.reference {
+		// Few members: compare each pair, most at a glance. A plain
+		// name folds to a name of its own length, its first eight bytes
+		// to foldPrefix of its prefix.
+		var folded [8]uint64
+		for i := range members {
+			folded[i] = foldPrefix(members[i].prefix)
+		}
+		for i := 1; i < len(members); i++ {
+			a := &members[i]
+			for j := range i {
+				b := &members[j]
+				if a.plain && b.plain {
+					if a.keyEnd-a.keyStart != b.keyEnd-b.keyStart || folded[i] != folded[j] {
+						continue
+					}
+					if a.keyEnd-a.keyStart <= 8 {
+						return true // all folded alike
+					}
+				}
+				if c.sameName(c.key(a), c.key(b), a.plain && b.plain) {
+					return true
+				}
+			}
+		}
+		return false
+	}
 	fold, spans := c.fold[:0], c.spans[:0]
 	for _, m := range members {
 		start := len(fold)
-		fold = appendFoldedName(fold, c.keys[m.keyStart:m.keyEnd])
+		fold = appendFoldedName(fold, c.key(&m))
 		spans = append(spans, span{start, len(fold)})
 	}
 	c.fold, c.spans = fold, spans
@@ -421,6 +636,58 @@ func (c *canonicalizer) ambiguous(members []member) bool {
 		}
 	}
 	return false
+}
+
+// sameName reports whether encoding/json can take the decoded member
+// names a and b for the same name: whether they fold alike
+// (appendFoldedName). plain says both are plain names (isPlainName).
+func (c *canonicalizer) sameName(a, b []byte, plain bool) bool {
+	if plain {
+		// Each character folds to itself or its upper case.
+		if len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			x, y := a[i], b[i]
+			if 'a' <= x && x <= 'z' {
+				x -= 'a' - 'A'
+			}
+			if 'a' <= y && y <= 'z' {
+				y -= 'a' - 'A'
+			}
+			if x != y {
+				return false
+			}
+		}
+		return true
+	}
+	fold := appendFoldedName(c.fold[:0], a)
+	n := len(fold)
+	fold = appendFoldedName(fold, b)
+	c.fold = fold
+	return bytes.Equal(fold[:n], fold[n:])
+}
+
+// foldPrefix returns the keyPrefix of a plain name (isPlainName) with
+// its letters in upper case: the keyPrefix of its folded form.
+func foldPrefix(p uint64) uint64 {
+	// Each byte is ASCII: adding 0x1F sets its high bit from 'a' on,
+	// adding 0x05 from 'z'+1 on, and neither carries to the next byte.
+	const ones = 0x0101010101010101
+	lower := (p + ones*0x1F) &^ (p + ones*0x05) & (ones * 0x80)
+	return p &^ (lower >> 2)
+}
+
+// isPlainName reports whether a decoded member name is all ASCII and no
+// integer: its folded form is its own bytes with letters in upper case.
+func isPlainName(name []byte) bool {
+	for _, ch := range name {
+		if ch >= utf8.RuneSelf {
+			return false
+		}
+	}
+	_, _, integer := integerName(name)
+	return !integer
 }
 
 // appendFoldedName appends the form of a decoded member name (as the
@@ -497,67 +764,77 @@ func foldRune(r rune) rune {
 	}
 }
 
-// str parses a string at c.pos and appends its canonical form to out; with
-// key it also appends the decoded string to keys (an unpaired surrogate as
-// its three-byte generalised UTF-8 form, so that keys order by code point).
-func (c *canonicalizer) str(key bool) error {
+// strSafe[b] reports whether the byte b stands for itself in a string,
+// in the canonical form and decoded: ASCII from U+0020 on, but for '"'
+// and '\'.
+var strSafe = func() (safe [256]bool) {
+	for b := ' '; b < utf8.RuneSelf; b++ {
+		safe[b] = b != '"' && b != '\\'
+	}
+	return safe
+}()
+
+// safeEnd returns the end of the run of bytes of src from i on that
+// stand for themselves in a string (strSafe).
+func safeEnd(src []byte, i int) int {
+	for i+8 <= len(src) {
+		if f := unsafeBytes(binary.LittleEndian.Uint64(src[i:])); f != 0 {
+			return i + bits.TrailingZeros64(f)/8
+		}
+		i += 8
+	}
+	for i < len(src) && strSafe[src[i]] {
+		i++
+	}
+	return i
+}
+
+// unsafeBytes flags (with its high bit) each byte of the eight in v, read
+// little-endian, that may not stand for itself in a string (strSafe):
+// below 0x20, '"', '\\' or above 0x7F. A borrow can flag a byte wrongly,
+// but only above one rightly flagged, so the lowest flag is right.
+func unsafeBytes(v uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, bs := v^(ones*'"'), v^(ones*'\\')
+	return ((v-ones*0x20)&^v | (q-ones)&^q | (bs-ones)&^bs | v) & highs
+}
+
+// strSlow parses the rest of the string at src[pos] for parse, from
+// src[i], the first byte that may not stand for itself (strSafe): it
+// appends to out what its canonical form needs beyond the run (see
+// parse), and returns out, the run and the position after the string.
+// With key it also appends the decoded string to keys (an unpaired
+// surrogate as its three-byte generalised UTF-8 form, so that keys order
+// by code point).
+func (c *canonicalizer) strSlow(out []byte, run, pos, i int, key bool) ([]byte, int, int, error) {
 	src := c.src
-	i := c.pos + 1
-	c.out = append(c.out, '"')
+	if key {
+		c.keys = append(c.keys, src[pos+1:i]...)
+	}
 	for {
-		// Copy a run of characters that need no escaping, eight bytes at
-		// a time while no byte is below 0x20, '"', '\\' or above 0x7F.
-		start := i
-		for i+8 <= len(src) {
-			v := binary.LittleEndian.Uint64(src[i:])
-			const ones, highs = 0x0101010101010101, 0x8080808080808080
-			q, bs := v^(ones*'"'), v^(ones*'\\')
-			if ((v-ones*0x20)&^v|(q-ones)&^q|(bs-ones)&^bs|v)&highs != 0 {
-				break
-			}
-			i += 8
-		}
-		for i < len(src) {
-			ch := src[i]
-			if ch < 0x20 || ch == '"' || ch == '\\' || ch >= utf8.RuneSelf {
-				break
-			}
-			i++
-		}
-		if i > start {
-			c.out = append(c.out, src[start:i]...)
-			if key {
-				c.keys = append(c.keys, src[start:i]...)
-			}
-		}
 		if i >= len(src) {
-			c.pos = i
-			return c.fail("unterminated string")
+			return out, run, i, errAt(i, "unterminated string")
 		}
 		switch ch := src[i]; {
 		case ch == '"':
-			c.out = append(c.out, '"')
-			c.pos = i + 1
-			return nil
+			return out, run, i + 1, nil
 		case ch < 0x20:
-			c.pos = i
-			return c.fail("control character in a string")
+			return out, run, i, errAt(i, "control character in a string")
 		case ch >= utf8.RuneSelf:
+			// Valid UTF-8 stands for itself.
 			r, size := utf8.DecodeRune(src[i:])
 			if r == utf8.RuneError && size <= 1 {
-				c.pos = i
-				return c.fail("invalid UTF-8 in a string")
+				return out, run, i, errAt(i, "invalid UTF-8 in a string")
 			}
-			c.out = append(c.out, src[i:i+size]...)
 			if key {
 				c.keys = append(c.keys, src[i:i+size]...)
 			}
 			i += size
 		default: // '\\'
 			if i+1 >= len(src) {
-				c.pos = i
-				return c.fail("unterminated escape")
+				return out, run, i, errAt(i, "unterminated escape")
 			}
+			esc := i
 			var r rune
 			switch e := src[i+1]; e {
 			case '"', '\\', '/':
@@ -576,8 +853,7 @@ func (c *canonicalizer) str(key bool) error {
 			case 'u':
 				u, ok := hex4(src, i+2)
 				if !ok {
-					c.pos = i
-					return c.fail(`invalid \u escape`)
+					return out, run, i, errAt(i, `invalid \u escape`)
 				}
 				i += 6
 				r = rune(u)
@@ -588,12 +864,19 @@ func (c *canonicalizer) str(key bool) error {
 					}
 				}
 			default:
-				c.pos = i
-				return c.fail("invalid escape")
+				return out, run, i, errAt(i, "invalid escape")
 			}
-			c.out = appendCanonicalRune(c.out, r)
+			out = append(out, src[run:esc]...)
+			out = appendCanonicalRune(out, r)
+			run = i
 			if key {
 				c.keys = appendGeneralisedUTF8(c.keys, r)
+			}
+		}
+		if start := i; i < len(src) && strSafe[src[i]] {
+			i = safeEnd(src, i)
+			if key {
+				c.keys = append(c.keys, src[start:i]...)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -21,6 +22,9 @@ const (
 	// DefaultMaxResponseBody is the largest response body a record keeps
 	// when Config.MaxResponseBody is 0.
 	DefaultMaxResponseBody = 1 << 20
+	// DefaultMaxStreamedBody is the largest request body a middleware
+	// with Config.SpoolBody accepts when Config.MaxStreamedBody is 0.
+	DefaultMaxStreamedBody = 1 << 30
 )
 
 // Config configures a Middleware. The zero value of each field means its
@@ -96,7 +100,8 @@ type Config struct {
 	// Fingerprint computes the request's fingerprint from the request and
 	// its body (read in full, at most MaxRequestBody bytes). It must not
 	// keep body after it returns, nor read r.Body. An error answers 400
-	// INVALID_REQUEST. Nil means FingerprintV1.
+	// INVALID_REQUEST. Nil means FingerprintV1. It cannot be combined
+	// with SpoolBody: a spooled body is never all in memory.
 	Fingerprint func(r *http.Request, body []byte) (idem.Fingerprint, error)
 
 	// Lease, MaxExecution and Retention configure the idem.Guard: how long
@@ -124,8 +129,48 @@ type Config struct {
 
 	// MaxRequestBody is the largest request body accepted on a guarded
 	// request; a larger one is answered 413 BODY_TOO_LARGE before any
-	// record is created. Zero means DefaultMaxRequestBody (1 MiB).
+	// record is created. Zero means DefaultMaxRequestBody (1 MiB). With
+	// SpoolBody it is the largest body held in memory instead: a larger
+	// one is spooled, up to MaxStreamedBody.
 	MaxRequestBody int64
+
+	// SpoolBody lets guarded requests carry bodies larger than
+	// MaxRequestBody (uploads) without holding them in memory. The
+	// fingerprint must be known before the key is acquired, so the whole
+	// body is still read before the handler runs; its first
+	// MaxRequestBody bytes (and one) stay in memory, the rest is written
+	// to a temporary file in SpoolDir while it is hashed, and the handler
+	// gets a body that reads both. The file is unlinked as soon as it is
+	// created (where the system allows it; else removed when the request
+	// ends) and closed when the request ends, the handler's panic
+	// included, so neither a finished request nor a dead process leaves
+	// it behind. A body within MaxRequestBody is read and fingerprinted
+	// as without SpoolBody; a spooled one is fingerprinted as raw bytes
+	// whatever its Content-Type (see FingerprintV1). A body over
+	// MaxStreamedBody is answered 413 BODY_TOO_LARGE; a body that cannot
+	// be read (the client went away) 400 INVALID_REQUEST; a spool that
+	// cannot be written (the disk is full) 503 SPOOL_UNAVAILABLE
+	// (reported to Observer as store_error): no record is made, and no
+	// file is left.
+	//
+	// SpoolBody cannot be combined with Fingerprint or Key, which take
+	// the whole body as a []byte: New refuses it. False (the default)
+	// holds every body in memory.
+	SpoolBody bool
+
+	// MaxStreamedBody is the largest request body accepted with
+	// SpoolBody; it must be larger than MaxRequestBody. A request whose
+	// Content-Length is larger is answered 413 before its body is read,
+	// one without Content-Length as soon as it has sent one byte more.
+	// Zero means DefaultMaxStreamedBody (1 GiB). Setting it without
+	// SpoolBody is refused by New.
+	MaxStreamedBody int64
+
+	// SpoolDir is the directory of SpoolBody's temporary files; New
+	// refuses one that is not an existing directory. Each spooled request
+	// holds at most MaxStreamedBody bytes there while it runs. Empty
+	// means os.TempDir(). Setting it without SpoolBody is refused by New.
+	SpoolDir string
 
 	// MaxResponseBody is the largest response body a record keeps, on
 	// every path (a response the handler passes to Execution.Complete or
@@ -322,6 +367,8 @@ type Middleware struct {
 	release        func(int) bool
 	maxReq         int64
 	maxResp        int64
+	maxStreamed    int64 // 0: no spooling
+	spoolDir       string
 	wait           time.Duration
 	keyOptional    bool
 	failOpen       bool
@@ -359,6 +406,9 @@ func New(cfg *Config) (*Middleware, error) {
 	case c.Wait < 0:
 		return nil, fmt.Errorf("idemhttp: negative Wait %v", c.Wait)
 	}
+	if err := checkSpool(&c); err != nil {
+		return nil, err
+	}
 	logger := c.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -395,6 +445,13 @@ func New(cfg *Config) (*Middleware, error) {
 	}
 	if m.maxResp == 0 {
 		m.maxResp = DefaultMaxResponseBody
+	}
+	if c.SpoolBody {
+		m.maxStreamed = c.MaxStreamedBody
+		if m.maxStreamed == 0 {
+			m.maxStreamed = DefaultMaxStreamedBody
+		}
+		m.spoolDir = c.SpoolDir
 	}
 
 	if len(c.Methods) == 0 {
@@ -444,6 +501,51 @@ func New(cfg *Config) (*Middleware, error) {
 	m.guard = guard
 	m.store = guard.Store() // observed, when Observer is set
 	return m, nil
+}
+
+// checkSpool refuses spooling options that cannot work: spool settings
+// without SpoolBody, SpoolBody with a function that needs the whole body
+// in memory, a streamed limit not above the in-memory one, and a SpoolDir
+// that is not a directory.
+func checkSpool(c *Config) error {
+	if c.MaxStreamedBody < 0 {
+		return fmt.Errorf("idemhttp: negative MaxStreamedBody %d", c.MaxStreamedBody)
+	}
+	if !c.SpoolBody {
+		switch {
+		case c.MaxStreamedBody != 0:
+			return errors.New("idemhttp: MaxStreamedBody is set but SpoolBody is not; set SpoolBody to accept bodies over MaxRequestBody")
+		case c.SpoolDir != "":
+			return errors.New("idemhttp: SpoolDir is set but SpoolBody is not")
+		}
+		return nil
+	}
+	switch {
+	case c.Fingerprint != nil:
+		return errors.New("idemhttp: SpoolBody cannot be combined with a custom Fingerprint, which takes the whole body in memory")
+	case c.Key != nil:
+		return errors.New("idemhttp: SpoolBody cannot be combined with Key, which takes the whole body in memory")
+	}
+	maxReq, maxStreamed := c.MaxRequestBody, c.MaxStreamedBody
+	if maxReq == 0 {
+		maxReq = DefaultMaxRequestBody
+	}
+	if maxStreamed == 0 {
+		maxStreamed = DefaultMaxStreamedBody
+	}
+	if maxStreamed <= maxReq {
+		return fmt.Errorf("idemhttp: MaxStreamedBody (%d) must be larger than MaxRequestBody (%d), the part of a body held in memory", maxStreamed, maxReq)
+	}
+	if c.SpoolDir != "" {
+		fi, err := os.Stat(c.SpoolDir)
+		if err != nil {
+			return fmt.Errorf("idemhttp: SpoolDir: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("idemhttp: SpoolDir %q is not a directory", c.SpoolDir)
+		}
+	}
+	return nil
 }
 
 // storable returns what a record keeps of resp: the replayable headers

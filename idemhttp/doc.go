@@ -46,7 +46,10 @@
 //     INVALID_SCOPE.
 //   - A body over Config.MaxRequestBody (1 MiB): 413 BODY_TOO_LARGE. The
 //     body is read (and refused) before any record exists; a body that
-//     cannot be read is 400 INVALID_REQUEST.
+//     cannot be read is 400 INVALID_REQUEST. With Config.SpoolBody, a
+//     larger body is spooled to a temporary file (see Large bodies) and
+//     only a body over Config.MaxStreamedBody (1 GiB) is 413; a spool
+//     that cannot be written is 503 SPOOL_UNAVAILABLE with Retry-After: 1.
 //   - The first request with a key: the handler runs; its response is
 //     stored, then sent.
 //   - A retry with the same fingerprint after the first completed: the
@@ -103,7 +106,9 @@
 // do not matter, numbers as written. Invalid JSON is hashed as raw bytes
 // and left to the handler to refuse. Headers (other than Content-Type) and
 // the host are not part of it. Config.Fingerprint replaces it per
-// middleware; its result is versioned ("v1:…").
+// middleware; its result is versioned ("v1:…"). A body spooled under
+// Config.SpoolBody is hashed as raw bytes whatever its Content-Type (see
+// Large bodies).
 //
 // Two requests that encoding/json can decode differently (into structs,
 // maps with string or integer keys, or any) never share a fingerprint. Sorting keys alone would break that: encoding/json matches
@@ -131,7 +136,8 @@
 //
 // The handler gets a copy of the request (the incoming one is never
 // changed) whose context is the execution's and whose body is a fresh
-// reader over the bytes the middleware read and fingerprinted. Its
+// reader over the bytes the middleware read and fingerprinted (in memory,
+// or spooled: see Large bodies). Its
 // response is held back: the record is completed (or released) first, and
 // only then does the client get the answer, so a client that retries after
 // getting it always gets a replay. If the completion fails because the
@@ -206,6 +212,48 @@
 // lease was lost, a response that has not started stays held back: Flush
 // (http.ResponseController's) and Hijack fail with an error matching
 // idem.ErrLeaseLost.
+//
+// # Large bodies
+//
+// The fingerprint must be known before the key is acquired (the store
+// compares it, and a retry with another body must never run the effect),
+// so the middleware reads the whole body before the handler runs. By
+// default it holds it in memory, up to MaxRequestBody. A route that takes
+// uploads sets Config.SpoolBody: the first MaxRequestBody bytes (and one)
+// of a body stay in memory, the rest goes, as it arrives, to a temporary
+// file in Config.SpoolDir (os.TempDir() by default) while it is hashed;
+// then the key is acquired, and the handler gets a body that reads the
+// memory part, then the file: a stream, whose ContentLength is the
+// body's size. Memory stays bounded whatever the body's size, on the
+// first request and on a replay alike (a 100 MiB upload allocates about
+// 1.2 MiB with the default MaxRequestBody). The file is unlinked as soon
+// as it is created where the system allows it (Unix; elsewhere it is
+// removed when the request ends), and closed when the request ends,
+// whether the handler returned or panicked, or the client went away in
+// the middle of the body (answered 400 INVALID_REQUEST; no record is
+// made). On Unix a process that dies mid-request leaves no file behind.
+//
+// A body within MaxRequestBody is read and fingerprinted exactly as
+// without SpoolBody. A spooled body is fingerprinted by FingerprintV1's
+// algorithm as raw bytes ('R', its length, its bytes): for a body that is
+// not JSON (or not valid JSON) that is the fingerprint FingerprintV1
+// gives it in memory, so records made without SpoolBody (with a larger
+// MaxRequestBody) stay replayable. A JSON body over MaxRequestBody is not
+// put in canonical form, which needs the whole text in memory: it is
+// hashed byte for byte, so a retry must resend the same bytes (which a
+// retry does) and a reformatted one is refused 422 KEY_MISMATCH — never
+// given another request's response, since the raw and canonical forms
+// are tagged apart. A record of a large JSON body stored in canonical form
+// by a middleware whose MaxRequestBody was larger gets 422 on a retry
+// within its retention once SpoolBody spools it: keep MaxRequestBody as it
+// was when turning SpoolBody on for such a route. The hashed input gives
+// the body's length before its bytes: when the request announces its
+// length (Content-Length), the body is hashed while it is spooled;
+// otherwise (chunked) in a second pass over the spool.
+//
+// Config.Fingerprint and Config.Key take the whole body as a []byte, so
+// New refuses either with SpoolBody; give a route that needs them and
+// large bodies a Middleware of its own (With).
 //
 // # Streaming and hijacking
 //

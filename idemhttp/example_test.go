@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
@@ -230,4 +231,37 @@ func ExampleConfig_key() {
 	// 200  success 1
 	// 200 true success 1
 	// 400  {"type":"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#missing_key"
+}
+
+// An upload route spools large bodies to a temporary file instead of
+// holding them in memory: the body is hashed as it is read, so a retry of
+// the same upload replays and one with other bytes is refused, and the
+// handler reads the body as a stream.
+func ExampleConfig_spoolBody() {
+	mw, err := idemhttp.New(&idemhttp.Config{
+		Store:           memstore.New(nil),
+		SpoolBody:       true,     // bodies over MaxRequestBody (1 MiB) go to os.TempDir()
+		MaxStreamedBody: 64 << 20, // refuse more than 64 MiB with 413
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	uploads := 0
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		uploads++
+		n, _ := io.Copy(io.Discard, r.Body) // a stream: memory part, then the spool file
+		fmt.Fprintf(w, "upload %d: %d bytes", uploads, n)
+	}))
+	for _, fill := range []string{"a", "a", "b"} {
+		r := httptest.NewRequest(http.MethodPost, "/uploads", strings.NewReader(strings.Repeat(fill, 3<<20)))
+		r.Header.Set("Content-Type", "application/octet-stream")
+		r.Header.Set("Idempotency-Key", "upload-7")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Header().Get("Idempotent-Replayed"), strings.SplitN(w.Body.String(), ",", 2)[0])
+	}
+	// Output:
+	// 200  upload 1: 3145728 bytes
+	// 200 true upload 1: 3145728 bytes
+	// 422  {"type":"https://github.com/idemkit/idem/blob/main/idemhttp/PROBLEMS.md#key_mismatch"
 }

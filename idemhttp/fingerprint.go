@@ -54,22 +54,18 @@ const fingerprintV1Domain = "idemhttp-fingerprint-v1\n"
 // The tags 'J' and 'R' keep the two forms apart: a raw body never meets a
 // canonical one, whatever their bytes.
 //
+// A body that a Middleware with Config.SpoolBody spooled (one over
+// MaxRequestBody) is hashed as 'R' len(body) raw-body whatever its
+// Content-Type: the fingerprint FingerprintV1 gives the same request with
+// a body it hashes as raw bytes, without holding the body in memory. A
+// JSON body so large is thus matched byte for byte, not in canonical form.
+//
 // Query parameters are split at '&' only, empty ones dropped; "a" and "a="
 // are the same parameter. A new version of the algorithm gets a new prefix,
 // so that records made with one are never matched against another.
 func FingerprintV1(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	st := fpPool.Get().(*fpState)
-	b := st.buf[:0]
-	b = append(b, fingerprintV1Domain...)
-	b = appendField(b, r.Method)
-	var path, rawQuery string
-	if r.URL != nil {
-		path = r.URL.EscapedPath()
-		rawQuery = r.URL.RawQuery
-	}
-	b = appendField(b, path)
-	b = st.appendQuery(b, rawQuery)
-
+	b := st.appendHead(st.buf[:0], r)
 	if len(body) > 0 && isJSONMediaType(r.Header.Get("Content-Type")) {
 		n := len(b)
 		b = append(b, 'J', 0, 0, 0, 0, 0, 0, 0, 0)
@@ -92,11 +88,43 @@ func FingerprintV1(r *http.Request, body []byte) (idem.Fingerprint, error) {
 	sum := sha256.Sum256(b)
 	st.buf = b
 	st.put()
+	return fingerprintV1Of(sum[:]), nil
+}
 
+// fingerprintV1Of returns the fingerprint of a hashed input's SHA-256.
+func fingerprintV1Of(sum []byte) idem.Fingerprint {
 	var fp [3 + 2*sha256.Size]byte
 	copy(fp[:], "v1:")
-	hex.Encode(fp[3:], sum[:])
-	return idem.Fingerprint(fp[:]), nil
+	hex.Encode(fp[3:], sum)
+	return idem.Fingerprint(fp[:])
+}
+
+// appendHead appends the hashed input of FingerprintV1 up to the body:
+// the domain, the method, the path and the query.
+func (st *fpState) appendHead(b []byte, r *http.Request) []byte {
+	b = append(b, fingerprintV1Domain...)
+	b = appendField(b, r.Method)
+	var path, rawQuery string
+	if r.URL != nil {
+		path = r.URL.EscapedPath()
+		rawQuery = r.URL.RawQuery
+	}
+	b = appendField(b, path)
+	return st.appendQuery(b, rawQuery)
+}
+
+// rawBodyHead returns the hashed input of FingerprintV1 for r with a raw
+// body of size bytes, up to the body's bytes: what the fingerprint of a
+// spooled body hashes before the body itself. It is a new slice.
+func rawBodyHead(r *http.Request, size int64) []byte {
+	st := fpPool.Get().(*fpState)
+	b := st.appendHead(st.buf[:0], r)
+	b = append(b, 'R')
+	b = binary.BigEndian.AppendUint64(b, uint64(size))
+	head := slices.Clone(b)
+	st.buf = b
+	st.put()
+	return head
 }
 
 // fpState is FingerprintV1's pooled scratch.
@@ -123,6 +151,9 @@ func (st *fpState) put() {
 	}
 	if cap(st.canon.tmp) > maxPooledScratch {
 		st.canon.tmp = nil
+	}
+	if cap(st.canon.stack) > maxPooledScratch/48 {
+		st.canon.stack = nil
 	}
 	if cap(st.canon.keys) > maxPooledScratch {
 		st.canon.keys = nil

@@ -154,6 +154,7 @@ func (m *Middleware) covers(method string) bool {
 type exchange struct {
 	rec      recorder
 	body     bodyReader
+	spooled  *spoolReader // the body, when it was spooled
 	detached detachedContext
 	header   http.Header // the response header as it was before the handler ran, if not empty
 }
@@ -231,14 +232,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	bufs := buffersPool.Get().(*buffers)
 	defer bufs.release()
-	body, err := readBody(r, m.maxReq, bufs.req)
-	bufs.req = body
+	body, err := m.readRequestBody(r, bufs.req)
+	bufs.req = body.mem
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge) {
+		var spoolErr *spoolError
+		switch {
+		case errors.Is(err, errBodyTooLarge) || errors.As(err, &tooLarge):
+			limit := m.maxReq
+			if m.maxStreamed > 0 {
+				limit = m.maxStreamed
+			}
 			o.set(idem.OutcomeTooLarge, nil)
 			WriteProblem(w, http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "Request body too large",
-				"the request body is larger than "+strconv.FormatInt(m.maxReq, 10)+" bytes")
+				"the request body is larger than "+strconv.FormatInt(limit, 10)+" bytes")
+			return
+		case errors.As(err, &spoolErr):
+			o.set(idem.OutcomeStoreError, err)
+			m.log.ErrorContext(r.Context(), "idemhttp: cannot spool the request body", slog.Any(idem.LogErr, err))
+			w.Header()["Retry-After"] = []string{retryAfterUnavailable}
+			WriteProblem(w, http.StatusServiceUnavailable, CodeSpoolUnavailable, "Service unavailable",
+				"the server cannot hold the request body to fingerprint it; retry later with the same Idempotency-Key")
 			return
 		}
 		o.set(idem.OutcomeInvalidRequest, err)
@@ -246,8 +260,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		WriteProblem(w, http.StatusBadRequest, CodeInvalidRequest, "Invalid request", "the request body cannot be read")
 		return
 	}
+	if body.spool != nil {
+		defer body.spool.close()
+	}
 	if m.key != nil {
-		if key, ok = m.derivedKey(w, r, body, o); !ok {
+		// Never with a spool: New refuses Key with SpoolBody.
+		if key, ok = m.derivedKey(w, r, body.mem, o); !ok {
 			return
 		}
 		if key == "" { // KeyOptional
@@ -257,7 +275,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	o.setKey(scope, key)
-	fp, err := m.fingerprint(r, body)
+	var fp idem.Fingerprint
+	if body.spool != nil {
+		fp = body.spool.fp // FingerprintV1's: New refuses Fingerprint with SpoolBody
+	} else {
+		fp, err = m.fingerprint(r, body.mem)
+	}
 	if err != nil {
 		o.set(idem.OutcomeInvalidRequest, err)
 		m.log.WarnContext(r.Context(), "idemhttp: cannot fingerprint the request", m.logKey(scope, key), slog.Any(idem.LogErr, err))
@@ -359,15 +382,26 @@ var errBodyTooLarge = errors.New("idemhttp: request body too large")
 
 // readBody reads r's body into buf, refusing more than limit bytes.
 func readBody(r *http.Request, limit int64, buf []byte) ([]byte, error) {
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength > limit {
+		return buf[:0], errBodyTooLarge
+	}
+	buf, err := readAtMost(r, limit, buf)
+	if err != nil {
+		return buf[:0], err
+	}
+	return buf, nil
+}
+
+// readAtMost reads r's body into buf until it ends or buf holds more than
+// limit bytes: then it returns errBodyTooLarge, with the limit+1 bytes
+// read in buf.
+func readAtMost(r *http.Request, limit int64, buf []byte) ([]byte, error) {
 	buf = buf[:0]
 	if r.Body == nil || r.Body == http.NoBody {
 		return buf, nil
 	}
-	if r.ContentLength > limit {
-		return buf, errBodyTooLarge
-	}
-	if r.ContentLength > 0 && int64(cap(buf)) <= r.ContentLength {
-		buf = make([]byte, 0, r.ContentLength+1)
+	if want := min(r.ContentLength, limit); want > 0 && int64(cap(buf)) <= want {
+		buf = make([]byte, 0, want+1)
 	}
 	for {
 		if len(buf) == cap(buf) {
@@ -380,19 +414,19 @@ func readBody(r *http.Request, limit int64, buf []byte) ([]byte, error) {
 		n, err := r.Body.Read(buf[len(buf):end])
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > limit {
-			return buf[:0], errBodyTooLarge
+			return buf, errBodyTooLarge
 		}
 		if err == io.EOF {
 			return buf, nil
 		}
 		if err != nil {
-			return buf[:0], err
+			return buf, err
 		}
 	}
 }
 
 // acquire takes the key and runs the handler, replays, or refuses.
-func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, scope, key string, fp idem.Fingerprint, body []byte, o *reqObs) {
+func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, scope, key string, fp idem.Fingerprint, body requestBody, o *reqObs) {
 	ctx := r.Context()
 	var deadline time.Time // of the Wait mode, once a first Acquire saw the key in flight
 	for {
@@ -536,7 +570,7 @@ func (m *Middleware) get(ctx context.Context, scope, key string) (idem.Record, e
 }
 
 // run runs the handler under exec and ends the execution.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, fp idem.Fingerprint, body []byte, o *reqObs) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, bufs *buffers, exec *idem.Execution, fp idem.Fingerprint, body requestBody, o *reqObs) {
 	ex := &exchange{}
 	if h := w.Header(); len(h) > 0 {
 		// Set before the handler (by a middleware around this one): kept
@@ -546,9 +580,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	rec := &ex.rec
 	rec.w, rec.m, rec.buf, rec.ctx = w, m, bufs.resp[:0], exec.Context()
 	r2 := r.WithContext(exec.Context())
-	ex.body.Reset(body)
-	r2.Body = &ex.body
-	r2.ContentLength = int64(len(body))
+	if body.spool == nil {
+		ex.body.Reset(body.mem)
+		r2.Body = &ex.body
+	} else {
+		ex.spooled = &spoolReader{}
+		ex.spooled.set(body)
+		r2.Body = ex.spooled
+	}
+	r2.ContentLength = body.size()
 	ex.detached.parent = r.Context()
 	bg := &ex.detached
 
@@ -558,6 +598,9 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		// use fail, and hand the buffers back.
 		rec.done = true
 		ex.body.Reset(nil)
+		if ex.spooled != nil {
+			ex.spooled.reset()
+		}
 		bufs.resp, rec.buf = rec.buf[:0], nil
 		if returned {
 			return
@@ -749,13 +792,20 @@ func (m *Middleware) releaseExec(ctx context.Context, exec *idem.Execution) erro
 }
 
 // runUnguarded runs the handler without a record (FailOpen).
-func (m *Middleware) runUnguarded(w http.ResponseWriter, r *http.Request, next http.Handler, body []byte) {
+func (m *Middleware) runUnguarded(w http.ResponseWriter, r *http.Request, next http.Handler, body requestBody) {
 	r2 := r.WithContext(r.Context())
-	rd := &bodyReader{}
-	rd.Reset(body)
-	defer rd.Reset(nil)
-	r2.Body = rd
-	r2.ContentLength = int64(len(body))
+	if body.spool == nil {
+		rd := &bodyReader{}
+		rd.Reset(body.mem)
+		defer rd.Reset(nil)
+		r2.Body = rd
+	} else {
+		rd := &spoolReader{}
+		rd.set(body)
+		defer rd.reset()
+		r2.Body = rd
+	}
+	r2.ContentLength = body.size()
 	next.ServeHTTP(w, r2)
 }
 

@@ -35,6 +35,7 @@ const (
 	CodeProcessing       = "PROCESSING"        // 409
 	CodeBodyTooLarge     = "BODY_TOO_LARGE"    // 413
 	CodeStoreUnavailable = "STORE_UNAVAILABLE" // 503
+	CodeSpoolUnavailable = "SPOOL_UNAVAILABLE" // 503
 )
 
 // problemTypeBase + lower-case code is the "type" URI of the middleware's

@@ -18,7 +18,14 @@
 //     UTF-8 and empty values included) and bodies.
 //   - Stored responses are deep copies: neither the response given to
 //     Complete nor a record returned by Get or Acquire shares memory with
-//     what the store keeps.
+//     what the store keeps (but for strings, which do not change).
+//   - A record costs the garbage collector a few words however large its
+//     response: the store keeps each record's fingerprint, owner and
+//     encoded response in one string, so a store of a million completed
+//     records does not slow every collection of the process down.
+//   - Times in the records it returns are those of its clock, to the
+//     nanosecond, without a monotonic reading and in the local location
+//     (compare them with Equal, as those of the other stores).
 //
 // # What it does not guarantee
 //

@@ -28,11 +28,44 @@ type Store struct {
 	records map[recordID]*entry
 }
 
-// entry is a stored record with room for its response, so that completing
-// it allocates only the copies of the body and headers.
+// entry is a stored record, kept so that it holds one pointer: text, a
+// string holding its fingerprint, its owner and, once completed, its
+// encoded response (see encodeResponse). The garbage collector then
+// scans a few words per record however many records the store keeps, and
+// a record handed out shares text's memory (strings do not change) but
+// for its body, which it copies.
 type entry struct {
-	idem.Record
-	resp idem.Response
+	text                   string
+	fpLen, ownerLen        int
+	completed              bool
+	fence                  int64
+	retention              time.Duration
+	leaseUntil, createdAt  instant
+	completedAt, expiresAt instant
+}
+
+// instant is a time without its location or monotonic reading, which
+// the store does not need: seconds and nanoseconds since the Unix epoch.
+type instant struct {
+	sec  int64
+	nsec int32
+}
+
+func at(t time.Time) instant      { return instant{t.Unix(), int32(t.Nanosecond())} }
+func (i instant) time() time.Time { return time.Unix(i.sec, int64(i.nsec)) }
+
+// after reports whether i is after t.
+func (i instant) after(t time.Time) bool {
+	s := t.Unix()
+	return s < i.sec || s == i.sec && int32(t.Nanosecond()) < i.nsec
+}
+
+func (e *entry) fingerprint() string { return e.text[:e.fpLen] }
+func (e *entry) owner() string       { return e.text[e.fpLen : e.fpLen+e.ownerLen] }
+
+// newEntry is a processing record of fingerprint fp held by owner.
+func newEntry(fp idem.Fingerprint, owner string, fence int64) *entry {
+	return &entry{text: string(fp) + owner, fpLen: len(fp), ownerLen: len(owner), fence: fence}
 }
 
 type recordID struct{ scope, key string }
@@ -69,42 +102,41 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	now := s.now()
 	rec, ok := s.records[id]
 	tookOver := false
+	var fence int64 = 1
 	switch {
 	case !ok:
-		rec = &entry{Record: idem.Record{Scope: req.Scope, Key: req.Key, Fence: 1}}
-	case !now.Before(rec.ExpiresAt):
+	case !rec.expiresAt.after(now):
 		// Past its retention (completed, or processing and abandoned): a
 		// new record replaces it, whatever its fingerprint; the fence keeps
 		// counting.
-		tookOver = rec.Status == idem.StatusProcessing
-		rec = &entry{Record: idem.Record{Scope: req.Scope, Key: req.Key, Fence: rec.Fence + 1}}
-	case rec.Fingerprint != req.Fingerprint:
-		return idem.AcquireResult{Outcome: idem.Mismatch, Record: cloneRecord(&rec.Record)}, nil
-	case rec.Status == idem.StatusCompleted:
-		return idem.AcquireResult{Outcome: idem.Completed, Record: cloneRecord(&rec.Record)}, nil
-	case now.Before(rec.LeaseUntil):
-		return idem.AcquireResult{Outcome: idem.InFlight, Record: cloneRecord(&rec.Record)}, nil
+		tookOver = !rec.completed
+		fence = rec.fence + 1
+	case rec.fingerprint() != string(req.Fingerprint):
+		return rec.result(id, idem.Mismatch)
+	case rec.completed:
+		return rec.result(id, idem.Completed)
+	case rec.leaseUntil.after(now):
+		return rec.result(id, idem.InFlight)
 	default:
 		// A processing record whose lease has ended: take it over. The
 		// record keeps its CreatedAt; a new execution holds it.
-		taken := *rec
-		taken.Fence++
-		taken.Owner = idem.NewOwner()
-		taken.LeaseUntil = now.Add(req.Lease)
-		taken.Retention = req.Retention
-		taken.ExpiresAt = taken.LeaseUntil.Add(req.Retention)
-		s.records[id] = &taken
-		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&taken.Record), Record: taken.Record, TookOver: true}, nil
+		taken := newEntry(req.Fingerprint, idem.NewOwner(), rec.fence+1)
+		taken.createdAt = rec.createdAt
+		taken.leaseUntil = at(now.Add(req.Lease))
+		taken.retention = req.Retention
+		taken.expiresAt = at(now.Add(req.Lease).Add(req.Retention))
+		s.records[id] = taken
+		r, _ := taken.record(id)
+		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&r), Record: r, TookOver: true}, nil
 	}
-	rec.Fingerprint = req.Fingerprint
-	rec.Status = idem.StatusProcessing
-	rec.Owner = idem.NewOwner()
-	rec.CreatedAt = now
-	rec.LeaseUntil = now.Add(req.Lease)
-	rec.Retention = req.Retention
-	rec.ExpiresAt = rec.LeaseUntil.Add(req.Retention)
-	s.records[id] = rec
-	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&rec.Record), Record: rec.Record, TookOver: tookOver}, nil
+	e := newEntry(req.Fingerprint, idem.NewOwner(), fence)
+	e.createdAt = at(now)
+	e.leaseUntil = at(now.Add(req.Lease))
+	e.retention = req.Retention
+	e.expiresAt = at(now.Add(req.Lease).Add(req.Retention))
+	s.records[id] = e
+	r, _ := e.record(id)
+	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&r), Record: r, TookOver: tookOver}, nil
 }
 
 // Complete stores resp (a deep copy) and marks the record completed, kept
@@ -121,24 +153,23 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	if err := validateLease(l); err != nil {
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
-	stored := resp.Clone()
+	id := recordID{l.Scope, l.Key}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, err := s.held(l)
 	if err != nil {
-		if completedBy(s.records[recordID{l.Scope, l.Key}], l) {
+		if completedBy(s.records[id], l) {
 			return nil // an earlier call with l completed it: keep its response
 		}
 		return fmt.Errorf("memstore: complete: %w", err)
 	}
 	now := s.now()
-	rec.Status = idem.StatusCompleted
-	rec.resp = stored
-	rec.Response = &rec.resp
-	rec.CompletedAt = now
-	rec.Retention = retention
-	rec.ExpiresAt = now.Add(retention)
+	rec.text = appendResponse(rec.text, &resp)
+	rec.completed = true
+	rec.completedAt = at(now)
+	rec.retention = retention
+	rec.expiresAt = at(now.Add(retention))
 	return nil
 }
 
@@ -178,9 +209,10 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 	if err != nil {
 		return idem.Lease{}, fmt.Errorf("memstore: extend: %w", err)
 	}
-	rec.LeaseUntil = s.now().Add(ttl)
-	rec.ExpiresAt = rec.LeaseUntil.Add(rec.Retention)
-	return leaseOf(&rec.Record), nil
+	until := s.now().Add(ttl)
+	rec.leaseUntil = at(until)
+	rec.expiresAt = at(until.Add(rec.retention))
+	return idem.Lease{Scope: l.Scope, Key: l.Key, Owner: rec.owner(), Fence: rec.fence, Until: rec.leaseUntil.time()}, nil
 }
 
 // Get returns a copy of the record, expired or not; idem.ErrNotFound if
@@ -195,11 +227,12 @@ func (s *Store) Get(ctx context.Context, scope, key string) (idem.Record, error)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[recordID{scope, key}]
+	id := recordID{scope, key}
+	rec, ok := s.records[id]
 	if !ok {
 		return idem.Record{}, idem.ErrNotFound
 	}
-	return cloneRecord(&rec.Record), nil
+	return rec.record(id)
 }
 
 // Delete removes the record whatever its state; idem.ErrNotFound if none.
@@ -240,8 +273,8 @@ func (s *Store) DeleteIf(ctx context.Context, scope, key, owner string, fence in
 	switch {
 	case !ok:
 		return idem.ErrNotFound
-	case rec.Owner != owner || rec.Fence != fence:
-		return fmt.Errorf("memstore: delete if: %w: the record read at fence %d is now fence %d of another owner", idem.ErrRecordChanged, fence, rec.Fence)
+	case rec.owner() != owner || rec.fence != fence:
+		return fmt.Errorf("memstore: delete if: %w: the record read at fence %d is now fence %d of another owner", idem.ErrRecordChanged, fence, rec.fence)
 	}
 	delete(s.records, id)
 	return nil
@@ -267,10 +300,10 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		if n >= limit {
 			break
 		}
-		if now.Before(rec.ExpiresAt) {
+		if rec.expiresAt.after(now) {
 			continue
 		}
-		if rec.Status == idem.StatusProcessing && now.Before(rec.LeaseUntil) {
+		if !rec.completed && rec.leaseUntil.after(now) {
 			continue // never a live lease, whatever ExpiresAt says
 		}
 		delete(s.records, id)
@@ -287,10 +320,10 @@ func (s *Store) held(l idem.Lease) (*entry, error) {
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("%w: no record", idem.ErrLeaseLost)
-	case rec.Status != idem.StatusProcessing:
-		return nil, fmt.Errorf("%w: record is %s", idem.ErrLeaseLost, rec.Status)
-	case rec.Owner != l.Owner || rec.Fence != l.Fence:
-		return nil, fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.Fence)
+	case rec.completed:
+		return nil, fmt.Errorf("%w: record is %s", idem.ErrLeaseLost, idem.StatusCompleted)
+	case rec.owner() != l.Owner || rec.fence != l.Fence:
+		return nil, fmt.Errorf("%w: fence %d is now held by fence %d", idem.ErrLeaseLost, l.Fence, rec.fence)
 	}
 	return rec, nil
 }
@@ -298,7 +331,7 @@ func (s *Store) held(l idem.Lease) (*entry, error) {
 // completedBy reports whether rec is completed and was completed with l's
 // owner and fence. The caller holds s.mu.
 func completedBy(rec *entry, l idem.Lease) bool {
-	return rec != nil && rec.Status == idem.StatusCompleted && rec.Owner == l.Owner && rec.Fence == l.Fence
+	return rec != nil && rec.completed && rec.owner() == l.Owner && rec.fence == l.Fence
 }
 
 func validateID(scope, key string) error {
@@ -313,17 +346,29 @@ func leaseOf(rec *idem.Record) idem.Lease {
 	return idem.Lease{Scope: rec.Scope, Key: rec.Key, Owner: rec.Owner, Fence: rec.Fence, Until: rec.LeaseUntil}
 }
 
-func cloneRecord(rec *idem.Record) idem.Record {
-	c := *rec
-	c.Response = cloneResponse(rec.Response)
-	return c
+// record returns the record of id, its response decoded: it shares only
+// strings with the store.
+func (e *entry) record(id recordID) (idem.Record, error) {
+	r := idem.Record{
+		Scope: id.scope, Key: id.key, Fingerprint: idem.Fingerprint(e.fingerprint()), Owner: e.owner(),
+		Status: idem.StatusProcessing, Fence: e.fence, Retention: e.retention,
+		LeaseUntil: e.leaseUntil.time(), CreatedAt: e.createdAt.time(), ExpiresAt: e.expiresAt.time(),
+	}
+	if e.completed {
+		resp, err := decodeResponse(e.text[e.fpLen+e.ownerLen:])
+		if err != nil {
+			return idem.Record{}, err
+		}
+		r.Status, r.Response, r.CompletedAt = idem.StatusCompleted, resp, e.completedAt.time()
+	}
+	return r, nil
 }
 
-// cloneResponse deep-copies r (see idem.Response.Clone); nil stays nil.
-func cloneResponse(r *idem.Response) *idem.Response {
-	if r == nil {
-		return nil
+// result is an Acquire's answer of outcome with the record of id.
+func (e *entry) result(id recordID, outcome idem.Outcome) (idem.AcquireResult, error) {
+	rec, err := e.record(id)
+	if err != nil {
+		return idem.AcquireResult{}, err
 	}
-	c := r.Clone()
-	return &c
+	return idem.AcquireResult{Outcome: outcome, Record: rec}, nil
 }

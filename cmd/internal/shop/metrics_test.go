@@ -23,7 +23,8 @@ import (
 // TestMetrics: the shop serves GET /metrics; after an order, its replay
 // and a mismatch, the scrape shows each outcome once on the route
 // "POST /orders", the SQLite store's acquires and its completion inside
-// the order's transaction, and neither the key nor the user id.
+// the order's transaction, no read of the record after it, and neither
+// the key nor the user id.
 func TestMetrics(t *testing.T) {
 	s, srv := metricsShop(t)
 
@@ -55,8 +56,50 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("the scrape lacks %s", want)
 		}
 	}
+	// The order's transaction committed its stored answer: the
+	// execution knows it, and asks the store nothing after the commit.
+	if strings.Contains(out, `operation="get"`) {
+		t.Errorf("the store was read after the order's commit")
+	}
 	if strings.Contains(out, key) || strings.Contains(out, user) {
 		t.Errorf("the scrape shows the key or the user id")
+	}
+	if t.Failed() {
+		t.Log(out)
+	}
+}
+
+// TestCallbackReadsNoRecordBack: a payment callback applied through the
+// middleware commits the payment and its stored answer together, and the
+// record is not read back after the commit; its repeat is a replay.
+func TestCallbackReadsNoRecordBack(t *testing.T) {
+	s, srv, db := metricsShopOn(t, sqliteBackend)
+	o := placeOrder(t, s, 31, 1)
+	body := callbackBody(o.OrderNo, "TRADE-NOREAD-1", o.AmountCents, shop.PaymentSuccess)
+	for range 2 {
+		wantSuccess(t, callback(s, body))
+	}
+	if n := payCount(t, db, sqliteBackend, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, "TRADE-NOREAD-1"); n != 1 {
+		t.Fatalf("%d payment rows, want 1", n)
+	}
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	out := string(raw)
+	for _, want := range []string{
+		`idem_requests_total{outcome="executed",route="POST /payments/callback"} 1`,
+		`idem_requests_total{outcome="replayed",route="POST /payments/callback"} 1`,
+		`idem_store_operation_duration_seconds_count{operation="complete_tx",result="ok",store="sqlite"} 2`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the scrape lacks %s", want)
+		}
+	}
+	if strings.Contains(out, `operation="get"`) {
+		t.Errorf("the store was read after a commit")
 	}
 	if t.Failed() {
 		t.Log(out)
@@ -95,7 +138,7 @@ func metricsShopOn(t *testing.T, b backend) (*shop.Shop, *httptest.Server, *sql.
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Observer: obs, Provider: testProvider(t),
+	s, err := shop.New(shop.Config{DB: db, Dialect: b.dialect, Store: store, Observer: obs, Provider: testProvider(t), PaySecret: testPaySecret,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})})
 	if err != nil {
 		t.Fatal(err)

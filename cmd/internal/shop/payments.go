@@ -421,6 +421,11 @@ func (s *Shop) paymentCallback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if refusal == nil {
+		// applyPayment answers no refusal and no error only after the
+		// transaction with the stored answer committed.
+		if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
+			exec.Confirm()
+		}
 		idemhttp.WriteResponse(w, callbackAccepted)
 		return
 	}

@@ -583,6 +583,11 @@ func (s *Shop) createOrder(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case err == nil:
+		// The transaction with the stored answer committed: the
+		// middleware need not read the record back to know it.
+		if exec := idemhttp.ExecutionFrom(ctx); exec != nil {
+			exec.Confirm()
+		}
 	case stage == "complete idempotency record" && errors.Is(err, idem.ErrLeaseLost):
 		// Another execution took this key over; its answer will be replayed.
 		w.Header().Set("Retry-After", "1")
