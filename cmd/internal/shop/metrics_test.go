@@ -38,13 +38,7 @@ func TestMetrics(t *testing.T) {
 			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
 		}
 	}
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	out := string(raw)
+	out := scrapeText(t, srv)
 	for _, want := range []string{
 		`idem_requests_total{outcome="executed",route="POST /orders"} 1`,
 		`idem_requests_total{outcome="replayed",route="POST /orders"} 1`,
@@ -82,13 +76,7 @@ func TestCallbackReadsNoRecordBack(t *testing.T) {
 	if n := payCount(t, db, sqliteBackend, `SELECT COUNT(*) FROM shop_payments WHERE trade_no = ?`, "TRADE-NOREAD-1"); n != 1 {
 		t.Fatalf("%d payment rows, want 1", n)
 	}
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	out := string(raw)
+	out := scrapeText(t, srv)
 	for _, want := range []string{
 		`idem_requests_total{outcome="executed",route="POST /payments/callback"} 1`,
 		`idem_requests_total{outcome="replayed",route="POST /payments/callback"} 1`,
@@ -104,6 +92,21 @@ func TestCallbackReadsNoRecordBack(t *testing.T) {
 	if t.Failed() {
 		t.Log(out)
 	}
+}
+
+// scrapeText returns the text of srv's GET /metrics.
+func scrapeText(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
 }
 
 // metricsShop returns a shop on a fresh SQLite database whose requests
@@ -229,14 +232,8 @@ func TestCloseJobSweepsAreMetered(t *testing.T) {
 // scrape returns the idem_ lines of s's /metrics.
 func scrape(t *testing.T, srv *httptest.Server) []string {
 	t.Helper()
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	var lines []string
-	for _, l := range strings.Split(string(raw), "\n") {
+	for _, l := range strings.Split(scrapeText(t, srv), "\n") {
 		if strings.HasPrefix(l, "idem_") {
 			lines = append(lines, l)
 		}
