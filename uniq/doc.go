@@ -8,6 +8,9 @@
 // for MySQL and MariaDB, modernc.org/sqlite and mattn/go-sqlite3 for
 // SQLite) without importing any of them. [InsertOrGet] runs an insert and,
 // on a duplicate, a get, with *sql.DB, *sql.Tx or *sql.Conn.
+// [InsertBatch] inserts many rows, skipping those whose key is there, and
+// reports per row whether it was created or already there: a bulk import
+// run again after a crash writes each row once.
 //
 // # Shapes
 //
@@ -38,6 +41,10 @@
 //     collision on another unique constraint, a get that does not read by
 //     the key, a row deleted before each of the attempts) an
 //     [*UnresolvedError].
+//   - Of concurrent InsertBatch calls with overlapping keys, exactly one
+//     reports each key Created and the table holds it once; a row never
+//     reports Created or Existing unless its statement committed (in the
+//     caller's transaction: unless the caller commits).
 //   - IsDuplicate is true only for unique and primary-key violations, never
 //     for foreign-key, not-null or check violations, and never from a
 //     message's text.
