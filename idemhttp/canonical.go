@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // maxJSONDepth is the deepest nesting CanonicalJSON accepts, the same as
@@ -44,7 +45,8 @@ const maxJSONDepth = 10000
 // integer keys reads them ("1", "01", "+1"). Otherwise CanonicalJSON
 // returns dst (its length unchanged; bytes past it may have been written)
 // and an error that says where src went wrong. Canonicalising a canonical
-// text returns it unchanged.
+// text returns it unchanged. dst may share memory with src:
+// CanonicalJSON(buf[:0], buf) canonicalises buf in place.
 //
 // Only those names are caught. A map whose key type implements
 // encoding.TextUnmarshaler (netip.Addr reads "::1" and "0::1" as one
@@ -56,6 +58,12 @@ const maxJSONDepth = 10000
 // refuse such bodies itself, or its route must hash the body as raw bytes
 // (Config.Fingerprint).
 func CanonicalJSON(dst, src []byte) ([]byte, error) {
+	if overlaps(dst[len(dst):cap(dst)], src) {
+		// The canonicalizer writes ahead of what it has read when it
+		// puts an object in order (from src straight into out): src must
+		// not be the memory it writes, as in CanonicalJSON(buf[:0], buf).
+		src = bytes.Clone(src)
+	}
 	st := fpPool.Get().(*fpState)
 	c := &st.canon
 	c.begin(src, dst)
@@ -66,6 +74,15 @@ func CanonicalJSON(dst, src []byte) ([]byte, error) {
 		return dst, err
 	}
 	return out, nil
+}
+
+// overlaps reports whether a and b share memory.
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
 }
 
 // canonicalizer holds the state of one canonicalisation. Its scratch

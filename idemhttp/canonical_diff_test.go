@@ -91,9 +91,9 @@ func canonicalSeeds() []string {
 
 // FuzzCanonicalMatchesReference: CanonicalJSON, tuned for speed, gives
 // the canonical form and the errors of the canonicalizer as it was
-// (refCanonicalizer), byte for byte, whatever dst holds and whatever the
-// pooled state ran before; the canonical form is hashed into stored
-// fingerprints.
+// (refCanonicalizer), byte for byte, whatever dst holds (src itself
+// included) and whatever the pooled state ran before; the canonical form
+// is hashed into stored fingerprints.
 func FuzzCanonicalMatchesReference(f *testing.F) {
 	for _, s := range canonicalSeeds() {
 		f.Add([]byte(s))
@@ -118,6 +118,11 @@ func FuzzCanonicalMatchesReference(f *testing.F) {
 		copy(dirty, prefix)
 		got, err = CanonicalJSON(dirty[:len(prefix)], src)
 		check("dirty dst", got, err)
+		// In place: src is dst's spare capacity, as in
+		// CanonicalJSON(buf[:0], buf).
+		inPlace := append([]byte(prefix), src...)
+		got, err = CanonicalJSON(inPlace[:len(prefix)], inPlace[len(prefix):])
+		check("in place", got, err)
 
 		// A canonicalizer whose scratch holds another run's leftovers.
 		var c canonicalizer

@@ -151,6 +151,8 @@ func problemType(code string) (string, bool) {
 		return "body_too_large", true
 	case CodeStoreUnavailable:
 		return "store_unavailable", true
+	case CodeSpoolUnavailable:
+		return "spool_unavailable", true
 	}
 	return "", false
 }

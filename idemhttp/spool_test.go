@@ -721,3 +721,48 @@ func BenchmarkSpooledUpload(b *testing.B) {
 		}
 	})
 }
+
+// TestSpoolAnnouncedLength: around MaxRequestBody, a body whose
+// Content-Length is right, missing, too small or too large (a request
+// made in process, which no server checks) reaches the handler whole
+// and is fingerprinted as FingerprintV1 fingerprints its bytes: a
+// fingerprint hashed while spooling from a wrong announced length is
+// hashed again from the spool. A retry of the same bytes without
+// Content-Length replays.
+func TestSpoolAnnouncedLength(t *testing.T) {
+	t.Parallel()
+	const memLimit = 4096
+	for _, size := range []int64{memLimit, memLimit + 1, memLimit + 2, 3*memLimit + 7} {
+		for _, delta := range []int64{0, -1, 1, -size + memLimit + 1, 1 << 10} {
+			t.Run(fmt.Sprintf("%d bytes announced %+d", size, delta), func(t *testing.T) {
+				t.Parallel()
+				store, dir, m := spoolSetup(t, func(c *idemhttp.Config) {
+					c.MaxRequestBody, c.MaxStreamedBody = memLimit, 1<<20
+				})
+				h := &uploadHandler{}
+				handler := m.Handler(h)
+				w := httptest.NewRecorder()
+				handler.ServeHTTP(w, uploadRequest("k", newPatternBody(size, -1), size+delta))
+				if w.Code != http.StatusCreated || h.read.Load() != size || h.sums[0] != patternSum(size, -1) {
+					t.Fatalf("%d %s; the handler read %d of %d bytes", w.Code, w.Body, h.read.Load(), size)
+				}
+				body, _ := io.ReadAll(newPatternBody(size, -1))
+				want, err := idemhttp.FingerprintV1(uploadRequest("k", nil, size), body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec, err := store.Get(t.Context(), "", "k"); err != nil || rec.Fingerprint != want {
+					t.Fatalf("record %+v, %v; want fingerprint %s", rec, err, want)
+				}
+				w = httptest.NewRecorder()
+				handler.ServeHTTP(w, uploadRequest("k", newPatternBody(size, -1), -1))
+				if w.Code != http.StatusCreated || w.Header().Get(idemhttp.HeaderReplayed) != "true" || h.runs.Load() != 1 {
+					t.Errorf("retry without Content-Length: %d %v, %d runs; want a replay", w.Code, w.Header(), h.runs.Load())
+				}
+				if left := spoolLeftovers(t, dir); len(left) > 0 {
+					t.Errorf("left behind: %v", left)
+				}
+			})
+		}
+	}
+}

@@ -10,6 +10,10 @@
 //     told [idem.Acquired].
 //   - Leases, fences, retention and Sweep behave as documented on
 //     [idem.Store]; times come from the store's clock ([Config].Now).
+//     They are compared as [time.Time] compares them: on the monotonic
+//     clock when the clock's times carry a reading of it (time.Now's
+//     do), so a step of the system's wall clock neither ends a live
+//     lease nor expires a completed record early.
 //   - Complete called again with the lease that completed the record
 //     returns nil and changes nothing: the first response stays. Any other
 //     lease, one replaced by a takeover included, gets

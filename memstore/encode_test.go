@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"math"
 	"reflect"
 	"testing"
 
@@ -16,7 +17,9 @@ func TestResponseEncoding(t *testing.T) {
 		{StatusCode: 201, Header: map[string][]string{}, Body: []byte{}},
 		{StatusCode: 200, Header: map[string][]string{"Content-Type": {"application/json"}, "X-Nil": nil, "X-Empty": {}, "X-Two": {"a", ""}}, Body: []byte(`{"id":1}`)},
 		{StatusCode: 599, BodyOmitted: true, Header: map[string][]string{"": {"\x00\xff"}}},
-		{StatusCode: 1 << 40, Body: make([]byte, 70000)},
+		{StatusCode: math.MaxInt, Body: make([]byte, 70000)}, // 1<<40 would not build for 32-bit
+		{StatusCode: math.MinInt, Header: map[string][]string{}},
+		{StatusCode: -1, Body: []byte{0}},
 	} {
 		b := appendResponse("", &r)
 		got, err := decodeResponse(b)

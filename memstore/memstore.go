@@ -28,24 +28,33 @@ type Store struct {
 	records map[recordID]*entry
 }
 
-// entry is a stored record, kept so that it holds one pointer: text, a
+// entry is a stored record, kept so that the garbage collector scans a
+// few words of it however large its response: its pointers are text, a
 // string holding its fingerprint, its owner and, once completed, its
-// encoded response (see encodeResponse). The garbage collector then
-// scans a few words per record however many records the store keeps, and
-// a record handed out shares text's memory (strings do not change) but
-// for its body, which it copies.
+// encoded response (see encodeResponse), and the locations of its two
+// deciding times (for time.Now's, the same static variable). A record
+// handed out shares text's memory (strings do not change) but for its
+// body, which it copies.
 type entry struct {
 	text                   string
 	fpLen, ownerLen        int
 	completed              bool
 	fence                  int64
 	retention              time.Duration
-	leaseUntil, createdAt  instant
-	completedAt, expiresAt instant
+	createdAt, completedAt instant
+	// leaseUntil and expiresAt decide leases and expiry: they are the
+	// clock's times as they came, monotonic reading included, so that
+	// they compare with its now as time.Time does, on the monotonic clock
+	// when both have one (time.Now's do). A lease is a duration: a step
+	// of the system's wall clock (NTP, a resumed VM) must neither end it
+	// early, letting a retry run the effect while its first execution
+	// still runs, nor stretch it; nor expire a completed record early.
+	leaseUntil, expiresAt time.Time
 }
 
-// instant is a time without its location or monotonic reading, which
-// the store does not need: seconds and nanoseconds since the Unix epoch.
+// instant is a time without its location or monotonic reading, which a
+// time that decides nothing does not need: seconds and nanoseconds since
+// the Unix epoch.
 type instant struct {
 	sec  int64
 	nsec int32
@@ -54,11 +63,9 @@ type instant struct {
 func at(t time.Time) instant      { return instant{t.Unix(), int32(t.Nanosecond())} }
 func (i instant) time() time.Time { return time.Unix(i.sec, int64(i.nsec)) }
 
-// after reports whether i is after t.
-func (i instant) after(t time.Time) bool {
-	s := t.Unix()
-	return s < i.sec || s == i.sec && int32(t.Nanosecond()) < i.nsec
-}
+// wall is leaseUntil or expiresAt as a record handed out gives it: as
+// instant does, without location or monotonic reading.
+func wall(t time.Time) time.Time { return at(t).time() }
 
 func (e *entry) fingerprint() string { return e.text[:e.fpLen] }
 func (e *entry) owner() string       { return e.text[e.fpLen : e.fpLen+e.ownerLen] }
@@ -105,7 +112,7 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 	var fence int64 = 1
 	switch {
 	case !ok:
-	case !rec.expiresAt.after(now):
+	case !rec.expiresAt.After(now):
 		// Past its retention (completed, or processing and abandoned): a
 		// new record replaces it, whatever its fingerprint; the fence keeps
 		// counting.
@@ -115,25 +122,25 @@ func (s *Store) Acquire(ctx context.Context, req idem.AcquireRequest) (idem.Acqu
 		return rec.result(id, idem.Mismatch)
 	case rec.completed:
 		return rec.result(id, idem.Completed)
-	case rec.leaseUntil.after(now):
+	case rec.leaseUntil.After(now):
 		return rec.result(id, idem.InFlight)
 	default:
 		// A processing record whose lease has ended: take it over. The
 		// record keeps its CreatedAt; a new execution holds it.
 		taken := newEntry(req.Fingerprint, idem.NewOwner(), rec.fence+1)
 		taken.createdAt = rec.createdAt
-		taken.leaseUntil = at(now.Add(req.Lease))
+		taken.leaseUntil = now.Add(req.Lease)
 		taken.retention = req.Retention
-		taken.expiresAt = at(now.Add(req.Lease).Add(req.Retention))
+		taken.expiresAt = now.Add(req.Lease).Add(req.Retention)
 		s.records[id] = taken
 		r, _ := taken.record(id)
 		return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&r), Record: r, TookOver: true}, nil
 	}
 	e := newEntry(req.Fingerprint, idem.NewOwner(), fence)
 	e.createdAt = at(now)
-	e.leaseUntil = at(now.Add(req.Lease))
+	e.leaseUntil = now.Add(req.Lease)
 	e.retention = req.Retention
-	e.expiresAt = at(now.Add(req.Lease).Add(req.Retention))
+	e.expiresAt = now.Add(req.Lease).Add(req.Retention)
 	s.records[id] = e
 	r, _ := e.record(id)
 	return idem.AcquireResult{Outcome: idem.Acquired, Lease: leaseOf(&r), Record: r, TookOver: tookOver}, nil
@@ -169,7 +176,7 @@ func (s *Store) Complete(ctx context.Context, l idem.Lease, resp idem.Response, 
 	rec.completed = true
 	rec.completedAt = at(now)
 	rec.retention = retention
-	rec.expiresAt = at(now.Add(retention))
+	rec.expiresAt = now.Add(retention)
 	return nil
 }
 
@@ -210,9 +217,9 @@ func (s *Store) Extend(ctx context.Context, l idem.Lease, ttl time.Duration) (id
 		return idem.Lease{}, fmt.Errorf("memstore: extend: %w", err)
 	}
 	until := s.now().Add(ttl)
-	rec.leaseUntil = at(until)
-	rec.expiresAt = at(until.Add(rec.retention))
-	return idem.Lease{Scope: l.Scope, Key: l.Key, Owner: rec.owner(), Fence: rec.fence, Until: rec.leaseUntil.time()}, nil
+	rec.leaseUntil = until
+	rec.expiresAt = until.Add(rec.retention)
+	return idem.Lease{Scope: l.Scope, Key: l.Key, Owner: rec.owner(), Fence: rec.fence, Until: wall(rec.leaseUntil)}, nil
 }
 
 // Get returns a copy of the record, expired or not; idem.ErrNotFound if
@@ -300,10 +307,10 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		if n >= limit {
 			break
 		}
-		if rec.expiresAt.after(now) {
+		if rec.expiresAt.After(now) {
 			continue
 		}
-		if !rec.completed && rec.leaseUntil.after(now) {
+		if !rec.completed && rec.leaseUntil.After(now) {
 			continue // never a live lease, whatever ExpiresAt says
 		}
 		delete(s.records, id)
@@ -352,7 +359,7 @@ func (e *entry) record(id recordID) (idem.Record, error) {
 	r := idem.Record{
 		Scope: id.scope, Key: id.key, Fingerprint: idem.Fingerprint(e.fingerprint()), Owner: e.owner(),
 		Status: idem.StatusProcessing, Fence: e.fence, Retention: e.retention,
-		LeaseUntil: e.leaseUntil.time(), CreatedAt: e.createdAt.time(), ExpiresAt: e.expiresAt.time(),
+		LeaseUntil: wall(e.leaseUntil), CreatedAt: e.createdAt.time(), ExpiresAt: wall(e.expiresAt),
 	}
 	if e.completed {
 		resp, err := decodeResponse(e.text[e.fpLen+e.ownerLen:])

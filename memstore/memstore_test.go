@@ -291,3 +291,55 @@ func BenchmarkGuardDo(b *testing.B) {
 		}
 	}
 }
+
+// TestBoundariesAtEdgeTimes: the exact instants of TestBoundaries hold
+// on clocks far from now, where a time kept as Unix seconds and
+// nanoseconds is negative or large (before 1970 with nanoseconds, year 1,
+// year 9999), and on a clock that goes back: a lease still ends exactly
+// at LeaseUntil, a record still expires exactly at ExpiresAt, and the
+// record's times come back equal to the clock's.
+func TestBoundariesAtEdgeTimes(t *testing.T) {
+	t.Parallel()
+	for _, start := range []time.Time{
+		{},
+		time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC),
+		time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Date(1969, 12, 31, 23, 59, 59, 500, time.FixedZone("west", -3600)),
+		time.Unix(0, -1),
+		time.Date(9999, 12, 31, 23, 0, 0, 999999999, time.UTC),
+	} {
+		ctx := t.Context()
+		c := &clock{now: start}
+		s := memstore.New(&memstore.Config{Now: c.Now})
+		req := idem.AcquireRequest{Key: "k", Fingerprint: "fp", Lease: 10 * time.Second, Retention: time.Minute}
+		res, err := s.Acquire(ctx, req)
+		if err != nil || res.Outcome != idem.Acquired || !res.Record.CreatedAt.Equal(start) ||
+			!res.Lease.Until.Equal(start.Add(10*time.Second)) || !res.Record.ExpiresAt.Equal(start.Add(10*time.Second+time.Minute)) {
+			t.Fatalf("%v: Acquire = %+v, %v", start, res, err)
+		}
+		c.Advance(10*time.Second - 1)
+		if res, _ := s.Acquire(ctx, req); res.Outcome != idem.InFlight {
+			t.Fatalf("%v: 1ns before the lease's end: %v, want in flight", start, res.Outcome)
+		}
+		c.Advance(1)
+		res, _ = s.Acquire(ctx, req)
+		if res.Outcome != idem.Acquired || !res.TookOver {
+			t.Fatalf("%v: at the lease's end: %v, want a takeover", start, res.Outcome)
+		}
+		if err := s.Complete(ctx, res.Lease, idem.Response{StatusCode: 200}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(-time.Hour) // the clock goes back: the record is younger, not gone
+		if res, _ := s.Acquire(ctx, req); res.Outcome != idem.Completed {
+			t.Fatalf("%v: after the clock went back: %v, want completed", start, res.Outcome)
+		}
+		c.Advance(2*time.Hour - 1)
+		if n, _ := s.Sweep(ctx, 0); n != 0 {
+			t.Fatalf("%v: Sweep 1ns before ExpiresAt removed %d", start, n)
+		}
+		c.Advance(1)
+		if n, _ := s.Sweep(ctx, 0); n != 1 {
+			t.Fatalf("%v: Sweep at ExpiresAt removed %d, want 1", start, n)
+		}
+	}
+}
